@@ -1,0 +1,113 @@
+# lora-stack: one non-recursive Makefile.
+#   make                 build every program into $(BUILD)/bin
+#   make test            build, then run unit, cli and end-to-end tests
+#   make deps            install missing Debian packages (as root) or print the command
+#   make bench           build and run the benchmarks in tests/bench
+#   make SANITIZE=address,undefined test    the same under sanitizers (separate build dir)
+#   make CUDA=auto|0|1   build the CUDA kernels: auto = when nvcc is found
+
+CC       ?= gcc
+NVCC     ?= nvcc
+CUDA     ?= auto
+SANITIZE ?=
+PYTHON   ?= /usr/bin/python3
+
+ifeq ($(CUDA),auto)
+CUDA_ON := $(if $(shell command -v $(NVCC) 2>/dev/null),1,0)
+else ifeq ($(CUDA),1)
+CUDA_ON := 1
+else ifeq ($(CUDA),0)
+CUDA_ON := 0
+else
+$(error CUDA must be auto, 0 or 1, not '$(CUDA)')
+endif
+
+BUILD ?= build/$(if $(SANITIZE),san,main)$(if $(filter 1,$(CUDA_ON)),-cuda,)
+$(info lora-stack: CUDA=$(CUDA) -> $(if $(filter 1,$(CUDA_ON)),cuda kernels on,cpu only); build dir $(BUILD))
+
+WARN := -Wall -Wextra -Wshadow -Wvla -Wpointer-arith -Wstrict-prototypes -Wmissing-prototypes \
+        -Wformat=2 -Wundef -Wcast-align -Wwrite-strings -Wno-unused-parameter
+CFLAGS ?= -O2 -g
+CFLAGS += -std=c11 -D_GNU_SOURCE -march=x86-64-v2 -mavx2 -mfma -fopenmp $(WARN) -MMD -MP \
+          -Ilib -Ikernels
+LDLIBS += -lopenblas -ljansson -lmsgpackc -lzmq -lm -lpthread
+LDFLAGS += -fopenmp
+ifneq ($(SANITIZE),)
+CFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+LDFLAGS += -fsanitize=$(SANITIZE)
+endif
+
+NVCCFLAGS ?= -O2 -std=c++17 -Ilib -Ikernels
+CUDA_LIBDIR ?= $(dir $(shell command -v $(NVCC) 2>/dev/null))../lib64
+ifeq ($(CUDA_ON),1)
+CFLAGS += -DLORA_CUDA=1
+LDLIBS += -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcudart -lstdc++
+endif
+
+PROGRAMS := $(notdir $(wildcard cmd/*))
+LIB_SRC  := $(wildcard lib/*.c) $(wildcard kernels/cpu/*.c) $(wildcard kernels/*.c)
+CUDA_SRC := $(if $(filter 1,$(CUDA_ON)),$(wildcard kernels/cuda/*.cu))
+LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CUDA_SRC:%.cu=$(BUILD)/%.cu.o)
+UNIT_SRC := $(wildcard tests/unit/test_*.c)
+UNITS    := $(UNIT_SRC:%.c=$(BUILD)/%)
+BENCH_SRC := $(wildcard tests/bench/bench_*.c)
+BENCHES  := $(BENCH_SRC:%.c=$(BUILD)/%)
+BINS     := $(PROGRAMS:%=$(BUILD)/bin/%)
+
+DEB_PACKAGES := build-essential pkg-config libmsgpack-dev libzmq3-dev libjansson-dev \
+                libopenblas-dev bats python3 python3-numpy python3-msgpack python3-zmq
+
+.DELETE_ON_ERROR:
+.PHONY: all deps test bench clean format
+.DEFAULT_GOAL := all
+
+all: $(BINS) $(UNITS) $(BENCHES)
+
+$(BUILD)/liblora.a: $(LIB_OBJ)
+	@mkdir -p $(@D)
+	$(AR) rcs $@ $^
+
+$(BUILD)/%.o: %.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/%.cu.o: %.cu
+	@mkdir -p $(@D)
+	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+
+# One generic link rule: a program is every object of cmd/<name>/ plus the library.
+.SECONDEXPANSION:
+$(BUILD)/bin/%: $$(patsubst %.c,$(BUILD)/%.o,$$(wildcard cmd/%/*.c)) $(BUILD)/liblora.a
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+$(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/liblora.a
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+deps:
+	@missing=""; for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ]; then \
+	  echo "lora-stack: installing$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	else \
+	  echo "lora-stack: missing packages; run: sudo apt-get install -y$$missing" >&2; exit 1; \
+	fi
+
+test: deps
+	@$(MAKE) --no-print-directory all
+	@LORA_BUILD=$(BUILD) PYTHON=$(PYTHON) tests/run
+
+bench: deps
+	@$(MAKE) --no-print-directory all
+	@for b in $(BENCHES); do echo "== $$b"; $$b || exit 1; done
+
+format:
+	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu')
+
+clean:
+	rm -rf build
+
+-include $(LIB_OBJ:.o=.d) $(UNITS:=.d) $(BENCHES:=.d) $(patsubst %.c,$(BUILD)/%.d,$(wildcard cmd/*/*.c))
