@@ -26,7 +26,7 @@ BUILD ?= build/$(if $(SANITIZE),san,main)$(if $(filter 1,$(CUDA_ON)),-cuda,)
 $(info lora-stack: CUDA=$(CUDA) -> $(if $(filter 1,$(CUDA_ON)),cuda kernels on,cpu only); build dir $(BUILD))
 
 WARN := -Wall -Wextra -Wshadow -Wvla -Wpointer-arith -Wstrict-prototypes -Wmissing-prototypes \
-        -Wformat=2 -Wundef -Wcast-align -Wwrite-strings -Wno-unused-parameter
+        -Wformat=2 -Wundef -Wcast-align -Wwrite-strings -Wno-unused-parameter -Wno-missing-field-initializers
 CFLAGS ?= -O2 -g
 CFLAGS += -std=c11 -D_GNU_SOURCE -march=x86-64-v2 -mavx2 -mfma -fopenmp $(WARN) -MMD -MP \
           -Ilib -Ikernels
@@ -76,8 +76,9 @@ $(BUILD)/%.cu.o: %.cu
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 
 # One generic link rule: a program is every object of cmd/<name>/ plus the library.
+prog_objs = $(patsubst %.c,$(BUILD)/%.o,$(wildcard cmd/$(1)/*.c))
 .SECONDEXPANSION:
-$(BUILD)/bin/%: $$(patsubst %.c,$(BUILD)/%.o,$$(wildcard cmd/%/*.c)) $(BUILD)/liblora.a
+$(BUILD)/bin/%: $$(call prog_objs,$$*) $(BUILD)/liblora.a
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 

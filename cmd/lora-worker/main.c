@@ -1,0 +1,57 @@
+/* lora-worker: one tensor-parallel rank of lora-stack. Subcommands run the model without the
+ * other processes (generate) and write generated models and adapters (make-model,
+ * make-adapter). */
+#include <stdio.h>
+#include <string.h>
+
+#include "worker.h"
+
+#ifndef LORA_VERSION
+#define LORA_VERSION "0.1.0"
+#endif
+
+static const struct {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+} commands[] = {
+    {"generate", cmd_generate, "run prompts through the model in shared batched steps"},
+    {"make-model", cmd_make_model, "write a deterministic random model in Hugging Face layout"},
+    {"make-adapter", cmd_make_adapter, "write a deterministic random PEFT LoRA adapter"},
+};
+
+static void usage(FILE *out)
+{
+    fputs("usage: lora-worker COMMAND [OPTIONS]\n\ncommands:\n", out);
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        fprintf(out, "  %-14s %s\n", commands[i].name, commands[i].help);
+    fputs("\nlora-worker COMMAND --help shows the options of a command.\n", out);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc < 2) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0) {
+        usage(stdout);
+        return 0;
+    }
+    if (strcmp(argv[1], "--version") == 0) {
+        printf("lora-worker %s (backends: cpu%s)\n", LORA_VERSION,
+#if LORA_CUDA
+               ", cuda"
+#else
+               ""
+#endif
+        );
+        return 0;
+    }
+    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
+        if (strcmp(argv[1], commands[i].name) == 0)
+            return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "lora-worker: fatal: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return EXIT_USAGE;
+}

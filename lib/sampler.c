@@ -1,0 +1,483 @@
+/* sampler: temperature / top-k / top-p sampling and log-probabilities over one row of logits.
+ *
+ * Rank order, used everywhere: higher logit first, ties to the lower id; a NaN logit counts as
+ * -inf and -0 as +0. It is encoded as one 64-bit key per token (order-preserving bits of the value
+ * above the inverted id), so keys are distinct and compare as integers.
+ *
+ * Nothing sorts the whole vocabulary. Greedy is one vectorisable pass. Top-k (and top-n for
+ * log-probabilities) keeps a bounded min-heap, O(V log k), then sorts the k. Top-p without top-k
+ * drops tokens that provably fall outside the nucleus, then finds the nucleus and the drawn token
+ * with a weighted quickselect, O(V) expected, giving the token a walk in rank order would give.
+ * Draws walk the kept tokens in rank order; with neither top-k nor top-p there is nothing to
+ * order and the walk goes in id order: the same distribution, at the cost of one pass.
+ *
+ * All scratch is allocated by lora_sampler_new(); sample() and logprobs() never allocate.
+ */
+#include "sampler.h"
+
+#include <errno.h>
+#include <float.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One token in a candidate list. */
+struct cand {
+    uint64_t key; /* rank key: larger ranks higher; see rank_key() */
+    double w;     /* unnormalised probability exp((l - max) / T) */
+};
+
+struct lora_sampler {
+    int vocab_size;
+    struct cand *cand; /* (vocab_size) candidates: heap, partitions, or weights by token id */
+    float *lp;         /* (vocab_size) by token id: log-probabilities for top-n selection */
+};
+
+/* ---- random numbers: splitmix64 seeding, xoshiro256** stream ---- */
+
+static uint64_t splitmix64(uint64_t *x)
+{
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ULL);
+
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+static inline uint64_t rotl(uint64_t x, int k)
+{
+    return (x << k) | (x >> (64 - k));
+}
+
+void lora_rng_seed(struct lora_rng *rng, uint64_t seed)
+{
+    uint64_t x = seed;
+
+    /* splitmix64 never yields four zero words, so the xoshiro state is never all-zero. */
+    for (int i = 0; i < 4; i++)
+        rng->state[i] = splitmix64(&x);
+}
+
+uint64_t lora_rng_next(struct lora_rng *rng)
+{
+    uint64_t *s = rng->state;
+    uint64_t result = rotl(s[1] * 5, 7) * 9;
+    uint64_t t = s[1] << 17;
+
+    s[2] ^= s[0];
+    s[3] ^= s[1];
+    s[1] ^= s[2];
+    s[0] ^= s[3];
+    s[2] ^= t;
+    s[3] = rotl(s[3], 45);
+    return result;
+}
+
+double lora_rng_uniform(struct lora_rng *rng)
+{
+    return (double)(lora_rng_next(rng) >> 11) * 0x1.0p-53;
+}
+
+/* ---- lifecycle ---- */
+
+struct lora_sampler *lora_sampler_new(int vocab_size)
+{
+    struct lora_sampler *s;
+    size_t n;
+
+    if (vocab_size <= 0) {
+        errno = EINVAL;
+        return NULL;
+    }
+    n = (size_t)vocab_size;
+    s = calloc(1, sizeof(*s));
+    if (!s)
+        return NULL;
+    s->vocab_size = vocab_size;
+    s->cand = malloc(n * sizeof(*s->cand));
+    s->lp = malloc(n * sizeof(*s->lp));
+    if (!s->cand || !s->lp) {
+        lora_sampler_destroy(&s);
+        errno = ENOMEM;
+        return NULL;
+    }
+    return s;
+}
+
+void lora_sampler_destroy(struct lora_sampler **s)
+{
+    if (!s || !*s)
+        return;
+    free((*s)->cand);
+    free((*s)->lp);
+    free(*s);
+    *s = NULL;
+}
+
+/* ---- rank keys and selection ---- */
+
+/* NaN becomes -inf; adding +0 turns -0 into +0 so that the two zeros tie. */
+static inline float clean(float x)
+{
+    return isnan(x) ? -INFINITY : x + 0.0f;
+}
+
+/* Key of token id with value x: order-preserving bits of clean(x) in the high half, the inverted
+ * id in the low half, so a larger key means a higher value or, on a tie, a lower id. */
+static inline uint64_t rank_key(float x, int id)
+{
+    float c = clean(x);
+    uint32_t b;
+
+    memcpy(&b, &c, sizeof(b));
+    b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    return (uint64_t)b << 32 | (uint32_t)~(uint32_t)id;
+}
+
+static inline int key_id(uint64_t key)
+{
+    return (int)~(uint32_t)key;
+}
+
+static inline void swap_cand(struct cand *a, struct cand *b)
+{
+    struct cand t = *a;
+
+    *a = *b;
+    *b = t;
+}
+
+/* Min-heap on key: the lowest-ranked candidate sits at the root. */
+static void sift_down(struct cand *h, size_t n, size_t i)
+{
+    for (;;) {
+        size_t c = 2 * i + 1;
+
+        if (c >= n)
+            return;
+        if (c + 1 < n && h[c + 1].key < h[c].key)
+            c++;
+        if (h[i].key <= h[c].key)
+            return;
+        swap_cand(&h[i], &h[c]);
+        i = c;
+    }
+}
+
+/* Fills out[0..k) with the keys of the k highest-ranked tokens of v[0..n), in rank order;
+ * 1 <= k <= n. The w fields are left undefined. */
+static void select_top(struct cand *out, int k, const float *v, int n)
+{
+    float root;
+
+    for (int i = 0; i < k; i++)
+        out[i].key = rank_key(v[i], i);
+    for (size_t i = (size_t)k / 2; i-- > 0;)
+        sift_down(out, (size_t)k, i);
+    root = clean(v[key_id(out[0].key)]);
+    for (int i = k; i < n; i++) {
+        /* A later id loses every tie, so only a strictly larger value enters; NaN never does. */
+        if (!(v[i] > root))
+            continue;
+        out[0].key = rank_key(v[i], i);
+        sift_down(out, (size_t)k, 0);
+        root = clean(v[key_id(out[0].key)]);
+    }
+    /* Heapsort: each step moves the current lowest to the end, leaving rank order. */
+    for (size_t m = (size_t)k; m > 1; m--) {
+        swap_cand(&out[0], &out[m - 1]);
+        sift_down(out, m - 1, 0);
+    }
+}
+
+/* Splits c[lo..hi) around a pivot: returns p with c[lo..p) ranked above c[p] and c[p + 1..hi)
+ * below, and the weight of c[lo..p) in *above_w. The pivot is the median of three positions
+ * from *seed, which keeps ordered inputs from going quadratic. */
+static size_t partition(struct cand *c, size_t lo, size_t hi, uint64_t *seed, double *above_w)
+{
+    size_t n = hi - lo, a, b, m, store = lo;
+    uint64_t pivot;
+    double sum = 0.0;
+
+    a = lo + splitmix64(seed) % n;
+    b = lo + splitmix64(seed) % n;
+    m = lo + splitmix64(seed) % n;
+    if (c[a].key > c[b].key)
+        swap_cand(&c[a], &c[b]);
+    if (c[m].key > c[b].key)
+        m = b;
+    else if (c[m].key < c[a].key)
+        m = a;
+    swap_cand(&c[m], &c[hi - 1]);
+    pivot = c[hi - 1].key;
+    /* Branch-free Lomuto: the comparison is a coin flip, so a branch would mostly mispredict.
+     * Swapping unconditionally is harmless: c[store..i) all rank below the pivot. */
+    for (size_t i = lo; i < hi - 1; i++) {
+        struct cand t = c[i];
+        bool up = t.key > pivot;
+
+        c[i] = c[store];
+        c[store] = t;
+        sum += up ? t.w : 0.0;
+        store += up;
+    }
+    swap_cand(&c[store], &c[hi - 1]);
+    *above_w = sum;
+    return store;
+}
+
+/* Weighted selection over c[0..n): finds the token at which the cumulative weight, taken in rank
+ * order, first reaches need (first exceeds it when strict). On return c[0..p] are the p + 1
+ * highest-ranked tokens, in no particular order, and c[p] is the one found. Returns p, or -1
+ * when rounding leaves the total short of need. Expected O(n). */
+static long weighted_select(struct cand *c, size_t n, double need, bool strict)
+{
+    size_t lo = 0, hi = n;
+    uint64_t seed = n;
+
+    /* Invariant: c[0..lo) rank above c[lo..hi), whose total reaches need (modulo rounding),
+     * and need has been reduced by the weight of c[0..lo). */
+    while (lo < hi) {
+        double above, upto;
+        size_t p = partition(c, lo, hi, &seed, &above);
+
+        upto = above + c[p].w;
+        if (strict ? above > need : above >= need) {
+            hi = p;
+        } else if (strict ? upto > need : upto >= need) {
+            return (long)p;
+        } else {
+            need -= upto;
+            lo = p + 1;
+        }
+    }
+    return -1;
+}
+
+/* ---- sampling ---- */
+
+/* First index of the maximum of v[0..n), NaN ignored; 0 when every value is -inf or NaN.
+ * Blocks of 64 let the compiler vectorise the max; only the winning block is rescanned. */
+static int argmax(const float *v, int n)
+{
+    enum { BLOCK = 64, LANES = 8 };
+    float best = -INFINITY;
+    int block = -1, tail_best = -1, i = 0;
+
+    for (; i + BLOCK <= n; i += BLOCK) {
+        float m[LANES], bm = -INFINITY;
+
+        for (int l = 0; l < LANES; l++)
+            m[l] = -INFINITY;
+        for (int j = i; j < i + BLOCK; j += LANES) {
+            for (int l = 0; l < LANES; l++)
+                m[l] = v[j + l] > m[l] ? v[j + l] : m[l];
+        }
+        for (int l = 0; l < LANES; l++)
+            bm = m[l] > bm ? m[l] : bm;
+        if (bm > best) {
+            best = bm;
+            block = i;
+        }
+    }
+    for (; i < n; i++) {
+        if (v[i] > best) {
+            best = v[i];
+            tail_best = i;
+        }
+    }
+    if (tail_best >= 0)
+        return tail_best;
+    if (block < 0)
+        return 0;
+    for (i = block;; i++) {
+        if (v[i] == best)
+            return i;
+    }
+}
+
+/* Unnormalised probability of a logit at inverse temperature inv_t, relative to max. The sum
+ * is kept in double by the callers; a float exponential is plenty for one weight. */
+static inline double weight(float logit, float max, double inv_t)
+{
+    float x = clean(logit);
+
+    /* Guarded so that inv_t == 0 (t == inf) cannot make -inf * 0 = NaN. */
+    if (x == -INFINITY)
+        return 0.0;
+    return expf((float)(((double)x - max) * inv_t));
+}
+
+/* top-k (1 <= k < vocab), then top-p when top_p < 1, then a draw in rank order. */
+static int sample_top_k(struct lora_sampler *s, const float *logits, int k, double inv_t,
+                        double top_p, double u)
+{
+    struct cand *c = s->cand;
+    double total = 0.0, target, cum = 0.0;
+    float max;
+    int m = k, last;
+
+    select_top(c, k, logits, s->vocab_size);
+    max = clean(logits[key_id(c[0].key)]);
+    if (isinf(max))
+        return key_id(c[0].key); /* all -inf (then token 0) or a +inf logit: no distribution */
+    for (int j = 0; j < k; j++) {
+        c[j].w = weight(logits[key_id(c[j].key)], max, inv_t);
+        total += c[j].w;
+    }
+    if (top_p < 1.0) {
+        double need = top_p * total;
+
+        for (m = 0, total = 0.0; m < k && !(total >= need); m++)
+            total += c[m].w;
+    }
+    target = u * total;
+    last = key_id(c[0].key);
+    for (int j = 0; j < m; j++) {
+        if (c[j].w > 0.0)
+            last = key_id(c[j].key);
+        cum += c[j].w;
+        if (target < cum)
+            return key_id(c[j].key);
+    }
+    return last; /* rounding put target at the very top: the last token with any mass */
+}
+
+/* top-p over the whole vocabulary, with c[i].w the weight of token i summing to total and best
+ * the argmax. The tokens ranked at or below a token of probability q carry at most V * q, so when
+ * V * q <= (1 - top_p) / 2 the tokens above it hold more than top_p, by a margin far beyond
+ * rounding, and it is outside the nucleus. The argmax (weight 1 >= total / V) always stays. */
+static int sample_top_p(struct lora_sampler *s, const float *logits, double total, double top_p,
+                        int best, double u)
+{
+    struct cand *c = s->cand;
+    double cutoff = 0.5 * (1.0 - top_p) * total / s->vocab_size, kept = 0.0;
+    size_t n = 0;
+    long p;
+
+    /* Compact the survivors in place (n <= i), keyed for rank order; branch-free because about
+     * as many tokens go as stay. */
+    for (int i = 0; i < s->vocab_size; i++) {
+        double w = c[i].w;
+
+        c[n].w = w;
+        c[n].key = rank_key(logits[i], i);
+        n += w > cutoff;
+    }
+    p = weighted_select(c, n, top_p * total, false);
+    if (p >= 0)
+        n = (size_t)p + 1; /* c[0..n) is now the nucleus */
+    for (size_t j = 0; j < n; j++)
+        kept += c[j].w;
+    p = weighted_select(c, n, u * kept, true);
+    return p >= 0 ? key_id(c[p].key) : best;
+}
+
+int lora_sampler_sample(struct lora_sampler *s, const float *logits,
+                        const struct lora_sampling_params *p, struct lora_rng *rng)
+{
+    struct cand *c;
+    double inv_t, top_p, total = 0.0, target, cum = 0.0;
+    int vocab, k, best, last;
+    float max;
+
+    if (!s || !logits || !p)
+        return -1;
+    vocab = s->vocab_size;
+    /* Zero, negative or NaN temperature: greedy. */
+    if (!(p->temperature > 0.0f))
+        return argmax(logits, vocab);
+    if (!rng)
+        return -1;
+    inv_t = 1.0 / p->temperature; /* finite: a float temperature is at least 2^-149 */
+    top_p = p->top_p;
+    if (!(top_p < 1.0))
+        top_p = 1.0; /* NaN or >= 1: off */
+    if (!(top_p > 0.0))
+        return argmax(logits, vocab); /* out of range: the one-token nucleus */
+    k = p->top_k;
+    if (k > 0 && k < vocab)
+        return sample_top_k(s, logits, k, inv_t, top_p, lora_rng_uniform(rng));
+
+    best = argmax(logits, vocab);
+    max = clean(logits[best]);
+    if (isinf(max))
+        return best; /* all -inf (best == 0) or a +inf logit: no distribution */
+    c = s->cand;
+    for (int i = 0; i < vocab; i++) {
+        c[i].w = weight(logits[i], max, inv_t);
+        total += c[i].w;
+    }
+    if (top_p < 1.0)
+        return sample_top_p(s, logits, total, top_p, best, lora_rng_uniform(rng));
+
+    /* Neither filter: walk in id order (see the file comment). */
+    target = lora_rng_uniform(rng) * total;
+    last = best;
+    for (int i = 0; i < vocab; i++) {
+        if (c[i].w > 0.0)
+            last = i;
+        cum += c[i].w;
+        if (target < cum)
+            return i;
+    }
+    return last;
+}
+
+/* ---- log-probabilities ---- */
+
+/* Writes lp[i] = log_softmax(logits)[i] for every token, in double before rounding. With a +inf
+ * logit the +inf tokens share all the mass; with every logit -inf or NaN there is no
+ * distribution and every entry is -inf. */
+static void log_softmax(float *lp, const float *logits, int n)
+{
+    double max, sum = 0.0, lse;
+    int n_inf = 0;
+
+    max = clean(logits[argmax(logits, n)]);
+    if (max == -INFINITY) {
+        for (int i = 0; i < n; i++)
+            lp[i] = -INFINITY;
+        return;
+    }
+    if (max == INFINITY) {
+        float share;
+
+        for (int i = 0; i < n; i++)
+            n_inf += logits[i] == INFINITY;
+        share = (float)-log((double)n_inf);
+        for (int i = 0; i < n; i++)
+            lp[i] = logits[i] == INFINITY ? share : -INFINITY;
+        return;
+    }
+    for (int i = 0; i < n; i++)
+        sum += exp((double)clean(logits[i]) - max);
+    lse = max + log(sum);
+    for (int i = 0; i < n; i++)
+        lp[i] = (float)((double)clean(logits[i]) - lse);
+}
+
+float lora_sampler_logprobs(struct lora_sampler *s, const float *logits, int token, int top_n,
+                            int *top_ids, float *top_logprobs)
+{
+    if (!s || !logits)
+        return NAN;
+    if (top_n > s->vocab_size)
+        top_n = s->vocab_size;
+    if (!top_ids || !top_logprobs)
+        top_n = 0;
+    log_softmax(s->lp, logits, s->vocab_size);
+    /* Selection runs on the rounded float log-probabilities, so the reported values never
+     * increase and equal values come in id order. */
+    if (top_n > 0) {
+        select_top(s->cand, top_n, s->lp, s->vocab_size);
+        for (int j = 0; j < top_n; j++) {
+            top_ids[j] = key_id(s->cand[j].key);
+            top_logprobs[j] = s->lp[top_ids[j]];
+        }
+    }
+    if (token < 0 || token >= s->vocab_size)
+        return NAN;
+    return s->lp[token];
+}

@@ -1,0 +1,18 @@
+# Shared set-up for the bats tests: where the binaries and the reference interpreter are.
+# tests/run exports LORA_BIN and PYTHON; running one file by hand falls back to the defaults.
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+: "${LORA_BIN:=$ROOT/build/main/bin}"
+: "${PYTHON:=/usr/bin/python3}"
+REF="$PYTHON $ROOT/tests/ref/hf_reference.py"
+FIXTURE="$PYTHON $ROOT/tests/ref/make_fixture.py"
+WORKER="$LORA_BIN/lora-worker"
+export LORA_DEMO_DIR=${LORA_DEMO_DIR:-$BATS_RUN_TMPDIR/demo}
+
+# Fails the test with the output when the last `run` did not exit with the given code.
+expect_status() {
+    if [ "$status" -ne "$1" ]; then
+        echo "expected exit $1, got $status; output:" >&2
+        echo "$output" >&2
+        return 1
+    fi
+}
