@@ -3,7 +3,7 @@
  * The CPU implementations (kernels/cpu/) are the reference; CUDA versions (kernels/cuda/) take
  * device pointers and are tested against them. All tensors are float32, row-major. Shapes are
  * given in comments as (rows, cols). No kernel allocates: scratch space is passed in.
- * Threads: large matmuls go to OpenBLAS; the other kernels split work with OpenMP.
+ * Threads: every kernel splits its work with OpenMP.
  */
 #ifndef LORA_KERNELS_H
 #define LORA_KERNELS_H
@@ -11,8 +11,11 @@
 #include <stdbool.h>
 #include <stddef.h>
 
-/* y (m, n) = x (m, k) · w (n, k)ᵀ, or y += when accumulate. w is a Hugging Face [out, in] weight. */
-void lora_k_matmul(float *y, const float *x, const float *w, int m, int n, int k, bool accumulate);
+/* y (m, n) = alpha · x (m, k) · w (n, k)ᵀ, or y += that when accumulate. w is a Hugging Face
+ * [out, in] weight. Batch-invariant: row i of y depends only on row i of x, bit for bit, whatever
+ * m is, so a request's results do not depend on what else is in its step. */
+void lora_k_matmul(float *y, const float *x, const float *w, int m, int n, int k, float alpha,
+                   bool accumulate);
 
 /* y (m, n) += bias (n) broadcast over rows. */
 void lora_k_add_bias(float *y, const float *bias, int m, int n);

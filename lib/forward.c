@@ -271,7 +271,8 @@ static void apply_lora(struct lora_forward *f, float *y, const float *x, int l, 
 static void project(struct lora_forward *f, float *y, const float *x, const float *w, int T,
                     int l, enum lora_proj p)
 {
-    lora_k_matmul(y, x, w, T, lora_model_proj_out(f->m, p), lora_model_proj_in(f->m, p), false);
+    lora_k_matmul(y, x, w, T, lora_model_proj_out(f->m, p), lora_model_proj_in(f->m, p), 1.0f,
+                  false);
     apply_lora(f, y, x, l, p);
 }
 
@@ -345,7 +346,7 @@ int lora_forward_step(struct lora_forward *f, const struct lora_seq_step *seqs, 
         memcpy(f->xf + (size_t)r * hidden, f->x + (size_t)f->logit_src[r] * hidden,
                sizeof(float) * hidden);
     lora_k_rmsnorm(f->xf, f->xf, f->m->final_norm, n_rows, hidden, c->rms_norm_eps);
-    lora_k_matmul(f->logits, f->xf, f->m->lm_head, n_rows, c->vocab_size, hidden, false);
+    lora_k_matmul(f->logits, f->xf, f->m->lm_head, n_rows, c->vocab_size, hidden, 1.0f, false);
     *logits = f->logits;
     return 0;
 }

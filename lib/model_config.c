@@ -14,14 +14,14 @@
 
 #include <jansson.h>
 
-#define MAX_WIDTH (1 << 20)    /* hidden, intermediate, heads * head_dim */
-#define MAX_LAYERS 1024
-#define MAX_HEADS 4096
-#define MAX_HEAD_DIM 4096
-#define MAX_VOCAB (1 << 24)
-#define MAX_POSITIONS (1 << 24)
-#define DEFAULT_RMS_NORM_EPS 1e-6f
-#define DEFAULT_ROPE_THETA 10000.0f
+#define MAX_WIDTH             (1 << 20) /* hidden, intermediate, heads * head_dim */
+#define MAX_LAYERS            1024
+#define MAX_HEADS             4096
+#define MAX_HEAD_DIM          4096
+#define MAX_VOCAB             (1 << 24)
+#define MAX_POSITIONS         (1 << 24)
+#define DEFAULT_RMS_NORM_EPS  1e-6f
+#define DEFAULT_ROPE_THETA    10000.0f
 #define DEFAULT_MAX_POSITIONS 4096
 
 static const char *const arch_names[] = {
@@ -243,10 +243,9 @@ static int parse_arch(const char *path, json_t *root, struct lora_model_config *
 static int parse_dims(const char *path, json_t *root, struct lora_model_config *cfg, char *err,
                       size_t err_len)
 {
-    if (get_pos_int(path, root, "hidden_size", true, MAX_WIDTH, &cfg->hidden_size, err,
+    if (get_pos_int(path, root, "hidden_size", true, MAX_WIDTH, &cfg->hidden_size, err, err_len) ||
+        get_pos_int(path, root, "intermediate_size", true, MAX_WIDTH, &cfg->intermediate_size, err,
                     err_len) ||
-        get_pos_int(path, root, "intermediate_size", true, MAX_WIDTH, &cfg->intermediate_size,
-                    err, err_len) ||
         get_pos_int(path, root, "num_hidden_layers", true, MAX_LAYERS, &cfg->n_layers, err,
                     err_len) ||
         get_pos_int(path, root, "num_attention_heads", true, MAX_HEADS, &cfg->n_heads, err,
@@ -312,8 +311,7 @@ static int parse_eos(const char *path, json_t *root, struct lora_model_config *c
              json_array_size(v), LORA_MAX_EOS);
         return -1;
     }
-    json_array_foreach(v, i, item)
-    {
+    json_array_foreach (v, i, item) {
         if (get_token_id(path, "eos_token_id", item, cfg->vocab_size,
                          &cfg->eos_token_ids[cfg->n_eos], err, err_len))
             return -1;
@@ -355,8 +353,8 @@ static int parse_rest(const char *path, json_t *root, struct lora_model_config *
 
     cfg->bos_token_id = -1;
     v = get_present(root, "bos_token_id");
-    if (v && get_token_id(path, "bos_token_id", v, cfg->vocab_size, &cfg->bos_token_id, err,
-                          err_len))
+    if (v &&
+        get_token_id(path, "bos_token_id", v, cfg->vocab_size, &cfg->bos_token_id, err, err_len))
         return -1;
     return parse_eos(path, root, cfg, err, err_len);
 }
@@ -379,8 +377,8 @@ int lora_model_config_load(const char *path, struct lora_model_config *cfg, char
     root = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
     fclose(f);
     if (!root) {
-        fail(err, err_len, path, "invalid JSON at line %d column %d: %s", jerr.line,
-             jerr.column, jerr.text);
+        fail(err, err_len, path, "invalid JSON at line %d column %d: %s", jerr.line, jerr.column,
+             jerr.text);
         return -1;
     }
     if (!json_is_object(root)) {

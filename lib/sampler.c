@@ -30,8 +30,8 @@ struct cand {
 
 struct lora_sampler {
     int vocab_size;
-    struct cand *cand; /* (vocab_size) candidates: heap, partitions, or weights by token id */
-    float *lp;         /* (vocab_size) by token id: log-probabilities for top-n selection */
+    struct cand *cand; /* (vocab_size) candidates: heap or partitions */
+    float *val;        /* (vocab_size) by token id: sampling weights or log-probabilities */
 };
 
 /* ---- random numbers: splitmix64 seeding, xoshiro256** stream ---- */
@@ -96,8 +96,8 @@ struct lora_sampler *lora_sampler_new(int vocab_size)
         return NULL;
     s->vocab_size = vocab_size;
     s->cand = malloc(n * sizeof(*s->cand));
-    s->lp = malloc(n * sizeof(*s->lp));
-    if (!s->cand || !s->lp) {
+    s->val = malloc(n * sizeof(*s->val));
+    if (!s->cand || !s->val) {
         lora_sampler_destroy(&s);
         errno = ENOMEM;
         return NULL;
@@ -110,7 +110,7 @@ void lora_sampler_destroy(struct lora_sampler **s)
     if (!s || !*s)
         return;
     free((*s)->cand);
-    free((*s)->lp);
+    free((*s)->val);
     free(*s);
     *s = NULL;
 }
@@ -131,7 +131,8 @@ static inline uint64_t rank_key(float x, int id)
     uint32_t b;
 
     memcpy(&b, &c, sizeof(b));
-    b = (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+    /* Negative: flip every bit; otherwise set the sign bit. Branch-free: signs are random. */
+    b ^= (0u - (b >> 31)) | 0x80000000u;
     return (uint64_t)b << 32 | (uint32_t)~(uint32_t)id;
 }
 
@@ -297,20 +298,62 @@ static int argmax(const float *v, int n)
     }
 }
 
-/* Unnormalised probability of a logit at inverse temperature inv_t, relative to max. The sum
- * is kept in double by the callers; a float exponential is plenty for one weight. */
-static inline double weight(float logit, float max, double inv_t)
+/* e^a for a <= 0 with a relative error below 2e-7; 0 below -87 and for NaN. Plain arithmetic so
+ * that the weight loop vectorises, which libm's expf does not. */
+static inline float exp_neg(float a)
 {
-    float x = clean(logit);
+    const float log2e = 1.44269504f, ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+    const float round = 12582912.0f; /* 1.5 * 2^23: adding and subtracting it rounds to int */
+    bool in_range = a >= -87.0f;     /* false for NaN too */
+    float x = in_range ? a : -87.0f;
+    float n = (x * log2e + round) - round; /* in [-126, 0] */
+    float r = x - n * ln2_hi - n * ln2_lo; /* |r| <= ln2 / 2 */
+    /* Taylor to degree 6: the remainder is below 1.2e-7 relative on |r| <= ln2 / 2. */
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (1.0f / 6 + r * (1.0f / 24 +
+                                                                  r * (1.0f / 120 + r / 720)))));
+    uint32_t bits = (uint32_t)((int32_t)n + 127) << 23; /* 2^n, a normal float */
+    float scale, y;
 
-    /* Guarded so that inv_t == 0 (t == inf) cannot make -inf * 0 = NaN. */
-    if (x == -INFINITY)
-        return 0.0;
-    return expf((float)(((double)x - max) * inv_t));
+    memcpy(&scale, &bits, sizeof(scale));
+    /* Computed before the select, not inside it: the compiler will not speculate a float
+     * operation into a branch-free loop, and a branch here would stop vectorisation. */
+    y = p * scale;
+    return in_range ? y : 0.0f;
+}
+
+/* Unnormalised probability exp((logit - max) / t). NaN logits give NaN, hence 0, like -inf.
+ * Division rather than a reciprocal keeps every float t > 0 exact at the maximum (0 / t), and
+ * -inf / inf is NaN, hence 0. */
+static inline float weight(float logit, float max, float t)
+{
+    return exp_neg((logit - max) / t);
+}
+
+/* Fills w[0..n) with the weights of every token and returns their sum, accumulated in double
+ * in eight lanes so that the loop vectorises. */
+static double fill_weights(float *w, const float *logits, int n, float max, float t)
+{
+    enum { LANES = 8 };
+    double part[LANES] = {0}, total = 0.0;
+    int i = 0;
+
+    for (; i + LANES <= n; i += LANES) {
+        for (int l = 0; l < LANES; l++) {
+            w[i + l] = weight(logits[i + l], max, t);
+            part[l] += w[i + l];
+        }
+    }
+    for (; i < n; i++) {
+        w[i] = weight(logits[i], max, t);
+        total += w[i];
+    }
+    for (int l = 0; l < LANES; l++)
+        total += part[l];
+    return total;
 }
 
 /* top-k (1 <= k < vocab), then top-p when top_p < 1, then a draw in rank order. */
-static int sample_top_k(struct lora_sampler *s, const float *logits, int k, double inv_t,
+static int sample_top_k(struct lora_sampler *s, const float *logits, int k, float t,
                         double top_p, double u)
 {
     struct cand *c = s->cand;
@@ -323,7 +366,7 @@ static int sample_top_k(struct lora_sampler *s, const float *logits, int k, doub
     if (isinf(max))
         return key_id(c[0].key); /* all -inf (then token 0) or a +inf logit: no distribution */
     for (int j = 0; j < k; j++) {
-        c[j].w = weight(logits[key_id(c[j].key)], max, inv_t);
+        c[j].w = weight(logits[key_id(c[j].key)], max, t);
         total += c[j].w;
     }
     if (top_p < 1.0) {
@@ -344,26 +387,23 @@ static int sample_top_k(struct lora_sampler *s, const float *logits, int k, doub
     return last; /* rounding put target at the very top: the last token with any mass */
 }
 
-/* top-p over the whole vocabulary, with c[i].w the weight of token i summing to total and best
- * the argmax. The tokens ranked at or below a token of probability q carry at most V * q, so when
+/* top-p over the whole vocabulary, with w[i] the weight of token i summing to total and best the
+ * argmax. The tokens ranked at or below a token of probability q carry at most V * q, so when
  * V * q <= (1 - top_p) / 2 the tokens above it hold more than top_p, by a margin far beyond
  * rounding, and it is outside the nucleus. The argmax (weight 1 >= total / V) always stays. */
-static int sample_top_p(struct lora_sampler *s, const float *logits, double total, double top_p,
-                        int best, double u)
+static int sample_top_p(struct lora_sampler *s, const float *logits, const float *w, double total,
+                        double top_p, int best, double u)
 {
     struct cand *c = s->cand;
     double cutoff = 0.5 * (1.0 - top_p) * total / s->vocab_size, kept = 0.0;
     size_t n = 0;
     long p;
 
-    /* Compact the survivors in place (n <= i), keyed for rank order; branch-free because about
-     * as many tokens go as stay. */
+    /* Branch-free compaction: about as many tokens go as stay. */
     for (int i = 0; i < s->vocab_size; i++) {
-        double w = c[i].w;
-
-        c[n].w = w;
+        c[n].w = w[i];
         c[n].key = rank_key(logits[i], i);
-        n += w > cutoff;
+        n += w[i] > cutoff;
     }
     p = weighted_select(c, n, top_p * total, false);
     if (p >= 0)
@@ -377,20 +417,19 @@ static int sample_top_p(struct lora_sampler *s, const float *logits, double tota
 int lora_sampler_sample(struct lora_sampler *s, const float *logits,
                         const struct lora_sampling_params *p, struct lora_rng *rng)
 {
-    struct cand *c;
-    double inv_t, top_p, total = 0.0, target, cum = 0.0;
+    double top_p, total, target, cum = 0.0;
     int vocab, k, best, last;
-    float max;
+    float t, max, *w;
 
     if (!s || !logits || !p)
         return -1;
     vocab = s->vocab_size;
+    t = p->temperature;
     /* Zero, negative or NaN temperature: greedy. */
-    if (!(p->temperature > 0.0f))
+    if (!(t > 0.0f))
         return argmax(logits, vocab);
     if (!rng)
         return -1;
-    inv_t = 1.0 / p->temperature; /* finite: a float temperature is at least 2^-149 */
     top_p = p->top_p;
     if (!(top_p < 1.0))
         top_p = 1.0; /* NaN or >= 1: off */
@@ -398,27 +437,24 @@ int lora_sampler_sample(struct lora_sampler *s, const float *logits,
         return argmax(logits, vocab); /* out of range: the one-token nucleus */
     k = p->top_k;
     if (k > 0 && k < vocab)
-        return sample_top_k(s, logits, k, inv_t, top_p, lora_rng_uniform(rng));
+        return sample_top_k(s, logits, k, t, top_p, lora_rng_uniform(rng));
 
     best = argmax(logits, vocab);
     max = clean(logits[best]);
     if (isinf(max))
         return best; /* all -inf (best == 0) or a +inf logit: no distribution */
-    c = s->cand;
-    for (int i = 0; i < vocab; i++) {
-        c[i].w = weight(logits[i], max, inv_t);
-        total += c[i].w;
-    }
+    w = s->val;
+    total = fill_weights(w, logits, vocab, max, t);
     if (top_p < 1.0)
-        return sample_top_p(s, logits, total, top_p, best, lora_rng_uniform(rng));
+        return sample_top_p(s, logits, w, total, top_p, best, lora_rng_uniform(rng));
 
     /* Neither filter: walk in id order (see the file comment). */
     target = lora_rng_uniform(rng) * total;
     last = best;
     for (int i = 0; i < vocab; i++) {
-        if (c[i].w > 0.0)
+        if (w[i] > 0.0f)
             last = i;
-        cum += c[i].w;
+        cum += w[i];
         if (target < cum)
             return i;
     }
@@ -467,17 +503,17 @@ float lora_sampler_logprobs(struct lora_sampler *s, const float *logits, int tok
         top_n = s->vocab_size;
     if (!top_ids || !top_logprobs)
         top_n = 0;
-    log_softmax(s->lp, logits, s->vocab_size);
+    log_softmax(s->val, logits, s->vocab_size);
     /* Selection runs on the rounded float log-probabilities, so the reported values never
      * increase and equal values come in id order. */
     if (top_n > 0) {
-        select_top(s->cand, top_n, s->lp, s->vocab_size);
+        select_top(s->cand, top_n, s->val, s->vocab_size);
         for (int j = 0; j < top_n; j++) {
             top_ids[j] = key_id(s->cand[j].key);
-            top_logprobs[j] = s->lp[top_ids[j]];
+            top_logprobs[j] = s->val[top_ids[j]];
         }
     }
     if (token < 0 || token >= s->vocab_size)
         return NAN;
-    return s->lp[token];
+    return s->val[token];
 }

@@ -1,23 +1,10 @@
 /* kernels_cpu: the reference implementation of kernels.h on the CPU.
- * Matmuls call OpenBLAS (its own threads); the rest is split across OpenMP threads. */
+ * Work is split across OpenMP threads; matmuls live in matmul_cpu.c. */
 #include "kernels.h"
 
-#include <cblas.h>
 #include <math.h>
 #include <omp.h>
 #include <string.h>
-
-void lora_k_matmul(float *y, const float *x, const float *w, int m, int n, int k, bool accumulate)
-{
-    float beta = accumulate ? 1.0f : 0.0f;
-
-    /* One row is a matrix-vector product; OpenBLAS's gemv path is the bandwidth-bound one. */
-    if (m == 1)
-        cblas_sgemv(CblasRowMajor, CblasNoTrans, n, k, 1.0f, w, k, x, 1, beta, y, 1);
-    else
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, beta, y,
-                    n);
-}
 
 void lora_k_add_bias(float *y, const float *bias, int m, int n)
 {
@@ -157,12 +144,8 @@ void lora_k_lora_sgmv(float *y, const float *x, const struct lora_k_lora_seg *se
 {
     for (int s = 0; s < n_segs; s++) {
         const struct lora_k_lora_seg *g = &segs[s];
-        const float *xs = x + (size_t)g->row * in;
-        float *ys = y + (size_t)g->row * out;
-
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->n_rows, g->rank, in, 1.0f, xs,
-                    in, g->a, in, 0.0f, tmp, g->rank);
-        cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, g->n_rows, out, g->rank, g->scale,
-                    tmp, g->rank, g->b, g->rank, 1.0f, ys, out);
+        lora_k_matmul(tmp, x + (size_t)g->row * in, g->a, g->n_rows, g->rank, in, 1.0f, false);
+        lora_k_matmul(y + (size_t)g->row * out, tmp, g->b, g->n_rows, out, g->rank, g->scale,
+                      true);
     }
 }

@@ -128,7 +128,7 @@ static void test_mistral_head_dim(void)
 
 /* A minimal valid config with one piece replaced: "%s" stands for the varying part. */
 #define BASE_PREFIX "{\"architectures\": [\"LlamaForCausalLM\"], \"intermediate_size\": 128, "
-#define BASE_DIMS "\"num_hidden_layers\": 2, \"vocab_size\": 320, "
+#define BASE_DIMS   "\"num_hidden_layers\": 2, \"vocab_size\": 320, "
 
 static void test_errors(void)
 {
@@ -235,7 +235,7 @@ static void test_arch_names(void)
 
 static void test_proj_helpers(void)
 {
-    static const char *const names[] = {"q_proj", "k_proj",  "v_proj",   "o_proj",
+    static const char *const names[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
                                         "gate_proj", "up_proj", "down_proj"};
     static const char *const shorts[] = {"q", "k", "v", "o", "gate", "up", "down"};
     struct lora_model_config c;

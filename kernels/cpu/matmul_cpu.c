@@ -1,0 +1,117 @@
+/* matmul_cpu: y = alpha · x · wᵀ (+ y), batch-invariant.
+ *
+ * Why not OpenBLAS here: its sgemm picks different micro-kernels by matrix shape (for example
+ * M <= 4 against M >= 5 at some sizes), so one row's result changes with the number of rows in the
+ * batch, and a request's log-probabilities would depend on who it shares a step with. This kernel
+ * computes every output element in one fixed order, whatever m and whatever thread computes it:
+ * eight AVX2 lanes accumulate k = lane, lane + 8, ... with fused multiply-adds (the tail through
+ * masked loads, which add exact zeros), then the lanes are summed in a fixed tree. Register tiles
+ * of 2 rows of x by 4 rows of w reuse every load; threads split the rows of w, so each weight is
+ * streamed from memory once per call, which is what bounds decoding.
+ */
+#include "kernels.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#define MR 2 /* rows of x per tile */
+#define NR 4 /* rows of w per tile */
+
+static inline __attribute__((always_inline)) float hsum(__m256 v)
+{
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* One tile of mr x nr outputs (mr <= MR, nr <= NR known at each call site). */
+static inline __attribute__((always_inline)) void tile(float *y, int ldy, const float *x,
+                                                       const float *w, int k, __m256i tail_mask,
+                                                       int mr, int nr, float alpha, bool acc)
+{
+    __m256 a[MR][NR];
+    int kk = 0;
+
+#pragma GCC unroll 2
+    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++)
+            a[i][j] = _mm256_setzero_ps();
+    for (; kk + 8 <= k; kk += 8) {
+        __m256 wv[NR], xv[MR];
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++)
+            wv[j] = _mm256_loadu_ps(w + (size_t)j * k + kk);
+#pragma GCC unroll 2
+        for (int i = 0; i < mr; i++) {
+            xv[i] = _mm256_loadu_ps(x + (size_t)i * k + kk);
+#pragma GCC unroll 4
+            for (int j = 0; j < nr; j++)
+                a[i][j] = _mm256_fmadd_ps(xv[i], wv[j], a[i][j]);
+        }
+    }
+    if (kk < k) {
+        __m256 wv[NR], xv[MR];
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++)
+            wv[j] = _mm256_maskload_ps(w + (size_t)j * k + kk, tail_mask);
+#pragma GCC unroll 2
+        for (int i = 0; i < mr; i++) {
+            xv[i] = _mm256_maskload_ps(x + (size_t)i * k + kk, tail_mask);
+#pragma GCC unroll 4
+            for (int j = 0; j < nr; j++)
+                a[i][j] = _mm256_fmadd_ps(xv[i], wv[j], a[i][j]);
+        }
+    }
+#pragma GCC unroll 2
+    for (int i = 0; i < mr; i++) {
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++) {
+            float v = alpha * hsum(a[i][j]);
+            y[(size_t)i * ldy + j] = acc ? y[(size_t)i * ldy + j] + v : v;
+        }
+    }
+}
+
+/* Rows [n0, n1) of w against every row of x. */
+static void panel(float *y, const float *x, const float *w, int m, int n, int k, int n0, int n1,
+                  __m256i tail_mask, float alpha, bool acc)
+{
+    for (int i = 0; i < m; i += MR) {
+        const float *xi = x + (size_t)i * k;
+        float *yi = y + (size_t)i * n;
+        int j = n0;
+        if (m - i >= MR) {
+            for (; j + NR <= n1; j += NR)
+                tile(yi + j, n, xi, w + (size_t)j * k, k, tail_mask, MR, NR, alpha, acc);
+            for (; j < n1; j++)
+                tile(yi + j, n, xi, w + (size_t)j * k, k, tail_mask, MR, 1, alpha, acc);
+        } else {
+            for (; j + NR <= n1; j += NR)
+                tile(yi + j, n, xi, w + (size_t)j * k, k, tail_mask, 1, NR, alpha, acc);
+            for (; j < n1; j++)
+                tile(yi + j, n, xi, w + (size_t)j * k, k, tail_mask, 1, 1, alpha, acc);
+        }
+    }
+}
+
+void lora_k_matmul(float *y, const float *x, const float *w, int m, int n, int k, float alpha,
+                   bool accumulate)
+{
+    int rem = k % 8;
+    __m256i tail_mask = _mm256_setr_epi32(rem > 0 ? -1 : 0, rem > 1 ? -1 : 0, rem > 2 ? -1 : 0,
+                                          rem > 3 ? -1 : 0, rem > 4 ? -1 : 0, rem > 5 ? -1 : 0,
+                                          rem > 6 ? -1 : 0, 0);
+    /* Panels of w small enough to stay in L2 while every row of x passes over them. */
+    int rows = (int)((256 * 1024) / ((size_t)k * sizeof(float)));
+    rows = rows < NR ? NR : rows - rows % NR;
+    int n_panels = (n + rows - 1) / rows;
+    long work = (long)m * n * k;
+
+#pragma omp parallel for schedule(dynamic, 1) if (work > 32768 && n_panels > 1)
+    for (int p = 0; p < n_panels; p++) {
+        int n0 = p * rows, n1 = n0 + rows < n ? n0 + rows : n;
+        panel(y, x, w, m, n, k, n0, n1, tail_mask, alpha, accumulate);
+    }
+}
