@@ -63,19 +63,20 @@ void lora_k_attention(float *out, const float *q, const float *k_cache, const fl
 int lora_k_n_threads(void);
 
 /* One adapter's rows of the batch for the multi-LoRA shrink/expand (Punica's SGMV layout):
- * rows [row, row + n_rows) of x and y use a (rank, in) and b (out, rank), scaled by scale. */
+ * rows [row, row + n_rows) of x and y use a (rank, in) and b_t (rank, out), scaled by scale. */
 struct lora_k_lora_seg {
     int row;
     int n_rows;
     int rank;
     float scale;
     const float *a; /* (rank, in) */
-    const float *b; /* (out, rank) */
+    const float *b_t; /* (rank, out): B transposed */
 };
 
-/* For each segment: tmp (n_rows, rank) = x · aᵀ (shrink), y += scale · tmp · bᵀ (expand).
- * Each adapter's a and b are read once. tmp holds at least max(n_rows * rank) floats. */
+/* For each segment: t (n_rows, rank) = x · aᵀ (shrink), y += scale · t · b (expand), with the
+ * segments spread over the threads. Batch-invariant like lora_k_matmul. tmp is (rows of x,
+ * max_rank): a segment's t sits at its own rows. */
 void lora_k_lora_sgmv(float *y, const float *x, const struct lora_k_lora_seg *segs, int n_segs,
-                      int in, int out, float *tmp);
+                      int in, int out, float *tmp, int max_rank);
 
 #endif

@@ -1,7 +1,8 @@
 /* adapter: loads and validates a PEFT LoRA adapter for one model shard; see adapter.h. */
 #include "adapter.h"
 
-#include <jansson.h>
+#include "json_file.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -95,6 +96,11 @@ static int check_unsupported(struct adapter_load *ld, json_t *cfg)
     v = json_object_get(cfg, "peft_type");
     if (v && (!json_is_string(v) || strcmp(json_string_value(v), "LORA") != 0))
         goto bad_type;
+    v = json_object_get(cfg, "use_dora");
+    if (json_is_true(v)) {
+        snprintf(ld->err, ld->err_len, "%s: DoRA (use_dora) is not supported", ld->cfg_path);
+        return -1;
+    }
     v = json_object_get(cfg, "fan_in_fan_out");
     if (json_is_true(v)) {
         snprintf(ld->err, ld->err_len, "%s: fan_in_fan_out is not supported", ld->cfg_path);
@@ -108,7 +114,9 @@ static int check_unsupported(struct adapter_load *ld, json_t *cfg)
     const char *per_module[] = {"rank_pattern", "alpha_pattern", "modules_to_save"};
     for (size_t i = 0; i < sizeof(per_module) / sizeof(per_module[0]); i++) {
         v = json_object_get(cfg, per_module[i]);
-        if (v && !json_is_null(v) && json_object_size(v) + json_array_size(v) > 0) {
+        bool set = json_object_size(v) + json_array_size(v) > 0 ||
+                   (json_is_string(v) && *json_string_value(v));
+        if (set) {
             snprintf(ld->err, ld->err_len, "%s: '%s' is not supported", ld->cfg_path,
                      per_module[i]);
             return -1;
@@ -123,18 +131,11 @@ bad_type:
 static int load_config(struct adapter_load *ld, int max_rank)
 {
     struct lora_adapter *ad = ld->ad;
-    json_error_t jerr;
-    json_t *cfg = json_load_file(ld->cfg_path, 0, &jerr);
+    json_t *cfg = lora_json_file_load(ld->cfg_path, ld->err, ld->err_len);
     int rc = -1;
 
-    if (!cfg) {
-        snprintf(ld->err, ld->err_len, "%s: %s (line %d)", ld->cfg_path, jerr.text, jerr.line);
+    if (!cfg)
         return -1;
-    }
-    if (!json_is_object(cfg)) {
-        snprintf(ld->err, ld->err_len, "%s: not a JSON object", ld->cfg_path);
-        goto out;
-    }
     if (check_unsupported(ld, cfg) < 0)
         goto out;
     json_t *r = json_object_get(cfg, "r");
@@ -178,10 +179,13 @@ static int classify_key(struct adapter_load *ld, const struct lora_tensor_info *
 
     if (strncmp(name, KEY_PREFIX, strlen(KEY_PREFIX)) != 0)
         goto unexpected;
-    const char *p = name + strlen(KEY_PREFIX);
-    char *end;
-    long layer = strtol(p, &end, 10);
-    if (end == p || *end != '.' || layer < 0)
+    /* The layer number in canonical form only ("7", not "07" or "+7"): two spellings of one
+     * layer would let a second tensor silently replace the first. */
+    const char *p = name + strlen(KEY_PREFIX), *end = p;
+    long layer = 0;
+    while (*end >= '0' && *end <= '9' && layer < 1000000)
+        layer = layer * 10 + (*end++ - '0');
+    if (end == p || *end != '.' || (*p == '0' && end - p > 1))
         goto unexpected;
     for (int proj = 0; proj < LORA_PROJ_COUNT; proj++) {
         char want_a[64], want_b[64];
@@ -212,14 +216,16 @@ unexpected:
     return -1;
 }
 
-/* Checks t's shape is (rows, cols) and copies columns [c0, c0 + nc) and rows [r0, r0 + nr). */
+/* Checks t's shape is (rows, cols) and copies rows [r0, r0 + nr) and columns [c0, c0 + nc),
+ * as (nr, nc), or as (nc, nr) when transpose. */
 static float *take(struct adapter_load *ld, const struct lora_tensor_info *t, int64_t rows,
-                   int64_t cols, int64_t r0, int64_t nr, int64_t c0, int64_t nc)
+                   int64_t cols, int64_t r0, int64_t nr, int64_t c0, int64_t nc, bool transpose)
 {
     if (t->n_dims != 2 || t->shape[0] != rows || t->shape[1] != cols) {
-        snprintf(ld->err, ld->err_len, "%s: key '%s' has shape [%lld%s%lld], expected [%lld, %lld]",
-                 ld->st_path, t->name, (long long)t->shape[0], t->n_dims > 1 ? ", " : "",
-                 t->n_dims > 1 ? (long long)t->shape[1] : 0LL, (long long)rows, (long long)cols);
+        char got[160];
+        snprintf(ld->err, ld->err_len, "%s: key '%s' has shape %s, expected [%lld, %lld]",
+                 ld->st_path, t->name, lora_tensor_shape_str(t, got, sizeof(got)),
+                 (long long)rows, (long long)cols);
         return NULL;
     }
     if (t->dtype != LORA_DTYPE_F32 && t->dtype != LORA_DTYPE_F16 && t->dtype != LORA_DTYPE_BF16) {
@@ -233,9 +239,15 @@ static float *take(struct adapter_load *ld, const struct lora_tensor_info *t, in
         return NULL;
     }
     size_t esize = lora_dtype_size(t->dtype);
-    for (int64_t r = 0; r < nr; r++)
-        lora_dtype_to_f32(t->dtype, (const char *)t->data + (size_t)((r0 + r) * cols + c0) * esize,
-                          out + r * nc, (size_t)nc);
+    for (int64_t r = 0; r < nr; r++) {
+        const char *src = (const char *)t->data + (size_t)((r0 + r) * cols + c0) * esize;
+        if (!transpose) {
+            lora_dtype_to_f32(t->dtype, src, out + r * nc, (size_t)nc);
+            continue;
+        }
+        for (int64_t c = 0; c < nc; c++)
+            lora_dtype_to_f32(t->dtype, src + (size_t)c * esize, out + c * nr + r, 1);
+    }
     ld->ad->bytes += (size_t)(nr * nc) * sizeof(float);
     return out;
 }
@@ -267,10 +279,10 @@ static int take_weights(struct adapter_load *ld)
             int64_t in_l = lora_model_proj_in(m, p), out_l = lora_model_proj_out(m, p);
             int64_t a_c0 = lora_proj_is_column_parallel(p) ? 0 : m->tp_rank * in_l;
             int64_t b_r0 = lora_proj_is_column_parallel(p) ? m->tp_rank * out_l : 0;
-            ad->a[i] = take(ld, ld->ta[i], rank, in, 0, rank, a_c0, in_l);
+            ad->a[i] = take(ld, ld->ta[i], rank, in, 0, rank, a_c0, in_l, false);
             if (!ad->a[i])
                 return -1;
-            ad->b[i] = take(ld, ld->tb[i], out, rank, b_r0, out_l, 0, rank);
+            ad->b[i] = take(ld, ld->tb[i], out, rank, b_r0, out_l, 0, rank, true);
             if (!ad->b[i])
                 return -1;
         }

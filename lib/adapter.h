@@ -12,7 +12,7 @@
  *
  * Weights are copied to float32 buffers the adapter owns (the files are closed after loading), cut
  * for the shard like the base weights: for q, k, v, gate and up, B keeps this shard's output
- * rows; for o and down, A keeps this shard's input columns.
+ * rows; for o and down, A keeps this shard's input columns. B is stored transposed.
  */
 #ifndef LORA_ADAPTER_H
 #define LORA_ADAPTER_H
@@ -30,7 +30,7 @@ struct lora_adapter {
     unsigned target_mask; /* bit (1u << enum lora_proj) per targeted projection */
     int n_layers;
     float **a; /* [layer * LORA_PROJ_COUNT + proj]: (rank, local in), or NULL when not targeted */
-    float **b; /* same index: (local out, rank) */
+    float **b; /* same index: (rank, local out), B transposed so that expand streams its rows */
     size_t bytes; /* float32 bytes held */
 };
 

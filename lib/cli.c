@@ -104,6 +104,8 @@ int lora_cli_parse(const struct lora_opt *opts, const char *env_prefix, int argc
         return -1;
     for (int i = first; i < argc; i++) {
         const char *a = argv[i];
+        if (strcmp(a, "-h") == 0 && find(opts, "help", 4))
+            a = "--help";
         if (strncmp(a, "--", 2) != 0) {
             snprintf(err, err_len, "unexpected argument '%s'", a);
             return -1;
@@ -153,7 +155,7 @@ int lora_cli_parse_ints(const char *s, int *ids, int max)
         p = end;
         while (isspace((unsigned char)*p))
             p++;
-        if (*p == ',')
+        if (*p == ',' && p[1])
             p++;
         else if (*p)
             return -1;

@@ -259,12 +259,12 @@ static void apply_lora(struct lora_forward *f, float *y, const float *x, int l, 
             .rank = a->rank,
             .scale = a->scale,
             .a = a->a[i],
-            .b = a->b[i],
+            .b_t = a->b[i],
         };
     }
     if (n_segs)
         lora_k_lora_sgmv(y, x, f->segs, n_segs, lora_model_proj_in(f->m, p),
-                         lora_model_proj_out(f->m, p), f->lora_tmp);
+                         lora_model_proj_out(f->m, p), f->lora_tmp, f->lim.max_rank);
 }
 
 /* y (T, out) = x · wᵀ + LoRA deltas. */

@@ -48,14 +48,16 @@ static bool is_eos(const struct lora_model_config *c, int token)
     return false;
 }
 
-static int validate(const struct gen_run *g, int n_adapters, char *err, size_t err_len)
+static int validate(struct gen_run *g, int n_adapters, char *err, size_t err_len)
 {
     for (int i = 0; i < g->n; i++) {
-        const struct lora_gen_request *r = &g->reqs[i];
+        struct lora_gen_request *r = &g->reqs[i];
         if (r->n_prompt < 1 || r->max_tokens < 0 || r->top_n < 0) {
             snprintf(err, err_len, "request %d: the prompt is empty or max_tokens negative", i);
             return -1;
         }
+        if (r->top_n > g->m->cfg.vocab_size)
+            r->top_n = g->m->cfg.vocab_size; /* every token, once */
         if (r->n_prompt + r->max_tokens > g->m->cfg.max_position_embeddings) {
             snprintf(err, err_len,
                      "request %d: prompt (%d) plus max_tokens (%d) exceeds the context length %d",

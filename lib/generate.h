@@ -24,7 +24,7 @@ struct lora_gen_request {
     int adapter_slot; /* index into the adapters given to lora_generate_run, or -1 */
     struct lora_sampling_params sampling;
     uint64_t seed;
-    int top_n;            /* log-probabilities of the top_n tokens per step */
+    int top_n;            /* log-probabilities of the top_n tokens per step (at most vocab) */
     bool ignore_eos;
     bool prompt_logprobs; /* log p(prompt[i] | prompt[:i]) */
 

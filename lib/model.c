@@ -1,7 +1,9 @@
 /* model: loads a Hugging Face checkpoint (whole or one tensor-parallel shard); see model.h. */
 #include "model.h"
 
-#include <jansson.h>
+#include "json_file.h"
+
+#include <errno.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -54,24 +56,24 @@ static const float *fetch(struct loader *ld, const char *name, int n_dims, int64
     const struct lora_tensor_info *t = find_tensor(m, name, &f);
 
     if (!t) {
-        snprintf(ld->err, ld->err_len, "%s: missing tensor '%s'",
-                 m->n_files == 1 ? m->files[0]->path : ld->dir, name);
+        if (m->n_files == 1)
+            snprintf(ld->err, ld->err_len, "%s: missing tensor '%s'", m->files[0]->path, name);
+        else
+            snprintf(ld->err, ld->err_len,
+                     "%s/model.safetensors.index.json: missing tensor '%s' in any shard", ld->dir,
+                     name);
         return NULL;
     }
     bool shape_ok = t->n_dims == n_dims && t->shape[0] == d0 && (n_dims == 1 || t->shape[1] == d1);
     if (!shape_ok) {
-        char got[128] = "";
-        size_t len = 0;
-        for (int i = 0; i < t->n_dims && len < sizeof(got) - 24; i++)
-            len += (size_t)snprintf(got + len, sizeof(got) - len, "%s%lld", i ? ", " : "",
-                                    (long long)t->shape[i]);
+        char got[160];
+        lora_tensor_shape_str(t, got, sizeof(got));
         if (n_dims == 1)
-            snprintf(ld->err, ld->err_len, "%s: tensor '%s' has shape [%s], expected [%lld]",
+            snprintf(ld->err, ld->err_len, "%s: tensor '%s' has shape %s, expected [%lld]",
                      f->path, name, got, (long long)d0);
         else
-            snprintf(ld->err, ld->err_len,
-                     "%s: tensor '%s' has shape [%s], expected [%lld, %lld]", f->path, name, got,
-                     (long long)d0, (long long)d1);
+            snprintf(ld->err, ld->err_len, "%s: tensor '%s' has shape %s, expected [%lld, %lld]",
+                     f->path, name, got, (long long)d0, (long long)d1);
         return NULL;
     }
     if (t->dtype != LORA_DTYPE_F32 && t->dtype != LORA_DTYPE_F16 && t->dtype != LORA_DTYPE_BF16) {
@@ -118,8 +120,9 @@ static int open_files(struct loader *ld)
     char path[4096];
 
     snprintf(path, sizeof(path), "%s/model.safetensors.index.json", ld->dir);
-    json_error_t jerr;
-    json_t *index = json_load_file(path, 0, &jerr);
+    json_t *index = lora_json_file_load(path, ld->err, ld->err_len);
+    if (!index && errno != ENOENT)
+        return -1;
     if (!index) {
         snprintf(path, sizeof(path), "%s/model.safetensors", ld->dir);
         m->files = xcalloc(1, sizeof(*m->files));
@@ -161,7 +164,9 @@ static int open_files(struct loader *ld)
     /* Every tensor must be where the index says. */
     json_object_foreach(map, name, file) {
         const struct lora_safetensors *f = NULL;
-        if (!find_tensor(m, name, &f)) {
+        char fpath[4096];
+        snprintf(fpath, sizeof(fpath), "%s/%s", ld->dir, json_string_value(file));
+        if (!find_tensor(m, name, &f) || strcmp(f->path, fpath) != 0) {
             snprintf(ld->err, ld->err_len, "%s/%s: missing tensor '%s' listed in %s", ld->dir,
                      json_string_value(file), name, path);
             goto out;

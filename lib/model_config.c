@@ -6,6 +6,8 @@
  */
 #include "model_config.h"
 
+#include "json_file.h"
+
 #include <errno.h>
 #include <math.h>
 #include <stdarg.h>
@@ -363,28 +365,12 @@ int lora_model_config_load(const char *path, struct lora_model_config *cfg, char
                            size_t err_len)
 {
     struct lora_model_config c;
-    json_error_t jerr;
-    json_t *root;
-    FILE *f;
     int rc = -1;
 
     memset(&c, 0, sizeof(c));
-    f = fopen(path, "rb");
-    if (!f) {
-        fail(err, err_len, path, "unable to open: %s", strerror(errno));
+    json_t *root = lora_json_file_load(path, err, err_len);
+    if (!root)
         return -1;
-    }
-    root = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
-    fclose(f);
-    if (!root) {
-        fail(err, err_len, path, "invalid JSON at line %d column %d: %s", jerr.line, jerr.column,
-             jerr.text);
-        return -1;
-    }
-    if (!json_is_object(root)) {
-        fail(err, err_len, path, "top level must be a JSON object");
-        goto out;
-    }
     if (parse_arch(path, root, &c, err, err_len) || parse_dims(path, root, &c, err, err_len) ||
         parse_rest(path, root, &c, err, err_len))
         goto out;

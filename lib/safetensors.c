@@ -851,3 +851,23 @@ out_free:
     free(header);
     return ret;
 }
+
+char *lora_tensor_shape_str(const struct lora_tensor_info *t, char *buf, size_t len)
+{
+    size_t at = 0;
+
+    if (len == 0)
+        return buf;
+    buf[0] = 0;
+    for (int i = -1; i <= t->n_dims && at < len; i++) {
+        int n;
+        if (i < 0)
+            n = snprintf(buf + at, len - at, "[");
+        else if (i == t->n_dims)
+            n = snprintf(buf + at, len - at, "]");
+        else
+            n = snprintf(buf + at, len - at, "%s%lld", i ? ", " : "", (long long)t->shape[i]);
+        at += n > 0 ? (size_t)n : 0;
+    }
+    return buf;
+}

@@ -64,6 +64,9 @@ void lora_safetensors_close(struct lora_safetensors **st);
 const struct lora_tensor_info *lora_safetensors_find(const struct lora_safetensors *st,
                                                      const char *name);
 
+/* Writes t's shape as "[d0, d1, ...]" into buf (truncated to len). Returns buf. */
+char *lora_tensor_shape_str(const struct lora_tensor_info *t, char *buf, size_t len);
+
 /* Element size in bytes of dtype; 0 never happens for a valid enum value. */
 size_t lora_dtype_size(enum lora_dtype dtype);
 

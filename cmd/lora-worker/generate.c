@@ -6,6 +6,7 @@
  *   {"version":1,"prompt_logprobs":[null,lp1,...],"tokens":[...],
  *    "top_logprobs":[[[id,lp],...],...],"finish_reason":"stop"|"length"}
  */
+#include <errno.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -97,21 +98,32 @@ static void job_release(struct gen_job *j)
     lora_model_destroy(&j->model);
 }
 
-static int load_adapters(struct gen_job *j, char *err, size_t err_len)
+/* Takes the adapter names from --lora NAME=DIR, before anything is read from disk. */
+static int parse_lora_names(struct gen_job *j, char *err, size_t err_len)
 {
     for (int i = 0; i < o.loras.n; i++) {
         const char *spec = o.loras.items[i], *eq = strchr(spec, '=');
         if (!eq || eq == spec || !eq[1]) {
             snprintf(err, err_len, "--lora '%s' must be NAME=DIR", spec);
-            return EXIT_USAGE;
+            return -1;
         }
         j->names[i] = strndup(spec, (size_t)(eq - spec));
-        j->adapters[i] = lora_adapter_load(eq + 1, j->model, (int)o.max_lora_rank, err, err_len);
-        if (!j->names[i] || !j->adapters[i]) {
-            free(j->names[i]);
-            return EXIT_BAD_INPUT;
+        if (!j->names[i]) {
+            snprintf(err, err_len, "out of memory");
+            return -1;
         }
         j->n_adapters++;
+    }
+    return 0;
+}
+
+static int load_adapters(struct gen_job *j, char *err, size_t err_len)
+{
+    for (int i = 0; i < j->n_adapters; i++) {
+        const char *dir = strchr(o.loras.items[i], '=') + 1;
+        j->adapters[i] = lora_adapter_load(dir, j->model, (int)o.max_lora_rank, err, err_len);
+        if (!j->adapters[i])
+            return -1;
     }
     return 0;
 }
@@ -136,15 +148,18 @@ static void defaults(struct lora_gen_request *r)
     r->prompt_logprobs = o.json;
 }
 
-/* Reads an optional number field within [lo, hi]; -1 with err when it is malformed. */
-static int opt_number(json_t *obj, const char *key, double lo, double hi, double *v,
-                      const char *where, char *err, size_t err_len)
+/* Reads an optional number field within [lo, hi] (an integer when integral); -1 with err when
+ * it is malformed. */
+static int opt_number(json_t *obj, const char *key, double lo, double hi, bool integral,
+                      double *v, const char *where, char *err, size_t err_len)
 {
     json_t *f = json_object_get(obj, key);
     if (!f || json_is_null(f))
         return 0;
-    if (!json_is_number(f) || json_number_value(f) < lo || json_number_value(f) > hi) {
-        snprintf(err, err_len, "%s: '%s' must be a number in [%g, %g]", where, key, lo, hi);
+    if (!(integral ? json_is_integer(f) : json_is_number(f)) || json_number_value(f) < lo ||
+        json_number_value(f) > hi) {
+        snprintf(err, err_len, "%s: '%s' must be %s in [%g, %g]", where, key,
+                 integral ? "an integer" : "a number", lo, hi);
         return -1;
     }
     *v = json_number_value(f);
@@ -194,12 +209,12 @@ static int parse_request(struct gen_job *j, json_t *obj, struct lora_gen_request
     }
     double mt = r->max_tokens, t = r->sampling.temperature, p = r->sampling.top_p;
     double k = r->sampling.top_k, seed = (double)r->seed, lp = r->top_n;
-    if (opt_number(obj, "max_tokens", 0, 1e6, &mt, where, err, err_len) < 0 ||
-        opt_number(obj, "temperature", 0, 100, &t, where, err, err_len) < 0 ||
-        opt_number(obj, "top_p", 1e-6, 1, &p, where, err, err_len) < 0 ||
-        opt_number(obj, "top_k", 0, 1e7, &k, where, err, err_len) < 0 ||
-        opt_number(obj, "seed", 0, 9e15, &seed, where, err, err_len) < 0 ||
-        opt_number(obj, "logprobs", 0, 1000, &lp, where, err, err_len) < 0)
+    if (opt_number(obj, "max_tokens", 0, 1e6, true, &mt, where, err, err_len) < 0 ||
+        opt_number(obj, "temperature", 0, 100, false, &t, where, err, err_len) < 0 ||
+        opt_number(obj, "top_p", 1e-6, 1, false, &p, where, err, err_len) < 0 ||
+        opt_number(obj, "top_k", 0, 1e7, true, &k, where, err, err_len) < 0 ||
+        opt_number(obj, "seed", 0, 9e15, true, &seed, where, err, err_len) < 0 ||
+        opt_number(obj, "logprobs", 0, 1000, true, &lp, where, err, err_len) < 0)
         return -1;
     r->max_tokens = (int)mt;
     r->sampling = (struct lora_sampling_params){(float)t, (int)k, (float)p};
@@ -317,7 +332,8 @@ static json_t *request_json(const struct lora_gen_request *r)
                      "top_logprobs", tops, "finish_reason", r->stopped_on_eos ? "stop" : "length");
 }
 
-static void print_results(const struct gen_job *j)
+/* Returns -1 when standard output could not be written. */
+static int print_results(const struct gen_job *j)
 {
     for (int i = 0; i < j->n_reqs; i++) {
         const struct lora_gen_request *r = &j->reqs[i];
@@ -333,49 +349,54 @@ static void print_results(const struct gen_job *j)
             printf(" %d", r->tokens[k]);
         printf(" [%s]\n", r->stopped_on_eos ? "stop" : "length");
     }
+    return fflush(stdout) == 0 && !ferror(stdout) ? 0 : -1;
 }
 
 int cmd_generate(int argc, char **argv)
 {
     char err[1024] = "", demo[4096];
     struct gen_job j = {0};
-    int rc = EXIT_BAD_INPUT;
+    int rc = EXIT_USAGE;
 
-    if (lora_cli_parse(options, "LORA_WORKER", argc, argv, 1, err, sizeof(err)) < 0 ||
-        (!o.help && !o.prompt_ids == !o.batch)) {
-        fprintf(stderr, "lora-worker: fatal: %s\n",
-                *err ? err : "give exactly one of --prompt-ids and --batch");
-        return EXIT_USAGE;
-    }
+    if (lora_cli_parse(options, "LORA_WORKER", argc, argv, 1, err, sizeof(err)) < 0)
+        goto out;
     if (o.help) {
         puts("usage: lora-worker generate [--model DIR] [--lora NAME=DIR]... "
              "(--prompt-ids IDS | --batch FILE) [OPTIONS]\n");
         lora_cli_usage(stdout, options);
-        return 0;
+        rc = fflush(stdout) == 0 ? 0 : EXIT_SYSTEM;
+        goto out;
     }
+    if (!o.prompt_ids == !o.batch) {
+        snprintf(err, sizeof(err), "give exactly one of --prompt-ids and --batch");
+        goto out;
+    }
+    if (parse_lora_names(&j, err, sizeof(err)) < 0 ||
+        (o.prompt_ids && single_request(&j, err, sizeof(err)) < 0))
+        goto out;
+    rc = EXIT_BAD_INPUT;
+    if (o.batch && read_batch(&j, err, sizeof(err)) < 0)
+        goto out;
     if (!o.model) {
-        if (lora_demo_model_ensure(demo, sizeof(demo), err, sizeof(err)) < 0) {
-            fprintf(stderr, "lora-worker: fatal: %s\n", err);
-            return EXIT_SYSTEM;
-        }
+        rc = EXIT_SYSTEM;
+        if (lora_demo_model_ensure(demo, sizeof(demo), err, sizeof(err)) < 0)
+            goto out;
+        rc = EXIT_BAD_INPUT;
         o.model = demo;
     }
     j.model = lora_model_load(o.model, 0, 1, err, sizeof(err));
-    if (!j.model)
-        goto out;
-    rc = load_adapters(&j, err, sizeof(err));
-    if (rc)
-        goto out;
-    rc = EXIT_BAD_INPUT;
-    if ((o.batch ? read_batch(&j, err, sizeof(err)) : single_request(&j, err, sizeof(err))) < 0)
+    if (!j.model || load_adapters(&j, err, sizeof(err)) < 0)
         goto out;
     struct lora_generate_opts go = {(int)o.max_batched_tokens, (int)o.block_size};
     struct lora_generate_stats st;
     if (lora_generate_run(j.model, (const struct lora_adapter *const *)j.adapters, j.n_adapters,
                           j.reqs, j.n_reqs, &go, &st, err, sizeof(err)) < 0)
         goto out;
-    print_results(&j);
     rc = 0;
+    if (print_results(&j) < 0) {
+        snprintf(err, sizeof(err), "unable to write the output: %s", strerror(errno));
+        rc = EXIT_SYSTEM;
+    }
 out:
     if (rc)
         fprintf(stderr, "lora-worker: fatal: %s\n", err);

@@ -40,7 +40,7 @@ int main(int argc, char **argv)
     }
     if (strcmp(argv[1], "--version") == 0) {
         printf("lora-worker %s (backends: cpu%s)\n", LORA_VERSION,
-#if LORA_CUDA
+#ifdef LORA_CUDA
                ", cuda"
 #else
                ""

@@ -1,6 +1,7 @@
 /* lora-worker make-model / make-adapter: write deterministic random models and PEFT adapters in
  * the Hugging Face layout (lib/model_gen.h), for tests, benchmarks and demos. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
@@ -64,10 +65,16 @@ int cmd_make_model(int argc, char **argv)
     struct lora_gen_model_opts mo;
 
     lora_gen_model_defaults(&mo);
-    if (lora_cli_parse(options, "LORA_WORKER", argc, argv, 1, err, sizeof(err)) < 0 ||
-        (!help && !out) || parse_arch(arch, &mo.arch) < 0 || parse_dtype(dtype, &mo.dtype) < 0) {
-        fprintf(stderr, "lora-worker: fatal: %s\n",
-                *err ? err : "make-model needs --out DIR, a known --arch and --dtype");
+    if (lora_cli_parse(options, "LORA_WORKER", argc, argv, 1, err, sizeof(err)) < 0)
+        ;
+    else if (!help && !out)
+        snprintf(err, sizeof(err), "make-model needs --out DIR");
+    else if (parse_arch(arch, &mo.arch) < 0)
+        snprintf(err, sizeof(err), "--arch '%s' must be llama, mistral or qwen2", arch);
+    else if (parse_dtype(dtype, &mo.dtype) < 0)
+        snprintf(err, sizeof(err), "--dtype '%s' must be f32, bf16 or f16", dtype);
+    if (*err) {
+        fprintf(stderr, "lora-worker: fatal: %s\n", err);
         return EXIT_USAGE;
     }
     if (help) {
@@ -96,18 +103,19 @@ int cmd_make_model(int argc, char **argv)
 
 static int parse_targets(const char *s, unsigned *mask)
 {
-    char buf[256];
-    char *save;
+    char *buf = strdup(s), *save;
+    int rc = buf ? 0 : -1;
 
-    snprintf(buf, sizeof(buf), "%s", s);
     *mask = 0;
-    for (char *tok = strtok_r(buf, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
+    for (char *tok = buf ? strtok_r(buf, ",", &save) : NULL; tok; tok = strtok_r(NULL, ",", &save)) {
         int p = lora_proj_from_name(tok);
         if (p < 0)
-            return -1;
-        *mask |= 1u << p;
+            rc = -1;
+        else
+            *mask |= 1u << p;
     }
-    return *mask ? 0 : -1;
+    free(buf);
+    return rc == 0 && *mask ? 0 : -1;
 }
 
 int cmd_make_adapter(int argc, char **argv)
@@ -132,11 +140,17 @@ int cmd_make_adapter(int argc, char **argv)
     struct lora_gen_adapter_opts ao;
 
     lora_gen_adapter_defaults(&ao);
-    if (lora_cli_parse(options, "LORA_WORKER", argc, argv, 1, err, sizeof(err)) < 0 ||
-        (!help && (!out || !model)) || parse_targets(targets, &ao.target_mask) < 0 ||
-        parse_dtype(dtype, &ao.dtype) < 0) {
-        fprintf(stderr, "lora-worker: fatal: %s\n",
-                *err ? err : "make-adapter needs --model, --out, known --targets and --dtype");
+    if (lora_cli_parse(options, "LORA_WORKER", argc, argv, 1, err, sizeof(err)) < 0)
+        ;
+    else if (!help && (!out || !model))
+        snprintf(err, sizeof(err), "make-adapter needs --model DIR and --out DIR");
+    else if (parse_targets(targets, &ao.target_mask) < 0)
+        snprintf(err, sizeof(err), "--targets '%.200s' must list q, k, v, o, gate, up, down",
+                 targets);
+    else if (parse_dtype(dtype, &ao.dtype) < 0)
+        snprintf(err, sizeof(err), "--dtype '%s' must be f32, bf16 or f16", dtype);
+    if (*err) {
+        fprintf(stderr, "lora-worker: fatal: %s\n", err);
         return EXIT_USAGE;
     }
     if (help) {

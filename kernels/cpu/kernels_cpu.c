@@ -138,14 +138,3 @@ void lora_k_attention(float *out, const float *q, const float *k_cache, const fl
         }
     }
 }
-
-void lora_k_lora_sgmv(float *y, const float *x, const struct lora_k_lora_seg *segs, int n_segs,
-                      int in, int out, float *tmp)
-{
-    for (int s = 0; s < n_segs; s++) {
-        const struct lora_k_lora_seg *g = &segs[s];
-        lora_k_matmul(tmp, x + (size_t)g->row * in, g->a, g->n_rows, g->rank, in, 1.0f, false);
-        lora_k_matmul(y + (size_t)g->row * out, tmp, g->b, g->n_rows, out, g->rank, g->scale,
-                      true);
-    }
-}

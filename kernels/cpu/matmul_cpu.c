@@ -12,6 +12,7 @@
 #include "kernels.h"
 
 #include <immintrin.h>
+#include <math.h>
 #include <omp.h>
 
 #define MR 2 /* rows of x per tile */
@@ -96,16 +97,24 @@ static void panel(float *y, const float *x, const float *w, int m, int n, int k,
     }
 }
 
+static __m256i tail_mask_of(int k)
+{
+    int rem = k % 8;
+    return _mm256_setr_epi32(rem > 0 ? -1 : 0, rem > 1 ? -1 : 0, rem > 2 ? -1 : 0,
+                             rem > 3 ? -1 : 0, rem > 4 ? -1 : 0, rem > 5 ? -1 : 0,
+                             rem > 6 ? -1 : 0, 0);
+}
+
 void lora_k_matmul(float *y, const float *x, const float *w, int m, int n, int k, float alpha,
                    bool accumulate)
 {
-    int rem = k % 8;
-    __m256i tail_mask = _mm256_setr_epi32(rem > 0 ? -1 : 0, rem > 1 ? -1 : 0, rem > 2 ? -1 : 0,
-                                          rem > 3 ? -1 : 0, rem > 4 ? -1 : 0, rem > 5 ? -1 : 0,
-                                          rem > 6 ? -1 : 0, 0);
-    /* Panels of w small enough to stay in L2 while every row of x passes over them. */
-    int rows = (int)((256 * 1024) / ((size_t)k * sizeof(float)));
-    rows = rows < NR ? NR : rows - rows % NR;
+    __m256i tail_mask = tail_mask_of(k);
+    /* Panels of w small enough to stay in L2 while every row of x passes over them, and enough
+     * of them to keep every thread busy. */
+    int rows = (int)((256 * 1024) / ((size_t)k * sizeof(float) + 1));
+    int share = (n + 4 * omp_get_max_threads() - 1) / (4 * omp_get_max_threads());
+    rows = share < rows ? share : rows;
+    rows = rows < NR ? NR : rows + (NR - rows % NR) % NR;
     int n_panels = (n + rows - 1) / rows;
     long work = (long)m * n * k;
 
@@ -113,5 +122,90 @@ void lora_k_matmul(float *y, const float *x, const float *w, int m, int n, int k
     for (int p = 0; p < n_panels; p++) {
         int n0 = p * rows, n1 = n0 + rows < n ? n0 + rows : n;
         panel(y, x, w, m, n, k, n0, n1, tail_mask, alpha, accumulate);
+    }
+}
+
+/* y row (out) += scale · (t row (rank) · b_t (rank, out)) over columns [c0, c1): each output
+ * accumulates over the rank in order, then is added once, the same way on every path. */
+static void expand_row(float *y, const float *t, const float *b_t, int rank, int out, int c0,
+                       int c1, float scale)
+{
+    __m256 sv = _mm256_set1_ps(scale);
+    int c = c0;
+
+    for (; c + 32 <= c1; c += 32) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int r = 0; r < rank; r++) {
+            __m256 tv = _mm256_set1_ps(t[r]);
+            const float *b = b_t + (size_t)r * out + c;
+            a0 = _mm256_fmadd_ps(tv, _mm256_loadu_ps(b), a0);
+            a1 = _mm256_fmadd_ps(tv, _mm256_loadu_ps(b + 8), a1);
+            a2 = _mm256_fmadd_ps(tv, _mm256_loadu_ps(b + 16), a2);
+            a3 = _mm256_fmadd_ps(tv, _mm256_loadu_ps(b + 24), a3);
+        }
+        _mm256_storeu_ps(y + c, _mm256_fmadd_ps(sv, a0, _mm256_loadu_ps(y + c)));
+        _mm256_storeu_ps(y + c + 8, _mm256_fmadd_ps(sv, a1, _mm256_loadu_ps(y + c + 8)));
+        _mm256_storeu_ps(y + c + 16, _mm256_fmadd_ps(sv, a2, _mm256_loadu_ps(y + c + 16)));
+        _mm256_storeu_ps(y + c + 24, _mm256_fmadd_ps(sv, a3, _mm256_loadu_ps(y + c + 24)));
+    }
+    for (; c < c1; c++) {
+        float a = 0;
+        for (int r = 0; r < rank; r++)
+            a = fmaf(t[r], b_t[(size_t)r * out + c], a);
+        y[c] = fmaf(scale, a, y[c]);
+    }
+}
+
+/* Work items per segment: shrink splits a segment's rows, expand its output columns. */
+#define SGMV_SPLIT 8
+
+void lora_k_lora_sgmv(float *y, const float *x, const struct lora_k_lora_seg *segs, int n_segs,
+                      int in, int out, float *tmp, int max_rank)
+{
+    __m256i tail_mask = tail_mask_of(in);
+    int n_items = n_segs * SGMV_SPLIT;
+
+#pragma omp parallel
+    {
+#pragma omp for schedule(dynamic, 1)
+        for (int it = 0; it < n_items; it++) {
+            const struct lora_k_lora_seg *g = &segs[it / SGMV_SPLIT];
+            int part = it % SGMV_SPLIT, pairs = (g->n_rows + MR - 1) / MR;
+            int i0 = g->row + MR * (pairs * part / SGMV_SPLIT);
+            int i1 = g->row + MR * (pairs * (part + 1) / SGMV_SPLIT);
+            i1 = i1 < g->row + g->n_rows ? i1 : g->row + g->n_rows;
+            for (int i = i0; i < i1; i += MR) {
+                const float *xi = x + (size_t)i * in;
+                float *ti = tmp + (size_t)i * max_rank;
+                int j = 0;
+                if (i1 - i >= MR) {
+                    for (; j + NR <= g->rank; j += NR)
+                        tile(ti + j, max_rank, xi, g->a + (size_t)j * in, in, tail_mask, MR, NR,
+                             1.0f, false);
+                    for (; j < g->rank; j++)
+                        tile(ti + j, max_rank, xi, g->a + (size_t)j * in, in, tail_mask, MR, 1,
+                             1.0f, false);
+                } else {
+                    for (; j + NR <= g->rank; j += NR)
+                        tile(ti + j, max_rank, xi, g->a + (size_t)j * in, in, tail_mask, 1, NR,
+                             1.0f, false);
+                    for (; j < g->rank; j++)
+                        tile(ti + j, max_rank, xi, g->a + (size_t)j * in, in, tail_mask, 1, 1,
+                             1.0f, false);
+                }
+            }
+        }
+        /* The implicit barrier above: every t row is ready. */
+#pragma omp for schedule(dynamic, 1)
+        for (int it = 0; it < n_items; it++) {
+            const struct lora_k_lora_seg *g = &segs[it / SGMV_SPLIT];
+            int part = it % SGMV_SPLIT, chunks = (out + 31) / 32;
+            int c0 = 32 * (chunks * part / SGMV_SPLIT);
+            int c1 = 32 * (chunks * (part + 1) / SGMV_SPLIT);
+            c1 = c1 < out ? c1 : out;
+            for (int i = g->row; i < g->row + g->n_rows && c0 < c1; i++)
+                expand_row(y + (size_t)i * out, tmp + (size_t)i * max_rank, g->b_t, g->rank, out,
+                           c0, c1, g->scale);
+        }
     }
 }

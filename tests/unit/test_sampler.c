@@ -165,6 +165,36 @@ static void test_greedy(void)
     lora_sampler_destroy(&s3);
 }
 
+/* -0 and +0 tie, so the lower id wins: greedy, top-k, top-n, and at a top-p boundary. */
+static void test_signed_zeros_tie(void)
+{
+    const float zeros[] = {-1.0f, -0.0f, 0.0f};
+    /* two tokens at 0.5 each: top-p 0.5 keeps the lower id alone, with or without top-k */
+    const float halves[] = {-0.0f, 0.0f, -20.0f};
+    struct lora_sampling_params greedy = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f};
+    struct lora_sampling_params k1 = {.temperature = 1.0f, .top_k = 1, .top_p = 1.0f};
+    struct lora_sampling_params half = {.temperature = 1.0f, .top_k = 0, .top_p = 0.5f};
+    struct lora_sampler *s2 = lora_sampler_new(2);
+    struct lora_sampler *s3 = lora_sampler_new(3);
+    struct lora_rng rng;
+    int ids[2];
+    float lps[2];
+
+    lora_rng_seed(&rng, 12);
+    CHECK(lora_sampler_sample(s3, zeros, &greedy, NULL) == 1);
+    CHECK(lora_sampler_sample(s3, zeros, &k1, &rng) == 1);
+    lora_sampler_logprobs(s3, zeros, 0, 2, ids, lps);
+    CHECK(ids[0] == 1 && ids[1] == 2);
+    for (int i = 0; i < 100; i++) {
+        half.top_k = 0;
+        CHECK(lora_sampler_sample(s2, halves, &half, &rng) == 0);
+        half.top_k = 2;
+        CHECK(lora_sampler_sample(s3, halves, &half, &rng) == 0);
+    }
+    lora_sampler_destroy(&s2);
+    lora_sampler_destroy(&s3);
+}
+
 static void test_logprobs(void)
 {
     const float logits[] = {1.0f, -2.0f, 3.5f, 0.25f, 3.0f, -0.5f};
@@ -299,6 +329,36 @@ static void test_top_p_exact_boundary(void)
             CHECK_NEAR((double)count[i] / N_DRAWS, 1.0 / want, 0.04);
     }
     lora_sampler_destroy(&s);
+}
+
+/* The same on larger vocabularies of equal logits, where the quickselect behind top-p alone meets
+ * partial sums exactly equal to the target: the nucleus is exactly the first V * top_p ids. */
+static void test_top_p_exact_boundary_sweep(void)
+{
+    const int vocabs[] = {8, 16, 64, 100, 200, 256};
+    const float top_ps[] = {0.25f, 0.5f, 0.75f};
+    float logits[256];
+    struct lora_rng rng;
+
+    for (int i = 0; i < 256; i++)
+        logits[i] = -0.5f;
+    lora_rng_seed(&rng, 6);
+    for (size_t a = 0; a < sizeof(vocabs) / sizeof(vocabs[0]); a++) {
+        struct lora_sampler *s = lora_sampler_new(vocabs[a]);
+
+        for (size_t b = 0; b < sizeof(top_ps) / sizeof(top_ps[0]); b++) {
+            struct lora_sampling_params p = {.temperature = 1.0f, .top_k = 0, .top_p = top_ps[b]};
+            int want = (int)(vocabs[a] * top_ps[b]), bad = 0;
+
+            for (int i = 0; i < 2000; i++) {
+                int tok = lora_sampler_sample(s, logits, &p, &rng);
+
+                bad += tok < 0 || tok >= want;
+            }
+            CHECK(bad == 0);
+        }
+        lora_sampler_destroy(&s);
+    }
 }
 
 /* A flat distribution with a large nucleus: nothing inside it may be dropped early. */
@@ -466,17 +526,19 @@ static void test_nan_and_inf(void)
     lora_sampler_destroy(&s);
 }
 
-static void test_brute_force_cross_check(void)
+/* n_cases random cases, vocabularies of 1..max_v: every draw must lie in the brute-force kept set,
+ * and every kept token worth 5% must show up (odds of a miss in 300 draws: 2e-7). */
+static void cross_check(int max_v, int n_cases, int n_draws, uint64_t seed)
 {
-    enum { MAX_V = 50, N_CASES = 200, N_DRAWS = 500 };
-    float logits[MAX_V];
-    int kept[MAX_V], count[MAX_V];
-    double prob[MAX_V];
+    float *logits = malloc((size_t)max_v * sizeof(*logits));
+    int *kept = malloc((size_t)max_v * sizeof(*kept));
+    int *count = malloc((size_t)max_v * sizeof(*count));
+    double *prob = malloc((size_t)max_v * sizeof(*prob));
     struct lora_rng rng;
 
-    lora_rng_seed(&rng, 2024);
-    for (int c = 0; c < N_CASES; c++) {
-        int v = 1 + (int)(test_rand() * MAX_V);
+    lora_rng_seed(&rng, seed);
+    for (int c = 0; c < n_cases; c++) {
+        int v = 1 + (int)(test_rand() * max_v);
         struct lora_sampling_params p;
         struct lora_sampler *s = lora_sampler_new(v);
         int m, bad = 0;
@@ -493,9 +555,11 @@ static void test_brute_force_cross_check(void)
         if (c % 7 == 0)
             p.temperature = 20.0f; /* nearly flat: large nuclei */
         p.top_k = (int)(test_rand() * (v + 3)) - 1;
+        if (c % 5 == 0)
+            p.top_k = 0; /* top-p alone, or no filter at all */
         p.top_p = c % 4 == 0 ? 1.0f : (float)(0.05 + test_rand() * 0.95);
         m = ref_kept(logits, v, &p, kept, prob);
-        for (int i = 0; i < N_DRAWS; i++) {
+        for (int i = 0; i < n_draws; i++) {
             int tok = lora_sampler_sample(s, logits, &p, &rng);
 
             if (tok < 0 || tok >= v || !in_set(tok, kept, m))
@@ -507,10 +571,109 @@ static void test_brute_force_cross_check(void)
             printf("# case %d: v %d T %g k %d p %g: %d draws outside the kept set\n", c, v,
                    (double)p.temperature, p.top_k, (double)p.top_p, bad);
         CHECK(bad == 0);
-        /* And the other direction: every kept token worth 5% shows up (miss odds ~1e-11). */
         for (int j = 0; j < m; j++) {
             if (prob[j] >= 0.05)
                 CHECK(count[kept[j]] > 0);
+        }
+        lora_sampler_destroy(&s);
+    }
+    free(logits);
+    free(kept);
+    free(count);
+    free(prob);
+}
+
+static void test_brute_force_cross_check(void)
+{
+    cross_check(50, 200, 500, 2024);
+}
+
+/* Vocabularies spanning several 64-token blocks and partial last blocks. */
+static void test_brute_force_cross_check_blocks(void)
+{
+    cross_check(2000, 60, 300, 2025);
+}
+
+/* Exact frequencies across many blocks, for each path: no filter (block walk in id order),
+ * top-p alone (quickselect), top-k then top-p (heap). */
+static void test_empirical_many_blocks(void)
+{
+    enum { V = 300, N_DRAWS = 50000 };
+    const struct lora_sampling_params ps[] = {
+        {.temperature = 1.0f, .top_k = 0, .top_p = 1.0f},
+        {.temperature = 1.0f, .top_k = 0, .top_p = 0.8f},
+        {.temperature = 0.7f, .top_k = 200, .top_p = 0.9f},
+    };
+    float logits[V];
+    int kept[V], count[V];
+    double prob[V];
+    struct lora_sampler *s = lora_sampler_new(V);
+    struct lora_rng rng;
+
+    for (int i = 0; i < V; i++)
+        logits[i] = (float)((test_rand() - 0.5) * 4.0);
+    lora_rng_seed(&rng, 8);
+    for (size_t c = 0; c < sizeof(ps) / sizeof(ps[0]); c++) {
+        int m = ref_kept(logits, V, &ps[c], kept, prob);
+        int inside = 0;
+
+        for (int i = 0; i < V; i++)
+            count[i] = 0;
+        for (int i = 0; i < N_DRAWS; i++) {
+            int tok = lora_sampler_sample(s, logits, &ps[c], &rng);
+
+            if (tok >= 0 && tok < V)
+                count[tok]++;
+        }
+        /* Six standard errors per token: a chance failure is below 1e-6 over all of them, while
+         * a token off by one or a lost block moves whole probabilities around. */
+        for (int j = 0; j < m; j++) {
+            double sd = sqrt(prob[j] * (1.0 - prob[j]) / N_DRAWS);
+
+            CHECK_NEAR((double)count[kept[j]] / N_DRAWS, prob[j], 6.0 * sd + 1e-5);
+            inside += count[kept[j]];
+        }
+        CHECK(inside == N_DRAWS);
+    }
+    lora_sampler_destroy(&s);
+}
+
+/* Greedy and log-probabilities over a larger vocabulary with ties and NaNs, against brute force. */
+static void test_greedy_and_logprobs_blocks(void)
+{
+    enum { V = 1000, TOP_N = 20 };
+    float logits[V];
+    int ref[V], ids[TOP_N];
+    float lps[TOP_N];
+    struct lora_sampling_params greedy = {.temperature = 0.0f, .top_k = 0, .top_p = 1.0f};
+
+    for (int c = 0; c < 30; c++) {
+        int v = 1 + (int)(test_rand() * V);
+        int n = v < TOP_N ? v : TOP_N;
+        struct lora_sampler *s = lora_sampler_new(v);
+        double max = -INFINITY, z = 0.0;
+
+        for (int i = 0; i < v; i++) {
+            logits[i] = (float)(int)(test_rand() * 40.0) - 20.0f; /* many ties */
+            if (test_rand() < 0.05)
+                logits[i] = NAN;
+        }
+        if (c % 3 == 0)
+            logits[v - 1] = 25.0f; /* maximum in the last, maybe partial, block */
+        ref_sort(ref, logits, v);
+        CHECK(lora_sampler_sample(s, logits, &greedy, NULL) == ref[0]);
+        for (int i = 0; i < v; i++)
+            max = fmax(max, ref_clean(logits[i]));
+        for (int i = 0; i < v; i++)
+            z += exp((double)ref_clean(logits[i]) - max);
+        CHECK_NEAR(lora_sampler_logprobs(s, logits, ref[0], n, ids, lps),
+                   (double)logits[ref[0]] - max - log(z), 1e-6);
+        for (int j = 0; j < n; j++) {
+            CHECK(ids[j] == ref[j]);
+            double want = (double)ref_clean(logits[ref[j]]) - max - log(z);
+
+            /* A float result: allow its rounding, about 6e-8 relative, on top. */
+            CHECK_NEAR(lps[j], want, 1e-6 + fabs(want) * 0x1.0p-23);
         }
         lora_sampler_destroy(&s);
     }
@@ -549,16 +712,21 @@ int main(void)
     RUN(test_rng_known_values);
     RUN(test_new_destroy);
     RUN(test_greedy);
+    RUN(test_signed_zeros_tie);
     RUN(test_logprobs);
     RUN(test_logprobs_clamp_and_ties);
     RUN(test_top_k_one_is_greedy);
     RUN(test_top_p);
     RUN(test_top_p_exact_boundary);
+    RUN(test_top_p_exact_boundary_sweep);
     RUN(test_top_p_flat);
     RUN(test_empirical_distribution);
     RUN(test_determinism);
     RUN(test_nan_and_inf);
     RUN(test_brute_force_cross_check);
+    RUN(test_brute_force_cross_check_blocks);
+    RUN(test_empirical_many_blocks);
+    RUN(test_greedy_and_logprobs_blocks);
     RUN(test_large_vocab);
     return check_done();
 }
