@@ -2,6 +2,7 @@
 #   make                 build every program into $(BUILD)/bin
 #   make test            build, then run unit, cli and end-to-end tests
 #   make deps            install missing Debian packages (as root) or print the command
+#   make demo            run the demo model with three adapters in one batch
 #   make bench           build and run the benchmarks in tests/bench
 #   make SANITIZE=address,undefined test    the same under sanitizers (separate build dir)
 #   make CUDA=auto|0|1   build the CUDA kernels: auto = when nvcc is found
@@ -41,7 +42,7 @@ NVCCFLAGS ?= -O2 -std=c++17 -Ilib -Ikernels
 CUDA_LIBDIR ?= $(dir $(shell command -v $(NVCC) 2>/dev/null))../lib64
 ifeq ($(CUDA_ON),1)
 CFLAGS += -DLORA_CUDA=1
-LDLIBS += -L$(CUDA_LIBDIR) -Wl,-rpath,$(CUDA_LIBDIR) -lcudart -lstdc++
+LDLIBS += -L$(CUDA_LIBDIR) -lcudart_static -ldl -lrt -lstdc++
 endif
 
 PROGRAMS := $(notdir $(wildcard cmd/*))
@@ -58,7 +59,7 @@ DEB_PACKAGES := build-essential pkg-config libmsgpack-dev libzmq3-dev libjansson
                 libopenblas-dev bats python3 python3-numpy python3-msgpack python3-zmq
 
 .DELETE_ON_ERROR:
-.PHONY: all deps test bench clean format
+.PHONY: all deps test demo bench clean format
 .DEFAULT_GOAL := all
 
 all: $(BINS) $(UNITS) $(BENCHES)
@@ -100,6 +101,13 @@ deps:
 test: deps
 	@$(MAKE) --no-print-directory all
 	@LORA_BUILD=$(BUILD) PYTHON=$(PYTHON) tests/run
+
+# The demo: the embedded demo model and its three adapters, four requests in shared steps.
+DEMO_DIR ?= $(BUILD)/demo-model
+demo: deps
+	@$(MAKE) --no-print-directory all
+	LORA_DEMO_DIR=$(DEMO_DIR) $(BUILD)/bin/lora-worker generate --batch examples/demo-batch.jsonl \
+	  $(foreach a,demo-sql demo-chat demo-code,--lora $(a)=$(DEMO_DIR)/adapters/$(a)) --logprobs 2
 
 bench: deps
 	@$(MAKE) --no-print-directory all

@@ -6,6 +6,10 @@
 
 #include "worker.h"
 
+#ifdef LORA_CUDA
+#include "cuda_device.h"
+#endif
+
 #ifndef LORA_VERSION
 #define LORA_VERSION "0.1.0"
 #endif
@@ -39,13 +43,16 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(argv[1], "--version") == 0) {
-        printf("lora-worker %s (backends: cpu%s)\n", LORA_VERSION,
+        printf("lora-worker %s (backends: cpu", LORA_VERSION);
 #ifdef LORA_CUDA
-               ", cuda"
-#else
-               ""
+        char err[256];
+        int n = lora_cuda_device_count(err, sizeof(err));
+        if (n < 0)
+            printf(", %s", err);
+        else
+            printf(", cuda: %d device%s", n, n == 1 ? "" : "s");
 #endif
-        );
+        puts(")");
         return 0;
     }
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)

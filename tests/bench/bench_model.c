@@ -2,8 +2,9 @@
  * (Qwen2-0.5B's dimensions), against the machine's memory bandwidth, and the cost of serving
  * several LoRA adapters at once. Every figure is measured in this run, side by side.
  *
- *   build/main/tests/bench/bench_model [--model DIR] [--quick]
+ *   build/main/tests/bench/bench_model [--model DIR] [--quick] [--only SECTION]
  *
+ * SECTION is one of decode, batch, adapters, matmul (default: all of them).
  * Without --model it generates the model (float32, tied embeddings) and eight rank-16 adapters
  * over all seven projections into a temporary directory, and removes them afterwards.
  * --quick uses a small model, to check that the benchmark runs.
@@ -23,7 +24,7 @@
 #include "model_gen.h"
 
 #define N_ADAPTERS 8
-#define REPEATS 3
+#define REPEATS    3
 
 static double now_s(void)
 {
@@ -101,8 +102,8 @@ static double run_decode(struct bench *b, int batch, int n_adapters, double *tok
         reqs[i].ignore_eos = true;
         reqs[i].seed = (uint64_t)i;
     }
-    if (lora_generate_run(b->m, (const struct lora_adapter *const *)b->ad, n_adapters, reqs,
-                          batch, &o, &st, err, sizeof(err)) < 0) {
+    if (lora_generate_run(b->m, (const struct lora_adapter *const *)b->ad, n_adapters, reqs, batch,
+                          &o, &st, err, sizeof(err)) < 0) {
         fprintf(stderr, "bench: fatal: %s\n", err);
         exit(111);
     }
@@ -132,8 +133,8 @@ static void matmul_compare(int m, int n, int k)
         t_ours[r] = (now_s() - t) / reps;
         t = now_s();
         for (int i = 0; i < reps; i++)
-            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, 0.0f,
-                        y, n);
+            cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, 0.0f, y,
+                        n);
         t_blas[r] = (now_s() - t) / reps;
     }
     qsort(t_ours, REPEATS, sizeof(double), cmp_double);
@@ -152,7 +153,7 @@ static int remove_entry(const char *path, const struct stat *sb, int flag, struc
 
 int main(int argc, char **argv)
 {
-    const char *model_dir = NULL;
+    const char *model_dir = NULL, *only = NULL;
     bool quick = false;
     char tmp[] = "/tmp/lora-bench-XXXXXX", err[1024], path[256];
     struct bench b = {.n_prompt = 16, .max_tokens = 16};
@@ -162,8 +163,10 @@ int main(int argc, char **argv)
             model_dir = argv[++i];
         else if (strcmp(argv[i], "--quick") == 0)
             quick = true;
+        else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
+            only = argv[++i];
         else {
-            fprintf(stderr, "usage: bench_model [--model DIR] [--quick]\n");
+            fprintf(stderr, "usage: bench_model [--model DIR] [--quick] [--only SECTION]\n");
             return 100;
         }
     }
@@ -216,48 +219,54 @@ int main(int argc, char **argv)
     printf("threads: %d; adapter: rank 16 on all seven projections, %.1f MB each\n",
            omp_get_max_threads(), b.ad[0]->bytes / 1e6);
 
-    double bw = copy_bandwidth((size_t)1 << 30);
-    double bound = bw / b.m->weight_bytes;
-    printf("\nmemory bandwidth (streaming copy, read + write): %.2f GB/s\n", bw / 1e9);
-    printf("decode bound: %.2f tokens/s (bandwidth / weight bytes per token)\n", bound);
-
+#define SECTION(name) (!only || strcmp(only, name) == 0)
     double tps, best = 0;
-    run_decode(&b, 1, 0, &tps); /* warm the page cache and the threads */
-    for (int r = 0; r < REPEATS; r++) {
-        run_decode(&b, 1, 0, &tps);
-        best = tps > best ? tps : best;
-    }
-    printf("single-sequence decode: %.2f tokens/s = %.0f%% of the bound\n", best,
-           100 * best / bound);
+    if (SECTION("decode")) {
+        double bw = copy_bandwidth((size_t)1 << 30);
+        double bound = bw / b.m->weight_bytes;
+        printf("\nmemory bandwidth (streaming copy, read + write): %.2f GB/s\n", bw / 1e9);
+        printf("decode bound: %.2f tokens/s (bandwidth / weight bytes per token)\n", bound);
 
-    printf("\nbatched decode (prompt %d, %d new tokens each, base model):\n", b.n_prompt,
-           b.max_tokens);
-    int batches[] = {1, 8, 32, 64};
-    for (int i = 0; i < 4; i++) {
-        double step = run_decode(&b, batches[i], 0, &tps);
-        printf("  batch %3d: %8.2f tokens/s, %7.1f ms per step\n", batches[i], tps, step * 1e3);
+        run_decode(&b, 1, 0, &tps); /* warm the page cache and the threads */
+        for (int r = 0; r < REPEATS; r++) {
+            run_decode(&b, 1, 0, &tps);
+            best = tps > best ? tps : best;
+        }
+        printf("single-sequence decode: %.2f tokens/s = %.0f%% of the bound\n", best,
+               100 * best / bound);
     }
-
-    /* Interleaved repeats: the machine's noise hits every configuration alike. */
-    int counts[] = {1, 2, 4, 8};
-    double per_tok[4][REPEATS];
-    for (int r = 0; r < REPEATS; r++)
+    if (SECTION("batch")) {
+        printf("\nbatched decode (prompt %d, %d new tokens each, base model):\n", b.n_prompt,
+               b.max_tokens);
+        int batches[] = {1, 8, 32, 64};
+        for (int i = 0; i < 4; i++) {
+            double step = run_decode(&b, batches[i], 0, &tps);
+            printf("  batch %3d: %8.2f tokens/s, %7.1f ms per step\n", batches[i], tps, step * 1e3);
+        }
+    }
+    if (SECTION("adapters")) {
+        /* Interleaved repeats: the machine's noise hits every configuration alike. */
+        int counts[] = {1, 2, 4, 8};
+        double per_tok[4][REPEATS];
+        for (int r = 0; r < REPEATS; r++)
+            for (int i = 0; i < 4; i++)
+                per_tok[i][r] = run_decode(&b, 32, counts[i], &tps) / 32;
+        printf("\nbatch 32, time per token with N distinct rank-16 adapters (median of %d):\n",
+               REPEATS);
         for (int i = 0; i < 4; i++)
-            per_tok[i][r] = run_decode(&b, 32, counts[i], &tps) / 32;
-    printf("\nbatch 32, time per token with N distinct rank-16 adapters (median of %d):\n",
-           REPEATS);
-    for (int i = 0; i < 4; i++)
-        qsort(per_tok[i], REPEATS, sizeof(double), cmp_double);
-    for (int i = 0; i < 4; i++)
-        printf("  N=%d: %7.3f ms/token, %+.1f%% against N=1\n", counts[i], per_tok[i][1] * 1e3,
-               100 * (per_tok[i][1] / per_tok[0][1] - 1));
-
-    printf("\nmatmul kernel against OpenBLAS sgemm (not batch-invariant), median of %d:\n",
-           REPEATS);
-    matmul_compare(1, c->intermediate_size, c->hidden_size);
-    matmul_compare(32, c->intermediate_size, c->hidden_size);
-    matmul_compare(64, c->intermediate_size, c->hidden_size);
-    matmul_compare(256, c->intermediate_size, c->hidden_size);
+            qsort(per_tok[i], REPEATS, sizeof(double), cmp_double);
+        for (int i = 0; i < 4; i++)
+            printf("  N=%d: %7.3f ms/token, %+.1f%% against N=1\n", counts[i], per_tok[i][1] * 1e3,
+                   100 * (per_tok[i][1] / per_tok[0][1] - 1));
+    }
+    if (SECTION("matmul")) {
+        printf("\nmatmul kernel against OpenBLAS sgemm (not batch-invariant), median of %d:\n",
+               REPEATS);
+        matmul_compare(1, c->intermediate_size, c->hidden_size);
+        matmul_compare(32, c->intermediate_size, c->hidden_size);
+        matmul_compare(64, c->intermediate_size, c->hidden_size);
+        matmul_compare(256, c->intermediate_size, c->hidden_size);
+    }
 
     for (int i = 0; i < N_ADAPTERS; i++)
         lora_adapter_destroy(&b.ad[i]);
