@@ -4,16 +4,19 @@
  * M <= 4 against M >= 5 at some sizes), so one row's result changes with the number of rows in the
  * batch, and a request's log-probabilities would depend on who it shares a step with. This kernel
  * computes every output element in one fixed order, whatever m and whatever thread computes it:
- * eight AVX2 lanes accumulate k = lane, lane + 8, ... with fused multiply-adds (the tail through
- * masked loads, which add exact zeros), then the lanes are summed in a fixed tree. Register tiles
- * of 2 rows of x by 4 rows of w reuse every load; threads split the rows of w, so each weight is
- * streamed from memory once per call, which is what bounds decoding.
+ * the vector lanes accumulate k = lane, lane + width, ... with fused multiply-adds (the tail
+ * through masked loads, which add exact zeros), then the lanes are summed in a fixed tree.
+ * Register tiles reuse every load; threads split the rows of w, so each weight is streamed from
+ * memory once per call, which is what bounds decoding. Where the CPU has AVX-512 every call uses
+ * 16 lanes and 4 x 4 tiles, else AVX2 with 8 lanes and 2 x 4 tiles: one path per machine, so
+ * results are reproducible on it (not across the two).
  */
 #include "kernels.h"
 
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
+#include <stdlib.h>
 
 #define MR 2 /* rows of x per tile */
 #define NR 4 /* rows of w per tile */
@@ -97,6 +100,104 @@ static void panel(float *y, const float *x, const float *w, int m, int n, int k,
     }
 }
 
+#define MR16 4 /* rows of x per AVX-512 tile */
+
+__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void
+tile16(float *y, int ldy, const float *x, const float *w, int k, __mmask16 tail, int mr, int nr,
+       float alpha, bool acc)
+{
+    __m512 a[MR16][NR];
+    int kk = 0;
+
+#pragma GCC unroll 4
+    for (int i = 0; i < MR16; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++)
+            a[i][j] = _mm512_setzero_ps();
+    for (; kk + 16 <= k; kk += 16) {
+        __m512 wv[NR];
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++)
+            wv[j] = _mm512_loadu_ps(w + (size_t)j * k + kk);
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++) {
+            __m512 xv = _mm512_loadu_ps(x + (size_t)i * k + kk);
+#pragma GCC unroll 4
+            for (int j = 0; j < nr; j++)
+                a[i][j] = _mm512_fmadd_ps(xv, wv[j], a[i][j]);
+        }
+    }
+    if (kk < k) {
+        __m512 wv[NR];
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++)
+            wv[j] = _mm512_maskz_loadu_ps(tail, w + (size_t)j * k + kk);
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++) {
+            __m512 xv = _mm512_maskz_loadu_ps(tail, x + (size_t)i * k + kk);
+#pragma GCC unroll 4
+            for (int j = 0; j < nr; j++)
+                a[i][j] = _mm512_fmadd_ps(xv, wv[j], a[i][j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) {
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++) {
+            float v = alpha * _mm512_reduce_add_ps(a[i][j]);
+            y[(size_t)i * ldy + j] = acc ? y[(size_t)i * ldy + j] + v : v;
+        }
+    }
+}
+
+/* The rows of w in [n0, n1) against rows of x in groups of mr (a constant at each call). */
+#define PANEL16_ROWS(mr)                                                                         \
+    do {                                                                                         \
+        int j = n0;                                                                              \
+        for (; j + NR <= n1; j += NR)                                                            \
+            tile16(yi + j, n, xi, w + (size_t)j * k, k, tail, mr, NR, alpha, acc);               \
+        for (; j < n1; j++)                                                                      \
+            tile16(yi + j, n, xi, w + (size_t)j * k, k, tail, mr, 1, alpha, acc);                \
+    } while (0)
+
+__attribute__((target("avx512f"))) static void panel16(float *y, const float *x, const float *w,
+                                                       int m, int n, int k, int n0, int n1,
+                                                       float alpha, bool acc)
+{
+    __mmask16 tail = (__mmask16)((1u << (k % 16)) - 1);
+
+    for (int i = 0; i < m;) {
+        const float *xi = x + (size_t)i * k;
+        float *yi = y + (size_t)i * n;
+        switch (m - i >= MR16 ? MR16 : m - i) {
+        case 4:
+            PANEL16_ROWS(4);
+            i += 4;
+            break;
+        case 3:
+            PANEL16_ROWS(3);
+            i += 3;
+            break;
+        case 2:
+            PANEL16_ROWS(2);
+            i += 2;
+            break;
+        default:
+            PANEL16_ROWS(1);
+            i += 1;
+            break;
+        }
+    }
+}
+
+static bool has_avx512(void)
+{
+    static int cached = -1;
+    if (cached < 0)
+        cached = __builtin_cpu_supports("avx512f") && !getenv("LORA_NO_AVX512");
+    return cached;
+}
+
 static __m256i tail_mask_of(int k)
 {
     int rem = k % 8;
@@ -117,11 +218,15 @@ void lora_k_matmul(float *y, const float *x, const float *w, int m, int n, int k
     rows = rows < NR ? NR : rows + (NR - rows % NR) % NR;
     int n_panels = (n + rows - 1) / rows;
     long work = (long)m * n * k;
+    bool wide = has_avx512();
 
 #pragma omp parallel for schedule(dynamic, 1) if (work > 32768 && n_panels > 1)
     for (int p = 0; p < n_panels; p++) {
         int n0 = p * rows, n1 = n0 + rows < n ? n0 + rows : n;
-        panel(y, x, w, m, n, k, n0, n1, tail_mask, alpha, accumulate);
+        if (wide)
+            panel16(y, x, w, m, n, k, n0, n1, alpha, accumulate);
+        else
+            panel(y, x, w, m, n, k, n0, n1, tail_mask, alpha, accumulate);
     }
 }
 
