@@ -79,25 +79,33 @@ static inline __attribute__((always_inline)) void tile(float *y, int ldy, const 
 }
 
 /* Rows [n0, n1) of w against every row of x. */
-static void panel(float *y, const float *x, const float *w, int m, int n, int k, int n0, int n1,
+static void panel(float *y, int ldy, const float *x, const float *w, int m, int k, int n0, int n1,
                   __m256i tail_mask, float alpha, bool acc)
 {
     for (int i = 0; i < m; i += MR) {
         const float *xi = x + (size_t)i * k;
-        float *yi = y + (size_t)i * n;
+        float *yi = y + (size_t)i * ldy;
         int j = n0;
         if (m - i >= MR) {
             for (; j + NR <= n1; j += NR)
-                tile(yi + j, n, xi, w + (size_t)j * k, k, tail_mask, MR, NR, alpha, acc);
+                tile(yi + j, ldy, xi, w + (size_t)j * k, k, tail_mask, MR, NR, alpha, acc);
             for (; j < n1; j++)
-                tile(yi + j, n, xi, w + (size_t)j * k, k, tail_mask, MR, 1, alpha, acc);
+                tile(yi + j, ldy, xi, w + (size_t)j * k, k, tail_mask, MR, 1, alpha, acc);
         } else {
             for (; j + NR <= n1; j += NR)
-                tile(yi + j, n, xi, w + (size_t)j * k, k, tail_mask, 1, NR, alpha, acc);
+                tile(yi + j, ldy, xi, w + (size_t)j * k, k, tail_mask, 1, NR, alpha, acc);
             for (; j < n1; j++)
-                tile(yi + j, n, xi, w + (size_t)j * k, k, tail_mask, 1, 1, alpha, acc);
+                tile(yi + j, ldy, xi, w + (size_t)j * k, k, tail_mask, 1, 1, alpha, acc);
         }
     }
+}
+
+static __m256i tail_mask_of(int k)
+{
+    int rem = k % 8;
+    return _mm256_setr_epi32(rem > 0 ? -1 : 0, rem > 1 ? -1 : 0, rem > 2 ? -1 : 0,
+                             rem > 3 ? -1 : 0, rem > 4 ? -1 : 0, rem > 5 ? -1 : 0,
+                             rem > 6 ? -1 : 0, 0);
 }
 
 #define MR16 4 /* rows of x per AVX-512 tile */
@@ -155,20 +163,20 @@ tile16(float *y, int ldy, const float *x, const float *w, int k, __mmask16 tail,
     do {                                                                                         \
         int j = n0;                                                                              \
         for (; j + NR <= n1; j += NR)                                                            \
-            tile16(yi + j, n, xi, w + (size_t)j * k, k, tail, mr, NR, alpha, acc);               \
+            tile16(yi + j, ldy, xi, w + (size_t)j * k, k, tail, mr, NR, alpha, acc);               \
         for (; j < n1; j++)                                                                      \
-            tile16(yi + j, n, xi, w + (size_t)j * k, k, tail, mr, 1, alpha, acc);                \
+            tile16(yi + j, ldy, xi, w + (size_t)j * k, k, tail, mr, 1, alpha, acc);                \
     } while (0)
 
-__attribute__((target("avx512f"))) static void panel16(float *y, const float *x, const float *w,
-                                                       int m, int n, int k, int n0, int n1,
-                                                       float alpha, bool acc)
+__attribute__((target("avx512f"))) static void panel16(float *y, int ldy, const float *x,
+                                                       const float *w, int m, int k, int n0,
+                                                       int n1, float alpha, bool acc)
 {
     __mmask16 tail = (__mmask16)((1u << (k % 16)) - 1);
 
     for (int i = 0; i < m;) {
         const float *xi = x + (size_t)i * k;
-        float *yi = y + (size_t)i * n;
+        float *yi = y + (size_t)i * ldy;
         switch (m - i >= MR16 ? MR16 : m - i) {
         case 4:
             PANEL16_ROWS(4);
@@ -198,18 +206,20 @@ static bool has_avx512(void)
     return cached;
 }
 
-static __m256i tail_mask_of(int k)
+/* y (m rows, stride ldy), columns [n0, n1) = alpha · x (m, k) · rows [n0, n1) of wᵀ (+ y). */
+static void run_panel(float *y, int ldy, const float *x, const float *w, int m, int k, int n0,
+                      int n1, float alpha, bool acc)
 {
-    int rem = k % 8;
-    return _mm256_setr_epi32(rem > 0 ? -1 : 0, rem > 1 ? -1 : 0, rem > 2 ? -1 : 0,
-                             rem > 3 ? -1 : 0, rem > 4 ? -1 : 0, rem > 5 ? -1 : 0,
-                             rem > 6 ? -1 : 0, 0);
+    if (has_avx512())
+        panel16(y, ldy, x, w, m, k, n0, n1, alpha, acc);
+    else
+        panel(y, ldy, x, w, m, k, n0, n1, tail_mask_of(k), alpha, acc);
 }
+
 
 void lora_k_matmul(float *y, const float *x, const float *w, int m, int n, int k, float alpha,
                    bool accumulate)
 {
-    __m256i tail_mask = tail_mask_of(k);
     /* Panels of w small enough to stay in L2 while every row of x passes over them, and enough
      * of them to keep every thread busy. */
     int rows = (int)((256 * 1024) / ((size_t)k * sizeof(float) + 1));
@@ -218,15 +228,11 @@ void lora_k_matmul(float *y, const float *x, const float *w, int m, int n, int k
     rows = rows < NR ? NR : rows + (NR - rows % NR) % NR;
     int n_panels = (n + rows - 1) / rows;
     long work = (long)m * n * k;
-    bool wide = has_avx512();
 
 #pragma omp parallel for schedule(dynamic, 1) if (work > 32768 && n_panels > 1)
     for (int p = 0; p < n_panels; p++) {
         int n0 = p * rows, n1 = n0 + rows < n ? n0 + rows : n;
-        if (wide)
-            panel16(y, x, w, m, n, k, n0, n1, alpha, accumulate);
-        else
-            panel(y, x, w, m, n, k, n0, n1, tail_mask, alpha, accumulate);
+        run_panel(y, n, x, w, m, k, n0, n1, alpha, accumulate);
     }
 }
 
@@ -261,13 +267,13 @@ static void expand_row(float *y, const float *t, const float *b_t, int rank, int
     }
 }
 
-/* Work items per segment: shrink splits a segment's rows, expand its output columns. */
+/* Work items per segment: shrink splits a segment's rank (NR rows of A each, so A is read once),
+ * expand its output columns. */
 #define SGMV_SPLIT 8
 
 void lora_k_lora_sgmv(float *y, const float *x, const struct lora_k_lora_seg *segs, int n_segs,
                       int in, int out, float *tmp, int max_rank)
 {
-    __m256i tail_mask = tail_mask_of(in);
     int n_items = n_segs * SGMV_SPLIT;
 
 #pragma omp parallel
@@ -275,30 +281,12 @@ void lora_k_lora_sgmv(float *y, const float *x, const struct lora_k_lora_seg *se
 #pragma omp for schedule(dynamic, 1)
         for (int it = 0; it < n_items; it++) {
             const struct lora_k_lora_seg *g = &segs[it / SGMV_SPLIT];
-            int part = it % SGMV_SPLIT, pairs = (g->n_rows + MR - 1) / MR;
-            int i0 = g->row + MR * (pairs * part / SGMV_SPLIT);
-            int i1 = g->row + MR * (pairs * (part + 1) / SGMV_SPLIT);
-            i1 = i1 < g->row + g->n_rows ? i1 : g->row + g->n_rows;
-            for (int i = i0; i < i1; i += MR) {
-                const float *xi = x + (size_t)i * in;
-                float *ti = tmp + (size_t)i * max_rank;
-                int j = 0;
-                if (i1 - i >= MR) {
-                    for (; j + NR <= g->rank; j += NR)
-                        tile(ti + j, max_rank, xi, g->a + (size_t)j * in, in, tail_mask, MR, NR,
-                             1.0f, false);
-                    for (; j < g->rank; j++)
-                        tile(ti + j, max_rank, xi, g->a + (size_t)j * in, in, tail_mask, MR, 1,
-                             1.0f, false);
-                } else {
-                    for (; j + NR <= g->rank; j += NR)
-                        tile(ti + j, max_rank, xi, g->a + (size_t)j * in, in, tail_mask, 1, NR,
-                             1.0f, false);
-                    for (; j < g->rank; j++)
-                        tile(ti + j, max_rank, xi, g->a + (size_t)j * in, in, tail_mask, 1, 1,
-                             1.0f, false);
-                }
-            }
+            int part = it % SGMV_SPLIT, quads = (g->rank + NR - 1) / NR;
+            int j0 = NR * (quads * part / SGMV_SPLIT), j1 = NR * (quads * (part + 1) / SGMV_SPLIT);
+            j1 = j1 < g->rank ? j1 : g->rank;
+            if (j0 < j1)
+                run_panel(tmp + (size_t)g->row * max_rank, max_rank, x + (size_t)g->row * in,
+                          g->a, g->n_rows, in, j0, j1, 1.0f, false);
         }
         /* The implicit barrier above: every t row is ready. */
 #pragma omp for schedule(dynamic, 1)
