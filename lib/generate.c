@@ -15,7 +15,6 @@ struct gen_seq {
     int *block_table; /* (blocks for prompt + max_tokens) */
     int *all_tokens;  /* (n_prompt + max_tokens): prompt, then generated */
     int n_cached;     /* tokens whose keys and values are in the cache */
-    struct lora_rng rng;
     bool done;
 };
 
@@ -114,7 +113,6 @@ static int setup(struct gen_run *g, const struct lora_adapter *const *adapters, 
         memcpy(s->all_tokens, r->prompt, sizeof(int) * (size_t)r->n_prompt);
         for (int p = 0; p < r->n_prompt; p++)
             r->prompt_lps[p] = NAN;
-        lora_rng_seed(&s->rng, r->seed);
         n_blocks += (int)nb;
         max_ctx = (int)ctx > max_ctx ? (int)ctx : max_ctx;
         if (r->prompt_logprobs)
@@ -190,7 +188,11 @@ static void emit(struct gen_run *g, int i, const float *row)
 {
     struct lora_gen_request *r = &g->reqs[i];
     struct gen_seq *s = &g->seqs[i];
-    int k = r->n_tokens, tok = lora_sampler_sample(g->sampler, row, &r->sampling, &s->rng);
+    struct lora_rng rng;
+    int k = r->n_tokens;
+
+    lora_rng_seed_draw(&rng, r->seed, (uint64_t)k);
+    int tok = lora_sampler_sample(g->sampler, row, &r->sampling, &rng);
 
     r->token_logprobs[k] = lora_sampler_logprobs(g->sampler, row, tok, r->top_n,
                                                  r->top_ids + (size_t)k * r->top_n,

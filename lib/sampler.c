@@ -73,6 +73,16 @@ void lora_rng_seed(struct lora_rng *rng, uint64_t seed)
         rng->state[i] = splitmix64(&x);
 }
 
+void lora_rng_seed_draw(struct lora_rng *rng, uint64_t seed, uint64_t draw)
+{
+    uint64_t x = seed;
+
+    /* Mix the draw index in through a full splitmix64 round so neighbouring draws of one seed
+     * start from unrelated states. */
+    x = splitmix64(&x) ^ draw;
+    lora_rng_seed(rng, x);
+}
+
 uint64_t lora_rng_next(struct lora_rng *rng)
 {
     uint64_t *s = rng->state;

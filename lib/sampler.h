@@ -23,6 +23,11 @@ struct lora_rng {
 
 /* Seeds rng deterministically from seed (splitmix64 expansion). */
 void lora_rng_seed(struct lora_rng *rng, uint64_t seed);
+
+/* Seeds rng for draw number draw of a request seeded with seed: the k-th token of a request
+ * depends only on (seed, k), not on earlier draws, so a preempted and recomputed request, or one
+ * run by another process, samples the same tokens. */
+void lora_rng_seed_draw(struct lora_rng *rng, uint64_t seed, uint64_t draw);
 uint64_t lora_rng_next(struct lora_rng *rng);
 /* Uniform in [0, 1) with 53 random bits (24 are enough for float, we use double). */
 double lora_rng_uniform(struct lora_rng *rng);

@@ -481,6 +481,32 @@ static void test_determinism(void)
     free(logits);
 }
 
+/* Per-draw seeding: a draw depends on (seed, index) only, and neighbouring indices and seeds
+ * give unrelated streams. */
+static void test_seed_draw(void)
+{
+    struct lora_rng a, b;
+    int same_next = 0, same_seed = 0;
+
+    for (uint64_t k = 0; k < 200; k++) {
+        lora_rng_seed_draw(&a, 77, k);
+        lora_rng_seed_draw(&b, 77, k);
+        CHECK(lora_rng_next(&a) == lora_rng_next(&b));
+        lora_rng_seed_draw(&a, 77, k);
+        lora_rng_seed_draw(&b, 77, k + 1);
+        same_next += lora_rng_next(&a) == lora_rng_next(&b);
+        lora_rng_seed_draw(&a, 77, k);
+        lora_rng_seed_draw(&b, 78, k);
+        same_seed += lora_rng_next(&a) == lora_rng_next(&b);
+    }
+    CHECK(same_next == 0);
+    CHECK(same_seed == 0);
+    /* The draw stream is not the plain seeded stream shifted by one. */
+    lora_rng_seed(&a, 77);
+    lora_rng_seed_draw(&b, 77, 0);
+    CHECK(lora_rng_next(&a) != lora_rng_next(&b));
+}
+
 static void test_nan_and_inf(void)
 {
     const float with_nan[] = {NAN, 1.0f, NAN, 2.0f, -INFINITY};
@@ -722,6 +748,7 @@ int main(void)
     RUN(test_top_p_flat);
     RUN(test_empirical_distribution);
     RUN(test_determinism);
+    RUN(test_seed_draw);
     RUN(test_nan_and_inf);
     RUN(test_brute_force_cross_check);
     RUN(test_brute_force_cross_check_blocks);

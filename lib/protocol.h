@@ -1,0 +1,465 @@
+/* protocol: the message catalogue of lora-stack and its msgpack codec.
+ *
+ * Every message is [routing id, ROUTER side only] ["LORA1"] [one msgpack map] [raw binary frames],
+ * PUB messages with a topic frame first (lib/sock.h handles the frames). The map has "type" (a
+ * string, below) and the fields of that type. Bulk arrays (token ids, block tables) travel as raw
+ * little-endian int32 binary frames that the map describes, so a step costs no per-token msgpack.
+ *
+ * Decoders ignore unknown keys (adding a field never breaks an older peer), reject a missing or
+ * mistyped required key, bound every length before using it and never assert on input: a bad
+ * message yields -1 and a message naming the type and the key. Decoded strings and arrays point
+ * into the decoder's arena (struct lora_msg_arena) and live until lora_msg_arena_reset().
+ * Encoders append to a caller-owned growable buffer (struct lora_msg_buf). Types only grow at the
+ * end; field meanings never change. man/lora-protocol.7 is this catalogue for people.
+ *
+ *  type                 from -> to                 fields (? = optional)           bin frames
+ *  hello                worker|frontend|inspect    version role rank? world_size?  -
+ *                       -> engine                  pid name?
+ *  ready                engine -> peer             version engine_index model      -
+ *                                                  max_loras max_cpu_loras
+ *                                                  max_lora_rank block_size
+ *                                                  num_kv_blocks world_size
+ *                                                  max_model_len vocab_size
+ *  heartbeat            any -> any                 -                               -
+ *  setup                engine -> worker           model rank world_size limits    -
+ *                                                  (as ready) shm?
+ *  setup_done           worker -> engine           ok error? rank weight_bytes     -
+ *  step                 engine -> worker           step_id seqs[]                  tokens,
+ *                                                                                  block_tables
+ *  step_reply           worker -> engine           step_id rank ok error? doorbell -
+ *                                                  outs[]
+ *  adapter_op           engine -> worker           op_id op name path? slot?       -
+ *  adapter_op_reply     worker -> engine           op_id rank ok error? seconds    -
+ *  take_notifications   engine -> worker           -                               -
+ *  notifications        worker -> engine,          engine? rank dropped items[]    -
+ *                       engine -> frontend, PUB
+ *  residency            engine -> worker           -                               -
+ *  residency_reply      worker -> engine           rank state                      -
+ *  request              frontend -> engine         request_id lora? sampling       prompt
+ *  abort                frontend -> engine         request_id                      -
+ *  output               engine -> frontend         request_id tokens[] logprobs[]  -
+ *                                                  top[]? finished finish_reason?
+ *                                                  num_prompt_tokens error?
+ *  event                engine -> PUB "event"      engine request_id event time    -
+ *                                                  lora? finish_reason?
+ *  stats                engine -> PUB "stats"      engine time running waiting     -
+ *                                                  kv_usage num_preemptions
+ *                                                  step_adapters step_tokens
+ *                                                  step_seconds adapters[]
+ *  control              inspect|frontend -> engine id op name? path?            -
+ *  control_reply        engine -> asker            id ok error? data?              -
+ *  registry             engine -> frontend, PUB    engine adapters[]               -
+ *  shutdown             engine -> worker           -                               -
+ */
+#ifndef LORA_PROTOCOL_H
+#define LORA_PROTOCOL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define LORA_PROTOCOL_VERSION 1
+#define LORA_PROTOCOL_MAGIC "LORA1"
+
+/* Bounds on what a decoder accepts, checked before anything is used. */
+#define LORA_MSG_MAX_BODY (16u << 20) /* bytes of one msgpack map */
+#define LORA_MSG_MAX_STR 4096         /* bytes of one string (names, paths, errors) */
+#define LORA_MSG_MAX_SEQS 4096        /* sequences in one step */
+#define LORA_MSG_MAX_ADAPTERS 65536   /* adapters in one list */
+#define LORA_MSG_MAX_TOP 1024         /* top log-probabilities per token */
+
+/* Values only grow at the end. */
+enum lora_msg_type {
+    LORA_MSG_HELLO,
+    LORA_MSG_READY,
+    LORA_MSG_HEARTBEAT,
+    LORA_MSG_SETUP,
+    LORA_MSG_SETUP_DONE,
+    LORA_MSG_STEP,
+    LORA_MSG_STEP_REPLY,
+    LORA_MSG_ADAPTER_OP,
+    LORA_MSG_ADAPTER_OP_REPLY,
+    LORA_MSG_TAKE_NOTIFICATIONS,
+    LORA_MSG_NOTIFICATIONS,
+    LORA_MSG_RESIDENCY,
+    LORA_MSG_RESIDENCY_REPLY,
+    LORA_MSG_REQUEST,
+    LORA_MSG_ABORT,
+    LORA_MSG_OUTPUT,
+    LORA_MSG_EVENT,
+    LORA_MSG_STATS,
+    LORA_MSG_CONTROL,
+    LORA_MSG_CONTROL_REPLY,
+    LORA_MSG_REGISTRY,
+    LORA_MSG_SHUTDOWN,
+    LORA_MSG_TYPE_COUNT,
+};
+
+/* "hello", "ready", ...; lora_msg_type_from_name returns -1 for an unknown name. */
+const char *lora_msg_type_name(enum lora_msg_type t);
+int lora_msg_type_from_name(const char *name, size_t len);
+
+/* A growable output buffer for encoders. */
+struct lora_msg_buf {
+    char *data;
+    size_t len;
+    size_t cap;
+};
+void lora_msg_buf_reset(struct lora_msg_buf *b);   /* len = 0, keeps the memory */
+void lora_msg_buf_release(struct lora_msg_buf *b); /* frees the memory */
+
+/* Decoded strings and arrays live here until the next reset. */
+struct lora_msg_arena;
+struct lora_msg_arena *lora_msg_arena_new(void);
+void lora_msg_arena_reset(struct lora_msg_arena *a);
+void lora_msg_arena_destroy(struct lora_msg_arena **a);
+
+/* A raw binary frame: little-endian int32 values unless a field says otherwise. */
+struct lora_msg_bin {
+    const void *data;
+    size_t len;
+};
+
+/* A borrowed string: not NUL-terminated on the wire; decoders NUL-terminate in the arena. */
+struct lora_str {
+    const char *s; /* NULL when absent */
+    size_t len;
+};
+
+/* Reads "type" from a body. Returns the type, or -1 with err (not a map, no "type", unknown). */
+int lora_msg_peek_type(const void *body, size_t len, char *err, size_t err_len);
+
+/* ---- messages ---------------------------------------------------------------------------- */
+
+enum lora_role {
+    LORA_ROLE_WORKER,
+    LORA_ROLE_FRONTEND,
+    LORA_ROLE_INSPECT,
+};
+
+struct lora_msg_hello {
+    int version;
+    enum lora_role role;
+    int rank;       /* workers only, else -1 */
+    int world_size; /* workers only, else 0 */
+    int64_t pid;
+    struct lora_str name;
+};
+
+/* The engine's limits, in ready and in setup. */
+struct lora_msg_limits {
+    int max_loras;
+    int max_cpu_loras;
+    int max_lora_rank;
+    int block_size;
+    int num_kv_blocks;
+    int world_size;
+    int max_model_len;
+    int max_num_batched_tokens;
+    int max_num_seqs;
+    int vocab_size;
+};
+
+struct lora_msg_ready {
+    int version;
+    int engine_index;
+    struct lora_str model;
+    struct lora_msg_limits limits;
+};
+
+struct lora_msg_setup {
+    struct lora_str model; /* model directory */
+    int rank;
+    struct lora_msg_limits limits;
+    struct lora_str shm; /* shared-memory name of the all-reduce, when world_size > 1 */
+};
+
+struct lora_msg_setup_done {
+    bool ok;
+    struct lora_str error;
+    int rank;
+    uint64_t weight_bytes;
+};
+
+/* One sequence of a step: its tokens are the next n_tokens values of the tokens frame, its
+ * block table the next ceil((pos + n_tokens) / block_size) values of the block_tables frame. */
+struct lora_msg_step_seq {
+    uint64_t seq_id;
+    int n_tokens;
+    int pos;
+    int slot; /* -1: base model */
+    bool all_logits; /* prompt log-probabilities wanted */
+    bool sample;     /* prefill complete after this step: sample a token */
+    float temperature;
+    float top_p;
+    int top_k;
+    uint64_t seed;
+    int n_generated; /* tokens generated so far: with seed, picks the random draw */
+    int top_n;       /* log-probabilities of the top_n tokens */
+};
+
+struct lora_msg_step {
+    uint64_t step_id;
+    int n_seqs;
+    struct lora_msg_step_seq *seqs; /* arena */
+    const int32_t *tokens;          /* from frame 0, n_tokens_total values */
+    size_t n_tokens_total;
+    const int32_t *block_tables; /* from frame 1 */
+    size_t n_block_entries;
+};
+
+/* A sequence's result on the output rank: the sampled token (when sample was set) and, with
+ * all_logits, the log-probabilities of the prompt tokens this step predicted. */
+struct lora_msg_step_out {
+    uint64_t seq_id;
+    int token; /* -1 when nothing was sampled */
+    float logprob;
+    int n_top;
+    const int32_t *top_ids;    /* arena, n_top */
+    const float *top_logprobs; /* arena, n_top */
+    int n_prompt_logprobs;
+    const float *prompt_logprobs; /* arena */
+};
+
+struct lora_msg_step_reply {
+    uint64_t step_id;
+    int rank;
+    bool ok;
+    struct lora_str error;
+    bool doorbell; /* the worker has notifications buffered */
+    double step_seconds;
+    int n_outs;
+    struct lora_msg_step_out *outs; /* arena; empty on ranks other than the output rank */
+};
+
+enum lora_adapter_op {
+    LORA_OP_ADD,      /* load from path into the CPU cache */
+    LORA_OP_ACTIVATE, /* into slot */
+    LORA_OP_REMOVE,   /* from slot and cache */
+    LORA_OP_PIN,
+    LORA_OP_UNPIN,
+};
+
+struct lora_msg_adapter_op {
+    uint64_t op_id;
+    enum lora_adapter_op op;
+    struct lora_str name;
+    struct lora_str path; /* ADD */
+    int slot;             /* ACTIVATE */
+};
+
+struct lora_msg_adapter_op_reply {
+    uint64_t op_id;
+    int rank;
+    bool ok;
+    struct lora_str error;
+    double seconds;
+};
+
+/* A rank's loaded state: adapters in slots (slot i holds slots[i], empty string = free), in the
+ * CPU cache, and pinned. */
+struct lora_msg_state {
+    int n_slots;
+    struct lora_str *slots;
+    int n_cpu;
+    struct lora_str *cpu;
+    int n_pinned;
+    struct lora_str *pinned;
+};
+
+enum lora_transition {
+    LORA_TRANSITION_LOAD,     /* disk -> CPU cache */
+    LORA_TRANSITION_ACTIVATE, /* CPU cache -> slot */
+    LORA_TRANSITION_EVICT,    /* slot -> CPU cache, or out of the cache */
+    LORA_TRANSITION_REMOVE,   /* unloaded */
+};
+
+struct lora_msg_timing {
+    struct lora_str name;
+    enum lora_transition transition;
+    double seconds;
+};
+
+/* One notification; kind "lora_load" is the only kind so far. */
+struct lora_msg_notification {
+    struct lora_str kind;
+    uint64_t seq; /* per-rank sequence number */
+    double time;  /* Unix time with fractions */
+    struct lora_msg_state state;
+    int n_timings;
+    struct lora_msg_timing *timings;
+};
+
+struct lora_msg_notifications {
+    int engine; /* -1 when sent by a worker */
+    int rank;
+    uint64_t dropped; /* total dropped by the rank's buffer since it started */
+    int n_items;
+    struct lora_msg_notification *items;
+};
+
+struct lora_msg_residency_reply {
+    int rank;
+    struct lora_msg_state state;
+};
+
+struct lora_msg_request {
+    struct lora_str request_id;
+    struct lora_str lora; /* absent: base model */
+    const int32_t *prompt; /* frame 0 */
+    size_t n_prompt;
+    int max_tokens;
+    int min_tokens;
+    float temperature;
+    float top_p;
+    int top_k;
+    bool has_seed;
+    uint64_t seed;
+    int logprobs; /* top-N per generated token, 0 = none */
+    bool prompt_logprobs;
+    bool ignore_eos;
+    int n_stop_token_ids;
+    const int32_t *stop_token_ids; /* arena */
+};
+
+struct lora_msg_abort {
+    struct lora_str request_id;
+};
+
+struct lora_msg_output {
+    struct lora_str request_id;
+    int n_tokens; /* new tokens since the previous output */
+    const int32_t *tokens;
+    const float *logprobs;
+    int top_n; /* per token: top_n ids and log-probabilities, or 0 */
+    const int32_t *top_ids;
+    const float *top_logprobs;
+    int n_prompt_logprobs;
+    const float *prompt_logprobs; /* first output only; [0] is NAN */
+    bool finished;
+    struct lora_str finish_reason; /* "stop", "length", "abort", "error" */
+    int num_prompt_tokens;
+    struct lora_str error;
+};
+
+enum lora_event_kind {
+    LORA_EVENT_QUEUED,
+    LORA_EVENT_SCHEDULED,
+    LORA_EVENT_PREEMPTED,
+    LORA_EVENT_FINISHED,
+};
+
+struct lora_msg_event {
+    int engine;
+    struct lora_str request_id;
+    enum lora_event_kind event;
+    double time; /* engine clock, Unix time with fractions */
+    struct lora_str lora;
+    struct lora_str finish_reason;
+    int num_prompt_tokens;
+    int num_generation_tokens;
+};
+
+struct lora_msg_adapter_count {
+    struct lora_str name;
+    int running;
+    int waiting;
+};
+
+struct lora_msg_stats {
+    int engine;
+    double time;
+    int running;
+    int waiting;
+    double kv_usage; /* 0..1 */
+    uint64_t num_preemptions; /* total */
+    int step_adapters;        /* distinct adapters in the last step */
+    int step_tokens;
+    double step_seconds;
+    int n_adapters;
+    struct lora_msg_adapter_count *adapters;
+};
+
+enum lora_control_op {
+    LORA_CTL_RESIDENCY,
+    LORA_CTL_CONFIG,
+    LORA_CTL_HEALTH,
+    LORA_CTL_LOAD,
+    LORA_CTL_UNLOAD,
+    LORA_CTL_PIN,
+    LORA_CTL_UNPIN,
+    LORA_CTL_STATS,
+};
+
+struct lora_msg_control {
+    uint64_t id;
+    enum lora_control_op op;
+    struct lora_str name;
+    struct lora_str path;
+};
+
+/* data is an opaque msgpack value (the reply's payload: a map or array), copied verbatim. */
+struct lora_msg_control_reply {
+    uint64_t id;
+    bool ok;
+    struct lora_str error;
+    const void *data; /* msgpack bytes, arena; NULL when absent */
+    size_t data_len;
+};
+
+struct lora_msg_registry_entry {
+    struct lora_str name;
+    struct lora_str path;
+    uint64_t id;
+};
+
+struct lora_msg_registry {
+    int engine;
+    int n_adapters;
+    struct lora_msg_registry_entry *adapters;
+};
+
+/* ---- codec -------------------------------------------------------------------------------
+ * lora_msg_encode_<type>(buf, msg, ...) appends one msgpack map to buf (after reset by the
+ * caller) and returns 0 or -1 (out of memory). Messages with binary frames return the frames
+ * to send through bins (pointing into msg's own arrays).
+ * lora_msg_decode_<type>(body, len, bins, n_bins, arena, out, err, err_len) returns 0 or -1
+ * with "TYPE: KEY: what is wrong" in err. Heartbeat, take_notifications, residency and
+ * shutdown have no fields: lora_msg_encode_empty(buf, type). */
+
+int lora_msg_encode_empty(struct lora_msg_buf *b, enum lora_msg_type t);
+
+#define LORA_MSG_CODEC(name)                                                                     \
+    int lora_msg_encode_##name(struct lora_msg_buf *b, const struct lora_msg_##name *m,          \
+                               struct lora_msg_bin *bins, int *n_bins);                          \
+    int lora_msg_decode_##name(const void *body, size_t len, const struct lora_msg_bin *bins,    \
+                               int n_bins, struct lora_msg_arena *arena,                         \
+                               struct lora_msg_##name *out, char *err, size_t err_len);
+
+LORA_MSG_CODEC(hello)
+LORA_MSG_CODEC(ready)
+LORA_MSG_CODEC(setup)
+LORA_MSG_CODEC(setup_done)
+LORA_MSG_CODEC(step)
+LORA_MSG_CODEC(step_reply)
+LORA_MSG_CODEC(adapter_op)
+LORA_MSG_CODEC(adapter_op_reply)
+LORA_MSG_CODEC(notifications)
+LORA_MSG_CODEC(residency_reply)
+LORA_MSG_CODEC(request)
+LORA_MSG_CODEC(abort)
+LORA_MSG_CODEC(output)
+LORA_MSG_CODEC(event)
+LORA_MSG_CODEC(stats)
+LORA_MSG_CODEC(control)
+LORA_MSG_CODEC(control_reply)
+LORA_MSG_CODEC(registry)
+
+#undef LORA_MSG_CODEC
+
+/* Writes the body as one JSON object (msgpack maps to JSON, bin as base64 strings): for
+ * lora-inspect decode and for logs. Returns 0 or -1 with err. */
+int lora_msg_to_json(const void *body, size_t len, struct lora_msg_buf *out, char *err,
+                     size_t err_len);
+
+#endif
