@@ -51,6 +51,7 @@ CUDA_SRC := $(if $(filter 1,$(CUDA_ON)),$(wildcard kernels/cuda/*.cu))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CUDA_SRC:%.cu=$(BUILD)/%.cu.o)
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNITS    := $(UNIT_SRC:%.c=$(BUILD)/%)
+FIXTURE_OBJ := $(BUILD)/tests/unit/fixture.o
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
 BENCHES  := $(BENCH_SRC:%.c=$(BUILD)/%)
 BINS     := $(PROGRAMS:%=$(BUILD)/bin/%)
@@ -81,6 +82,10 @@ prog_objs = $(patsubst %.c,$(BUILD)/%.o,$(wildcard cmd/$(1)/*.c))
 .SECONDEXPANSION:
 $(BUILD)/bin/%: $$(call prog_objs,$$*) $(BUILD)/liblora.a
 	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+# A unit test also links the shared fixtures of tests/unit/fixture.c; a bench, the library only.
+$(UNITS): $(BUILD)/tests/unit/test_%: $(BUILD)/tests/unit/test_%.o $(FIXTURE_OBJ) $(BUILD)/liblora.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
 $(BUILD)/tests/%: $(BUILD)/tests/%.o $(BUILD)/liblora.a
@@ -119,4 +124,4 @@ format:
 clean:
 	rm -rf build
 
--include $(LIB_OBJ:.o=.d) $(UNITS:=.d) $(BENCHES:=.d) $(patsubst %.c,$(BUILD)/%.d,$(wildcard cmd/*/*.c))
+-include $(LIB_OBJ:.o=.d) $(UNITS:=.d) $(FIXTURE_OBJ:.o=.d) $(BENCHES:=.d) $(patsubst %.c,$(BUILD)/%.d,$(wildcard cmd/*/*.c))

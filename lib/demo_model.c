@@ -2,13 +2,13 @@
 #include "demo_model.h"
 
 #include <errno.h>
-#include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "fs.h"
 #include "model_gen.h"
 
 #define DEMO_NAME "demo-v1"
@@ -70,17 +70,6 @@ static int write_demo(const char *dir, char *err, size_t err_len)
     return 0;
 }
 
-static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    return remove(path);
-}
-
-/* Removes a half-written temporary copy; failures only leave litter behind. */
-static void remove_tree(const char *path)
-{
-    nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
 int lora_demo_model_ensure(char *dir, size_t dir_len, char *err, size_t err_len)
 {
     char probe[4200], tmp[4200];
@@ -93,12 +82,12 @@ int lora_demo_model_ensure(char *dir, size_t dir_len, char *err, size_t err_len)
         return 0;
     snprintf(tmp, sizeof(tmp), "%s.tmp.%ld", dir, (long)getpid());
     if (write_demo(tmp, err, err_len) < 0) {
-        remove_tree(tmp);
+        lora_fs_remove_tree(tmp);
         return -1;
     }
     if (rename(tmp, dir) < 0) {
         int e = errno;
-        remove_tree(tmp);
+        lora_fs_remove_tree(tmp);
         /* Another process finished first: use its copy. */
         if (stat(probe, &st) == 0)
             return 0;

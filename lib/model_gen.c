@@ -26,11 +26,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <jansson.h>
 
+#include "fs.h"
 #include "sampler.h"
 
 #define GEN_CHUNK     ((int64_t)1 << 16)
@@ -101,41 +101,6 @@ static char *path_join(const char *dir, const char *name)
     if (asprintf(&p, "%s/%s", dir, name) < 0)
         return NULL;
     return p;
-}
-
-/* mkdir -p: creates dir and its missing parents; an existing directory is fine. */
-static int mkdir_p(const char *dir, char *err, size_t err_len)
-{
-    struct stat st;
-    char *p = strdup(dir);
-    char *s;
-
-    if (!p) {
-        fail(err, err_len, "%s: out of memory", dir);
-        return -1;
-    }
-    for (s = p + 1; *s; s++) {
-        if (*s != '/')
-            continue;
-        *s = '\0';
-        if (mkdir(p, 0777) != 0 && errno != EEXIST)
-            goto fail_errno;
-        *s = '/';
-    }
-    if (mkdir(p, 0777) != 0 && errno != EEXIST)
-        goto fail_errno;
-    if (stat(p, &st) != 0)
-        goto fail_errno;
-    if (!S_ISDIR(st.st_mode)) {
-        errno = ENOTDIR;
-        goto fail_errno;
-    }
-    free(p);
-    return 0;
-fail_errno:
-    fail(err, err_len, "%s: unable to create directory: %s", p, strerror(errno));
-    free(p);
-    return -1;
 }
 
 /* Writes root to dir/name and drops the reference to root. */
@@ -719,7 +684,7 @@ int lora_gen_model_write(const char *dir, const struct lora_gen_model_opts *o, c
 
     /* The shapes come from reading back the config just written: the loader's view of the
      * model is the one the weights must match. */
-    if (validate_model_opts(o, err, err_len) || mkdir_p(dir, err, err_len) ||
+    if (validate_model_opts(o, err, err_len) || lora_fs_mkdir_p(dir, err, err_len) ||
         write_model_json(dir, o, err, err_len) || load_model_config(dir, &cfg, err, err_len))
         return -1;
     return write_model_weights(dir, &cfg, o, err, err_len);
@@ -797,7 +762,7 @@ int lora_gen_adapter_write(const char *dir, const char *model_dir,
     int n = 0, rc = -1;
 
     if (validate_adapter_opts(o, err, err_len) ||
-        load_model_config(model_dir, &cfg, err, err_len) || mkdir_p(dir, err, err_len) ||
+        load_model_config(model_dir, &cfg, err, err_len) || lora_fs_mkdir_p(dir, err, err_len) ||
         write_json(adapter_config_json(model_dir, o), dir, "adapter_config.json", err, err_len))
         return -1;
 

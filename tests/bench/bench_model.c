@@ -11,7 +11,6 @@
  */
 #include <cblas.h>
 #include <immintrin.h>
-#include <ftw.h>
 #include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +18,7 @@
 #include <time.h>
 
 #include "adapter.h"
+#include "fs.h"
 #include "generate.h"
 #include "kernels.h"
 #include "model.h"
@@ -191,11 +191,6 @@ static void matmul_compare(int m, int n, int k)
     free(y);
 }
 
-static int remove_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    return remove(path);
-}
-
 int main(int argc, char **argv)
 {
     const char *model_dir = NULL, *only = NULL;
@@ -330,6 +325,6 @@ int main(int argc, char **argv)
     for (int i = 0; i < N_ADAPTERS; i++)
         lora_adapter_destroy(&b.ad[i]);
     lora_model_destroy(&b.m);
-    nftw(tmp, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
+    lora_fs_remove_tree(tmp);
     return 0;
 }

@@ -5,255 +5,22 @@
  * broken files) fails with one message naming the file and the key. Fixtures live in a mkdtemp
  * directory removed at the end.
  */
-#include <ftw.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <jansson.h>
 
 #include "check.h"
 #include "adapter.h"
+#include "fixture.h"
+#include "fs.h"
 #include "model.h"
 #include "model_gen.h"
 
-#define ERR_BYTES   1024
-#define PATH_BYTES  512
-#define MAX_TENSORS 128
-
-static char tmp_dir[] = "/tmp/test_adapter.XXXXXX";
-
-/* ---- files -------------------------------------------------------------------------------- */
-
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    return remove(path);
-}
-
-/* rm -r path; a missing path is fine. */
-static void remove_tree(const char *path)
-{
-    nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-/* tmp_dir/<formatted name> in one of eight rotating static buffers. */
-static const char *tmp_path(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-
-static const char *tmp_path(const char *fmt, ...)
-{
-    static char bufs[8][PATH_BYTES];
-    static int next;
-    char *buf = bufs[next++ % 8];
-    va_list ap;
-    int n = snprintf(buf, PATH_BYTES, "%s/", tmp_dir);
-
-    va_start(ap, fmt);
-    vsnprintf(buf + n, PATH_BYTES - (size_t)n, fmt, ap);
-    va_end(ap);
-    return buf;
-}
-
-/* dir/name in one of eight rotating static buffers. */
-static const char *join(const char *dir, const char *name)
-{
-    static char bufs[8][PATH_BYTES];
-    static int next;
-    char *buf = bufs[next++ % 8];
-
-    snprintf(buf, PATH_BYTES, "%s/%s", dir, name);
-    return buf;
-}
-
-/* Writes a fresh model under tmp_dir/name (removing what was there) and returns its path. */
-static const char *gen_model(const char *name, const struct lora_gen_model_opts *o)
-{
-    const char *dir = tmp_path("%s", name);
-    char err[ERR_BYTES] = "";
-
-    remove_tree(dir);
-    if (lora_gen_model_write(dir, o, err, sizeof(err)) != 0) {
-        printf("# gen_model %s: %s\n", name, err);
-        check_cur_failed = 1;
-    }
-    return dir;
-}
-
-/* Sets key of the JSON object in path to value (stolen). Returns 0 or -1. */
-static int json_file_set(const char *path, const char *key, json_t *value)
-{
-    json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_PRESERVE_ORDER, &jerr);
-    int rc = -1;
-
-    if (root && json_object_set_new(root, key, value) == 0)
-        rc = json_dump_file(root, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    else
-        json_decref(value);
-    json_decref(root);
-    return rc;
-}
-
-static int write_text(const char *path, const char *text)
-{
-    FILE *f = fopen(path, "w");
-    int rc = 0;
-
-    if (!f)
-        return -1;
-    if (fputs(text, f) == EOF)
-        rc = -1;
-    if (fclose(f) != 0)
-        rc = -1;
-    return rc;
-}
-
-/* ---- tensor sets: a safetensors file read into floats, edited and written back ----------- */
-
-struct tset {
-    struct lora_tensor_out t[MAX_TENSORS];
-    char *names[MAX_TENSORS];
-    float *data[MAX_TENSORS];
-    int n;
-};
-
-static int64_t out_numel(const struct lora_tensor_out *t)
-{
-    int64_t n = 1;
-
-    for (int d = 0; d < t->n_dims; d++)
-        n *= t->shape[d];
-    return n;
-}
-
-static void tset_free(struct tset *s)
-{
-    for (int i = 0; i < s->n; i++) {
-        free(s->names[i]);
-        free(s->data[i]);
-    }
-    s->n = 0;
-}
-
-/* Appends a tensor of shape (d0) or (d0, d1) filled with fill. */
-static void tset_add(struct tset *s, const char *name, int n_dims, int64_t d0, int64_t d1,
-                     float fill)
-{
-    struct lora_tensor_out *t;
-    int64_t n;
-    int i;
-
-    if (s->n >= MAX_TENSORS) {
-        printf("# tset_add: more than %d tensors\n", MAX_TENSORS);
-        check_cur_failed = 1;
-        return;
-    }
-    i = s->n++;
-    t = &s->t[i];
-    s->names[i] = strdup(name);
-    t->name = s->names[i];
-    t->dtype = LORA_DTYPE_F32;
-    t->n_dims = n_dims;
-    t->shape[0] = d0;
-    t->shape[1] = d1;
-    n = out_numel(t);
-    s->data[i] = malloc((size_t)(n ? n : 1) * sizeof(float));
-    for (int64_t k = 0; k < n; k++)
-        s->data[i][k] = fill;
-    t->data = s->data[i];
-}
-
-/* Reads every tensor of path as float32. Returns 0 or -1 (with a diagnostic). */
-static int tset_read(struct tset *s, const char *path)
-{
-    char err[ERR_BYTES];
-    struct lora_safetensors *st = lora_safetensors_open(path, err, sizeof(err));
-
-    memset(s, 0, sizeof(*s));
-    if (!st || st->n_tensors > MAX_TENSORS) {
-        printf("# tset_read: %s\n", st ? "too many tensors" : err);
-        lora_safetensors_close(&st);
-        return -1;
-    }
-    for (int i = 0; i < st->n_tensors; i++) {
-        const struct lora_tensor_info *ti = &st->tensors[i];
-        struct lora_tensor_out *t = &s->t[s->n];
-
-        s->names[s->n] = strdup(ti->name);
-        s->data[s->n] = malloc((size_t)(ti->numel ? ti->numel : 1) * sizeof(float));
-        t->name = s->names[s->n];
-        t->dtype = LORA_DTYPE_F32;
-        t->n_dims = ti->n_dims;
-        memcpy(t->shape, ti->shape, sizeof(t->shape));
-        t->data = s->data[s->n];
-        s->n++;
-        lora_dtype_to_f32(ti->dtype, ti->data, s->data[s->n - 1], (size_t)ti->numel);
-    }
-    lora_safetensors_close(&st);
-    return 0;
-}
-
-static int tset_find(const struct tset *s, const char *name)
-{
-    for (int i = 0; i < s->n; i++)
-        if (strcmp(s->names[i], name) == 0)
-            return i;
-    return -1;
-}
-
-/* Removes tensor name; returns 0 or -1 when there is none. */
-static int tset_drop(struct tset *s, const char *name)
-{
-    int i = tset_find(s, name);
-
-    if (i < 0)
-        return -1;
-    free(s->names[i]);
-    free(s->data[i]);
-    for (int k = i; k + 1 < s->n; k++) {
-        s->t[k] = s->t[k + 1];
-        s->names[k] = s->names[k + 1];
-        s->data[k] = s->data[k + 1];
-    }
-    s->n--;
-    return 0;
-}
-
-/* Gives tensor name the shape (d0) or (d0, d1), with new data. */
-static int tset_reshape(struct tset *s, const char *name, int n_dims, int64_t d0, int64_t d1)
-{
-    if (tset_drop(s, name) < 0)
-        return -1;
-    tset_add(s, name, n_dims, d0, d1, 0.25f);
-    return 0;
-}
-
-static int tset_write(const struct tset *s, const char *path)
-{
-    char err[ERR_BYTES];
-
-    if (lora_safetensors_write(path, s->t, s->n, err, sizeof(err)) != 0) {
-        printf("# tset_write: %s\n", err);
-        return -1;
-    }
-    return 0;
-}
-
-/* Removes key from the JSON object in path. Returns 0 or -1. */
-static int json_file_del(const char *path, const char *key)
-{
-    json_error_t jerr;
-    json_t *root = json_load_file(path, JSON_PRESERVE_ORDER, &jerr);
-    int rc = -1;
-
-    if (root && json_object_del(root, key) == 0)
-        rc = json_dump_file(root, path, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
-    json_decref(root);
-    return rc;
-}
+#define ERR_BYTES 1024
 
 /* ---- fixtures ----------------------------------------------------------------------------- */
 
@@ -265,14 +32,14 @@ static int json_file_del(const char *path, const char *key)
 static const char *model_dir, *model4_dir; /* 2 and 4 layers, otherwise the defaults */
 static struct lora_model *full, *shard[2]; /* model_dir as 1 shard, and as 2 */
 
-/* Writes a fresh adapter under tmp_dir/name for the model in mdir and returns its path. */
+/* Writes a fresh adapter under fx_tmp_dir/name for the model in mdir and returns its path. */
 static const char *gen_adapter(const char *name, const char *mdir,
                                const struct lora_gen_adapter_opts *o)
 {
-    const char *dir = tmp_path("%s", name);
+    const char *dir = fx_tmp_path("%s", name);
     char err[ERR_BYTES] = "";
 
-    remove_tree(dir);
+    lora_fs_remove_tree(dir);
     if (lora_gen_adapter_write(dir, mdir, o, err, sizeof(err)) != 0) {
         printf("# gen_adapter %s: %s\n", name, err);
         check_cur_failed = 1;
@@ -290,16 +57,16 @@ static const char *gen_default_adapter(const char *name)
 }
 
 /* Applies f to dir/adapter_model.safetensors read as a tensor set, and writes it back. */
-static int edit_weights(const char *dir, int (*f)(struct tset *s))
+static int edit_weights(const char *dir, int (*f)(struct fx_tset *s))
 {
-    const char *path = join(dir, "adapter_model.safetensors");
-    struct tset s;
+    const char *path = fx_join(dir, "adapter_model.safetensors");
+    struct fx_tset s;
     int rc;
 
-    if (tset_read(&s, path) < 0)
+    if (fx_tset_read(&s, path) < 0)
         return -1;
-    rc = f(&s) == 0 && tset_write(&s, path) == 0 ? 0 : -1;
-    tset_free(&s);
+    rc = f(&s) == 0 && fx_tset_write(&s, path) == 0 ? 0 : -1;
+    fx_tset_free(&s);
     return rc;
 }
 
@@ -333,16 +100,6 @@ static struct lora_adapter *load_ok(const char *dir, const struct lora_model *m,
     return a;
 }
 
-/* Number of the n floats at a and b that differ (bitwise-equal values are expected). */
-static long n_differ(const float *a, const float *b, long n)
-{
-    long bad = 0;
-
-    for (long i = 0; i < n; i++)
-        bad += memcmp(&a[i], &b[i], sizeof(float)) != 0;
-    return bad;
-}
-
 /* Compares the whole tensor name of st, converted to float, with got: -1 when either is
  * missing or the sizes differ. */
 static long differ_from_file(const struct lora_safetensors *st, const char *name, const float *got,
@@ -356,7 +113,7 @@ static long differ_from_file(const struct lora_safetensors *st, const char *name
         return -1;
     want = malloc((size_t)n * sizeof(float));
     lora_dtype_to_f32(t->dtype, t->data, want, (size_t)n);
-    bad = n_differ(want, got, n);
+    bad = fx_n_differ(want, got, n);
     free(want);
     return bad;
 }
@@ -393,14 +150,14 @@ static const char *key_of(int l, int p, char ab)
 
 static void test_fixtures_written(void)
 {
-    static char m2[PATH_BYTES], m4[PATH_BYTES];
+    static char m2[FX_PATH_BYTES], m4[FX_PATH_BYTES];
     struct lora_gen_model_opts o;
     char err[ERR_BYTES] = "";
 
     lora_gen_model_defaults(&o);
-    snprintf(m2, sizeof(m2), "%s", gen_model("model", &o));
+    snprintf(m2, sizeof(m2), "%s", fx_gen_model("model", &o));
     o.n_layers = 4;
-    snprintf(m4, sizeof(m4), "%s", gen_model("model4", &o));
+    snprintf(m4, sizeof(m4), "%s", fx_gen_model("model4", &o));
     model_dir = m2;
     model4_dir = m4;
     full = lora_model_load(model_dir, 0, 1, err, sizeof(err));
@@ -436,7 +193,7 @@ static void test_good_adapter_loads(void)
     CHECK(!a->use_rslora);
     CHECK(a->target_mask == mask);
     CHECK(a->n_layers == 2);
-    st = lora_safetensors_open(join(dir, "adapter_model.safetensors"), err, sizeof(err));
+    st = lora_safetensors_open(fx_join(dir, "adapter_model.safetensors"), err, sizeof(err));
     CHECK(st != NULL);
     for (int i = 0; st && i < st->n_tensors; i++)
         file_floats += (size_t)st->tensors[i].numel;
@@ -490,8 +247,8 @@ static void test_scales(void)
     }
     lora_adapter_destroy(&a);
     /* lora_alpha absent: PEFT's default of 8. */
-    CHECK(json_file_del(tmp_path("alpha/adapter_config.json"), "lora_alpha") == 0);
-    a = load_ok(tmp_path("alpha"), full, 64);
+    CHECK(fx_json_file_del(fx_tmp_path("alpha/adapter_config.json"), "lora_alpha") == 0);
+    a = load_ok(fx_tmp_path("alpha"), full, 64);
     if (a)
         CHECK_NEAR(a->scale, 8.0 / 4.0, 1e-7);
     lora_adapter_destroy(&a);
@@ -502,8 +259,8 @@ static void test_all_linear(void)
     const char *dir = gen_default_adapter("all_linear");
     struct lora_adapter *a;
 
-    CHECK(json_file_set(join(dir, "adapter_config.json"), "target_modules",
-                        json_string("all-linear")) == 0);
+    CHECK(fx_json_file_set(fx_join(dir, "adapter_config.json"), "target_modules",
+                           json_string("all-linear")) == 0);
     a = load_ok(dir, full, 64);
     if (a) {
         CHECK(a->target_mask == (1u << LORA_PROJ_COUNT) - 1);
@@ -525,7 +282,7 @@ static void test_bf16_adapter(void)
     o.dtype = LORA_DTYPE_BF16;
     dir = gen_adapter("bf16", model_dir, &o);
     a = load_ok(dir, full, 64);
-    st = lora_safetensors_open(join(dir, "adapter_model.safetensors"), err, sizeof(err));
+    st = lora_safetensors_open(fx_join(dir, "adapter_model.safetensors"), err, sizeof(err));
     if (!a || !st)
         goto out;
     CHECK(st->tensors[0].dtype == LORA_DTYPE_BF16);
@@ -545,7 +302,7 @@ static long differ_cols(const float *whole, const float *part, long rows, long c
     long bad = 0;
 
     for (long r = 0; r < rows; r++)
-        bad += n_differ(whole + r * cols + c0, part + r * nc, nc);
+        bad += fx_n_differ(whole + r * cols + c0, part + r * nc, nc);
     return bad;
 }
 
@@ -573,12 +330,12 @@ static void test_tp2_shards(void)
                     /* Row-parallel: A keeps this rank's input columns; B is whole. B is
                      * held transposed, (rank, out). */
                     bad = differ_cols(whole->a[i], a->a[i], rank, in, r * in / 2, in / 2) +
-                          n_differ(whole->b[i], a->b[i], out * rank);
+                          fx_n_differ(whole->b[i], a->b[i], out * rank);
                     floats += (size_t)(rank * in / 2 + out * rank);
                 } else {
                     /* Column-parallel: A is whole; B keeps this rank's output rows, which
                      * are columns of the transposed (rank, out) B. */
-                    bad = n_differ(whole->a[i], a->a[i], rank * in) +
+                    bad = fx_n_differ(whole->a[i], a->a[i], rank * in) +
                           differ_cols(whole->b[i], a->b[i], rank, out, r * out / 2, out / 2);
                     floats += (size_t)(rank * in + out / 2 * rank);
                 }
@@ -597,7 +354,7 @@ static void test_tp2_shards(void)
     struct lora_adapter *a1 = whole ? load_ok(dir, shard[1], 64) : NULL;
     char err[ERR_BYTES];
     struct lora_safetensors *st =
-        lora_safetensors_open(join(dir, "adapter_model.safetensors"), err, sizeof(err));
+        lora_safetensors_open(fx_join(dir, "adapter_model.safetensors"), err, sizeof(err));
     const struct lora_tensor_info *qb =
         st ? lora_safetensors_find(st, KEY(0, "self_attn", "q_proj", "B")) : NULL;
     if (a1 && qb) {
@@ -629,24 +386,24 @@ static void test_layers_to_transform(void)
     lora_gen_adapter_defaults(&o);
     o.target_mask = BIT(LORA_PROJ_Q) | BIT(LORA_PROJ_V);
     dir = gen_adapter("ltt", model_dir, &o);
-    CHECK(json_file_set(join(dir, "adapter_config.json"), "layers_to_transform",
-                        json_pack("[i]", 0)) == 0);
+    CHECK(fx_json_file_set(fx_join(dir, "adapter_config.json"), "layers_to_transform",
+                           json_pack("[i]", 0)) == 0);
     /* Keys for layer 1 too: an error. */
     const char *e = load_err(dir, full, 64);
-    CHECK_CONTAINS(e, join(dir, "adapter_model.safetensors"));
+    CHECK_CONTAINS(e, fx_join(dir, "adapter_model.safetensors"));
     CHECK_CONTAINS(e, "base_model.model.model.layers.1.");
     CHECK_CONTAINS(e, "outside layers_to_transform");
     /* Keys for layer 0 only: loads, with nothing for layer 1. */
-    const char *path = join(dir, "adapter_model.safetensors");
-    struct tset s;
-    if (tset_read(&s, path) < 0)
+    const char *path = fx_join(dir, "adapter_model.safetensors");
+    struct fx_tset s;
+    if (fx_tset_read(&s, path) < 0)
         return;
-    CHECK(tset_drop(&s, KEY(1, "self_attn", "q_proj", "A")) == 0);
-    CHECK(tset_drop(&s, KEY(1, "self_attn", "q_proj", "B")) == 0);
-    CHECK(tset_drop(&s, KEY(1, "self_attn", "v_proj", "A")) == 0);
-    CHECK(tset_drop(&s, KEY(1, "self_attn", "v_proj", "B")) == 0);
-    CHECK(tset_write(&s, path) == 0);
-    tset_free(&s);
+    CHECK(fx_tset_drop(&s, KEY(1, "self_attn", "q_proj", "A")) == 0);
+    CHECK(fx_tset_drop(&s, KEY(1, "self_attn", "q_proj", "B")) == 0);
+    CHECK(fx_tset_drop(&s, KEY(1, "self_attn", "v_proj", "A")) == 0);
+    CHECK(fx_tset_drop(&s, KEY(1, "self_attn", "v_proj", "B")) == 0);
+    CHECK(fx_tset_write(&s, path) == 0);
+    fx_tset_free(&s);
     a = load_ok(dir, full, 64);
     if (a) {
         CHECK(a->a[LORA_PROJ_Q] != NULL && a->b[LORA_PROJ_V] != NULL);
@@ -655,19 +412,19 @@ static void test_layers_to_transform(void)
     }
     lora_adapter_destroy(&a);
     /* A bare integer is a list of one. */
-    CHECK(json_file_set(join(dir, "adapter_config.json"), "layers_to_transform", json_integer(0)) ==
-          0);
+    CHECK(fx_json_file_set(fx_join(dir, "adapter_config.json"), "layers_to_transform",
+                           json_integer(0)) == 0);
     a = load_ok(dir, full, 64);
     lora_adapter_destroy(&a);
     /* A layer the model lacks. */
-    CHECK(json_file_set(join(dir, "adapter_config.json"), "layers_to_transform",
-                        json_pack("[i, i]", 0, 2)) == 0);
+    CHECK(fx_json_file_set(fx_join(dir, "adapter_config.json"), "layers_to_transform",
+                           json_pack("[i, i]", 0, 2)) == 0);
     e = load_err(dir, full, 64);
-    CHECK_CONTAINS(e, join(dir, "adapter_config.json"));
+    CHECK_CONTAINS(e, fx_join(dir, "adapter_config.json"));
     CHECK_CONTAINS(e, "layers_to_transform");
     /* Layer 0 listed but its keys gone: the missing key is named. */
-    CHECK(json_file_set(join(dir, "adapter_config.json"), "layers_to_transform",
-                        json_pack("[i, i]", 0, 1)) == 0);
+    CHECK(fx_json_file_set(fx_join(dir, "adapter_config.json"), "layers_to_transform",
+                           json_pack("[i, i]", 0, 1)) == 0);
     e = load_err(dir, full, 64);
     CHECK_CONTAINS(e, "missing key '" KEY(1, "self_attn", "q_proj", "A") "'");
 }
@@ -679,7 +436,7 @@ static const char *with_config(const char *name, const char *key, json_t *value)
 {
     const char *dir = gen_default_adapter(name);
 
-    CHECK(json_file_set(join(dir, "adapter_config.json"), key, value) == 0);
+    CHECK(fx_json_file_set(fx_join(dir, "adapter_config.json"), key, value) == 0);
     return dir;
 }
 
@@ -688,7 +445,7 @@ static void test_rank_above_max(void)
     const char *dir = gen_default_adapter("rank_max");
     const char *e = load_err(dir, full, 4);
 
-    CHECK_CONTAINS(e, join(dir, "adapter_config.json"));
+    CHECK_CONTAINS(e, fx_join(dir, "adapter_config.json"));
     CHECK_CONTAINS(e, "rank 8 exceeds the maximum LoRA rank 4");
 }
 
@@ -697,16 +454,16 @@ static void test_bad_r(void)
     const char *dir = gen_default_adapter("r_missing");
     const char *e;
 
-    CHECK(json_file_del(join(dir, "adapter_config.json"), "r") == 0);
+    CHECK(fx_json_file_del(fx_join(dir, "adapter_config.json"), "r") == 0);
     e = load_err(dir, full, 64);
-    CHECK_CONTAINS(e, join(dir, "adapter_config.json"));
+    CHECK_CONTAINS(e, fx_join(dir, "adapter_config.json"));
     CHECK_CONTAINS(e, "'r' must be a positive integer");
     json_t *bad[] = {json_string("8"), json_integer(0), json_integer(-8), json_real(8.5),
                      json_null()};
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         dir = with_config("r_bad", "r", bad[i]);
         e = load_err(dir, full, 64);
-        CHECK_CONTAINS(e, join(dir, "adapter_config.json"));
+        CHECK_CONTAINS(e, fx_join(dir, "adapter_config.json"));
         CHECK_CONTAINS(e, "'r' must be a positive integer");
     }
 }
@@ -716,11 +473,11 @@ static void test_bad_alpha_and_rslora(void)
     const char *dir = with_config("alpha_str", "lora_alpha", json_string("16"));
     const char *e = load_err(dir, full, 64);
 
-    CHECK_CONTAINS(e, join(dir, "adapter_config.json"));
+    CHECK_CONTAINS(e, fx_join(dir, "adapter_config.json"));
     CHECK_CONTAINS(e, "'lora_alpha' must be a number");
     dir = with_config("rslora_str", "use_rslora", json_string("true"));
     e = load_err(dir, full, 64);
-    CHECK_CONTAINS(e, join(dir, "adapter_config.json"));
+    CHECK_CONTAINS(e, fx_join(dir, "adapter_config.json"));
     CHECK_CONTAINS(e, "'use_rslora' must be true or false");
 }
 
@@ -730,7 +487,7 @@ static void test_unknown_target_module(void)
         with_config("tm_unknown", "target_modules", json_pack("[s, s]", "q_proj", "embed_tokens"));
     const char *e = load_err(dir, full, 64);
 
-    CHECK_CONTAINS(e, join(dir, "adapter_config.json"));
+    CHECK_CONTAINS(e, fx_join(dir, "adapter_config.json"));
     CHECK_CONTAINS(e, "target_modules[1] 'embed_tokens' is not a supported module");
     dir = with_config("tm_number", "target_modules", json_pack("[s, i]", "q_proj", 3));
     e = load_err(dir, full, 64);
@@ -743,15 +500,15 @@ static void test_target_modules_regex(void)
         with_config("tm_regex", "target_modules", json_string(".*\\.(q_proj|v_proj)"));
     const char *e = load_err(dir, full, 64);
 
-    CHECK_CONTAINS(e, join(dir, "adapter_config.json"));
+    CHECK_CONTAINS(e, fx_join(dir, "adapter_config.json"));
     CHECK_CONTAINS(e, "target_modules '.*\\.(q_proj|v_proj)' is not supported");
     dir = with_config("tm_empty", "target_modules", json_array());
     e = load_err(dir, full, 64);
     CHECK_CONTAINS(e, "'target_modules' must be a non-empty list");
     dir = gen_default_adapter("tm_missing");
-    CHECK(json_file_del(join(dir, "adapter_config.json"), "target_modules") == 0);
+    CHECK(fx_json_file_del(fx_join(dir, "adapter_config.json"), "target_modules") == 0);
     e = load_err(dir, full, 64);
-    CHECK_CONTAINS(e, join(dir, "adapter_config.json"));
+    CHECK_CONTAINS(e, fx_join(dir, "adapter_config.json"));
     CHECK_CONTAINS(e, "'target_modules' must be a non-empty list");
 }
 
@@ -760,30 +517,32 @@ static void test_unsupported_options(void)
     const char *dir = with_config("fifo", "fan_in_fan_out", json_true());
     const char *e = load_err(dir, full, 64);
 
-    CHECK_CONTAINS(e, join(dir, "adapter_config.json"));
+    CHECK_CONTAINS(e, fx_join(dir, "adapter_config.json"));
     CHECK_CONTAINS(e, "fan_in_fan_out is not supported");
     dir = with_config("bias_all", "bias", json_string("all"));
     e = load_err(dir, full, 64);
-    CHECK_CONTAINS(e, join(dir, "adapter_config.json"));
+    CHECK_CONTAINS(e, fx_join(dir, "adapter_config.json"));
     CHECK_CONTAINS(e, "bias must be \"none\"");
     dir = with_config("bias_lora", "bias", json_string("lora_only"));
     e = load_err(dir, full, 64);
     CHECK_CONTAINS(e, "bias must be \"none\"");
     dir = with_config("peft_type", "peft_type", json_string("PREFIX_TUNING"));
     e = load_err(dir, full, 64);
-    CHECK_CONTAINS(e, join(dir, "adapter_config.json"));
+    CHECK_CONTAINS(e, fx_join(dir, "adapter_config.json"));
     CHECK_CONTAINS(e, "peft_type must be \"LORA\"");
     dir = with_config("rank_pattern", "rank_pattern", json_pack("{s:i}", "q_proj", 4));
     e = load_err(dir, full, 64);
-    CHECK_CONTAINS(e, join(dir, "adapter_config.json"));
+    CHECK_CONTAINS(e, fx_join(dir, "adapter_config.json"));
     CHECK_CONTAINS(e, "'rank_pattern' is not supported");
     dir = with_config("to_save", "modules_to_save", json_pack("[s]", "lm_head"));
     e = load_err(dir, full, 64);
     CHECK_CONTAINS(e, "'modules_to_save' is not supported");
     /* Their harmless forms load. */
     dir = with_config("harmless", "rank_pattern", json_object());
-    CHECK(json_file_set(join(dir, "adapter_config.json"), "modules_to_save", json_null()) == 0);
-    CHECK(json_file_set(join(dir, "adapter_config.json"), "fan_in_fan_out", json_false()) == 0);
+    CHECK(fx_json_file_set(fx_join(dir, "adapter_config.json"), "modules_to_save", json_null()) ==
+          0);
+    CHECK(fx_json_file_set(fx_join(dir, "adapter_config.json"), "fan_in_fan_out", json_false()) ==
+          0);
     struct lora_adapter *a = load_ok(dir, full, 64);
     lora_adapter_destroy(&a);
 }
@@ -793,16 +552,16 @@ static void test_bad_config_file(void)
     const char *dir = gen_default_adapter("bad_json");
     const char *e;
 
-    CHECK(write_text(join(dir, "adapter_config.json"), "{\"r\": 8, \"lora_alpha\": ") == 0);
+    CHECK(fx_write_text(fx_join(dir, "adapter_config.json"), "{\"r\": 8, \"lora_alpha\": ") == 0);
     e = load_err(dir, full, 64);
-    CHECK_CONTAINS(e, join(dir, "adapter_config.json"));
-    CHECK(write_text(join(dir, "adapter_config.json"), "[8, 16]") == 0);
+    CHECK_CONTAINS(e, fx_join(dir, "adapter_config.json"));
+    CHECK(fx_write_text(fx_join(dir, "adapter_config.json"), "[8, 16]") == 0);
     e = load_err(dir, full, 64);
-    CHECK_CONTAINS(e, join(dir, "adapter_config.json"));
+    CHECK_CONTAINS(e, fx_join(dir, "adapter_config.json"));
     CHECK_CONTAINS(e, "top level must be a JSON object");
-    CHECK(unlink(join(dir, "adapter_config.json")) == 0);
+    CHECK(unlink(fx_join(dir, "adapter_config.json")) == 0);
     e = load_err(dir, full, 64);
-    CHECK_CONTAINS(e, join(dir, "adapter_config.json"));
+    CHECK_CONTAINS(e, fx_join(dir, "adapter_config.json"));
     CHECK_CONTAINS(e, "No such file");
     /* A missing file has no line number to give. */
     CHECK(strstr(e, "line -1") == NULL);
@@ -815,9 +574,9 @@ static void test_missing_weights_file(void)
     const char *dir = gen_default_adapter("no_weights");
     const char *e;
 
-    CHECK(unlink(join(dir, "adapter_model.safetensors")) == 0);
+    CHECK(unlink(fx_join(dir, "adapter_model.safetensors")) == 0);
     e = load_err(dir, full, 64);
-    CHECK_CONTAINS(e, join(dir, "adapter_model.safetensors"));
+    CHECK_CONTAINS(e, fx_join(dir, "adapter_model.safetensors"));
     CHECK_CONTAINS(e, "No such file");
 }
 
@@ -829,21 +588,21 @@ static void test_key_for_missing_layer(void)
     lora_gen_adapter_defaults(&o);
     dir = gen_adapter("four_layers", model4_dir, &o);
     e = load_err(dir, full, 64);
-    CHECK_CONTAINS(e, join(dir, "adapter_model.safetensors"));
+    CHECK_CONTAINS(e, fx_join(dir, "adapter_model.safetensors"));
     CHECK_CONTAINS(e, "key 'base_model.model.model.layers.");
     CHECK(strstr(e, "layers.2.") || strstr(e, "layers.3."));
     CHECK(strstr(e, "is for layer 2 ") || strstr(e, "is for layer 3 "));
     CHECK_CONTAINS(e, "the model has 2");
 }
 
-static int drop_down_b(struct tset *s)
+static int drop_down_b(struct fx_tset *s)
 {
-    return tset_drop(s, KEY(1, "mlp", "down_proj", "B"));
+    return fx_tset_drop(s, KEY(1, "mlp", "down_proj", "B"));
 }
 
-static int drop_k_a(struct tset *s)
+static int drop_k_a(struct fx_tset *s)
 {
-    return tset_drop(s, KEY(0, "self_attn", "k_proj", "A"));
+    return fx_tset_drop(s, KEY(0, "self_attn", "k_proj", "A"));
 }
 
 static void test_missing_factor(void)
@@ -853,7 +612,7 @@ static void test_missing_factor(void)
 
     CHECK(edit_weights(dir, drop_down_b) == 0);
     e = load_err(dir, full, 64);
-    CHECK_CONTAINS(e, join(dir, "adapter_model.safetensors"));
+    CHECK_CONTAINS(e, fx_join(dir, "adapter_model.safetensors"));
     CHECK_CONTAINS(e, "missing key '" KEY(1, "mlp", "down_proj", "B") "'");
     dir = gen_default_adapter("no_a");
     CHECK(edit_weights(dir, drop_k_a) == 0);
@@ -861,24 +620,24 @@ static void test_missing_factor(void)
     CHECK_CONTAINS(e, "missing key '" KEY(0, "self_attn", "k_proj", "A") "'");
 }
 
-static int wide_q_a(struct tset *s)
+static int wide_q_a(struct fx_tset *s)
 {
-    return tset_reshape(s, KEY(0, "self_attn", "q_proj", "A"), 2, 8, 65);
+    return fx_tset_reshape(s, KEY(0, "self_attn", "q_proj", "A"), 2, 8, 65);
 }
 
-static int narrow_o_b(struct tset *s)
+static int narrow_o_b(struct fx_tset *s)
 {
-    return tset_reshape(s, KEY(1, "self_attn", "o_proj", "B"), 2, 64, 7);
+    return fx_tset_reshape(s, KEY(1, "self_attn", "o_proj", "B"), 2, 64, 7);
 }
 
-static int flat_up_a(struct tset *s)
+static int flat_up_a(struct fx_tset *s)
 {
-    return tset_reshape(s, KEY(0, "mlp", "up_proj", "A"), 1, 8 * 64, 0);
+    return fx_tset_reshape(s, KEY(0, "mlp", "up_proj", "A"), 1, 8 * 64, 0);
 }
 
-static int swapped_v_a(struct tset *s)
+static int swapped_v_a(struct fx_tset *s)
 {
-    return tset_reshape(s, KEY(0, "self_attn", "v_proj", "A"), 2, 64, 8);
+    return fx_tset_reshape(s, KEY(0, "self_attn", "v_proj", "A"), 2, 64, 8);
 }
 
 static void test_wrong_shape(void)
@@ -888,7 +647,7 @@ static void test_wrong_shape(void)
 
     CHECK(edit_weights(dir, wide_q_a) == 0);
     e = load_err(dir, full, 64);
-    CHECK_CONTAINS(e, join(dir, "adapter_model.safetensors"));
+    CHECK_CONTAINS(e, fx_join(dir, "adapter_model.safetensors"));
     CHECK_CONTAINS(e, "key '" KEY(0, "self_attn", "q_proj", "A") "' has shape [8, 65], expected "
                                                                  "[8, 64]");
     /* The full shape is checked on a shard too. */
@@ -914,34 +673,35 @@ static void test_wrong_rank_shape_message(void)
 
     CHECK(edit_weights(dir, flat_up_a) == 0);
     e = load_err(dir, full, 64);
-    CHECK_CONTAINS(e, join(dir, "adapter_model.safetensors"));
+    CHECK_CONTAINS(e, fx_join(dir, "adapter_model.safetensors"));
     CHECK_CONTAINS(e, "key '" KEY(0, "mlp", "up_proj", "A") "' has shape [512], expected "
                                                             "[8, 64]");
 }
 
-static int add_embedding_key(struct tset *s)
+static int add_embedding_key(struct fx_tset *s)
 {
-    tset_add(s, "base_model.model.model.embed_tokens.lora_embedding_A", 2, 8, 320, 0.5f);
+    fx_tset_add(s, "base_model.model.model.embed_tokens.lora_embedding_A", 2, 8, 320, 0.5f);
     return 0;
 }
 
-static int add_layer_embedding_key(struct tset *s)
+static int add_layer_embedding_key(struct fx_tset *s)
 {
-    tset_add(s, "base_model.model.model.layers.0.self_attn.q_proj.lora_embedding_A", 2, 8, 64,
-             0.5f);
+    fx_tset_add(s, "base_model.model.model.layers.0.self_attn.q_proj.lora_embedding_A", 2, 8, 64,
+                0.5f);
     return 0;
 }
 
-static int add_magnitude_key(struct tset *s)
+static int add_magnitude_key(struct fx_tset *s)
 {
-    tset_add(s, "base_model.model.model.layers.1.mlp.down_proj.lora_magnitude_vector", 1, 64, 0,
-             1.0f);
+    fx_tset_add(s, "base_model.model.model.layers.1.mlp.down_proj.lora_magnitude_vector", 1, 64, 0,
+                1.0f);
     return 0;
 }
 
 static void test_unexpected_key(void)
 {
-    int (*edits[])(struct tset *) = {add_embedding_key, add_layer_embedding_key, add_magnitude_key};
+    int (*edits[])(struct fx_tset *) = {add_embedding_key, add_layer_embedding_key,
+                                        add_magnitude_key};
     const char *names[] = {"base_model.model.model.embed_tokens.lora_embedding_A",
                            "base_model.model.model.layers.0.self_attn.q_proj.lora_embedding_A",
                            "base_model.model.model.layers.1.mlp.down_proj.lora_magnitude_vector"};
@@ -954,7 +714,7 @@ static void test_unexpected_key(void)
         CHECK(edit_weights(dir, edits[i]) == 0);
         e = load_err(dir, full, 64);
         snprintf(want, sizeof(want), "unexpected key '%s'", names[i]);
-        CHECK_CONTAINS(e, join(dir, "adapter_model.safetensors"));
+        CHECK_CONTAINS(e, fx_join(dir, "adapter_model.safetensors"));
         CHECK_CONTAINS(e, want);
     }
 }
@@ -967,23 +727,24 @@ static void test_key_not_targeted(void)
     lora_gen_adapter_defaults(&o);
     o.target_mask = BIT(LORA_PROJ_Q) | BIT(LORA_PROJ_V) | BIT(LORA_PROJ_DOWN);
     dir = gen_adapter("untargeted", model_dir, &o);
-    CHECK(json_file_set(join(dir, "adapter_config.json"), "target_modules",
-                        json_pack("[s, s]", "q_proj", "v_proj")) == 0);
+    CHECK(fx_json_file_set(fx_join(dir, "adapter_config.json"), "target_modules",
+                           json_pack("[s, s]", "q_proj", "v_proj")) == 0);
     e = load_err(dir, full, 64);
-    CHECK_CONTAINS(e, join(dir, "adapter_model.safetensors"));
+    CHECK_CONTAINS(e, fx_join(dir, "adapter_model.safetensors"));
     CHECK_CONTAINS(e, ".mlp.down_proj.lora_");
     CHECK_CONTAINS(e, "targets down_proj, which target_modules lacks");
 }
 
 /* "layers.01" is not PEFT's spelling of layer 1; with both present, one of the two weights would
  * be dropped without a word. */
-static int add_alias_key(struct tset *s)
+static int add_alias_key(struct fx_tset *s)
 {
-    int i = tset_find(s, KEY(1, "self_attn", "q_proj", "A"));
+    int i = fx_tset_find(s, KEY(1, "self_attn", "q_proj", "A"));
 
     if (i < 0)
         return -1;
-    tset_add(s, "base_model.model.model.layers.01.self_attn.q_proj.lora_A.weight", 2, 8, 64, 9.0f);
+    fx_tset_add(s, "base_model.model.model.layers.01.self_attn.q_proj.lora_A.weight", 2, 8, 64,
+                9.0f);
     return 0;
 }
 
@@ -1001,7 +762,7 @@ static void test_non_canonical_layer_key(void)
                (double)a->a[LORA_PROJ_COUNT + LORA_PROJ_Q][0]);
     lora_adapter_destroy(&a);
     if (err_buf[0]) {
-        CHECK_CONTAINS(err_buf, join(dir, "adapter_model.safetensors"));
+        CHECK_CONTAINS(err_buf, fx_join(dir, "adapter_model.safetensors"));
         CHECK_CONTAINS(err_buf, "layers.01.self_attn.q_proj.lora_A.weight");
     }
 }
@@ -1009,17 +770,17 @@ static void test_non_canonical_layer_key(void)
 /* A caller without an error buffer still gets NULL, never a crash. */
 static void test_no_error_buffer(void)
 {
-    CHECK(lora_adapter_load(tmp_path("no_such_dir"), full, 64, NULL, 0) == NULL);
-    CHECK(lora_adapter_load(tmp_path("rank_max"), full, 4, NULL, 0) == NULL);
-    CHECK(lora_adapter_load(tmp_path("shape_a"), full, 64, NULL, 0) == NULL);
-    CHECK(lora_adapter_load(tmp_path("no_b"), full, 64, NULL, 0) == NULL);
+    CHECK(lora_adapter_load(fx_tmp_path("no_such_dir"), full, 64, NULL, 0) == NULL);
+    CHECK(lora_adapter_load(fx_tmp_path("rank_max"), full, 4, NULL, 0) == NULL);
+    CHECK(lora_adapter_load(fx_tmp_path("shape_a"), full, 64, NULL, 0) == NULL);
+    CHECK(lora_adapter_load(fx_tmp_path("no_b"), full, 64, NULL, 0) == NULL);
 }
 
 /* Loading and destroying again and again; the sanitizer build checks nothing leaks. */
 static void test_reload(void)
 {
     for (int i = 0; i < 6; i++) {
-        struct lora_adapter *a = load_ok(tmp_path(i % 2 ? "all" : "bf16"), shard[i % 2], 64);
+        struct lora_adapter *a = load_ok(fx_tmp_path(i % 2 ? "all" : "bf16"), shard[i % 2], 64);
 
         CHECK(a != NULL);
         lora_adapter_destroy(&a);
@@ -1030,10 +791,8 @@ static void test_reload(void)
 
 int main(void)
 {
-    if (!mkdtemp(tmp_dir)) {
-        perror("mkdtemp");
+    if (fx_init("/tmp/test_adapter.XXXXXX", &check_cur_failed) < 0)
         return 1;
-    }
     RUN(test_fixtures_written);
     if (full && shard[0] && shard[1]) {
         RUN(test_good_adapter_loads);
@@ -1063,6 +822,6 @@ int main(void)
     lora_model_destroy(&full);
     lora_model_destroy(&shard[0]);
     lora_model_destroy(&shard[1]);
-    remove_tree(tmp_dir);
+    fx_cleanup();
     return check_done();
 }

@@ -8,20 +8,16 @@
 #include <unistd.h>
 
 #include "check.h"
+#include "fixture.h"
 #include "model_config.h"
 
-static char tmp_dir[] = "/tmp/test_model_config.XXXXXX";
-static char cfg_path[64];
+static char cfg_path[FX_PATH_BYTES];
 
-/* Writes text to tmp_dir/config.json and loads it; returns the loader's result. */
+/* Writes text to fx_tmp_dir/config.json and loads it; returns the loader's result. */
 static int load_text(const char *text, struct lora_model_config *cfg, char *err, size_t err_len)
 {
-    FILE *f = fopen(cfg_path, "w");
-
-    if (!f)
+    if (fx_write_text(cfg_path, text) < 0)
         return -2;
-    fputs(text, f);
-    fclose(f);
     err[0] = '\0';
     return lora_model_config_load(cfg_path, cfg, err, err_len);
 }
@@ -273,11 +269,9 @@ static void test_proj_helpers(void)
 
 int main(void)
 {
-    if (!mkdtemp(tmp_dir)) {
-        perror("mkdtemp");
+    if (fx_init("/tmp/test_model_config.XXXXXX", &check_cur_failed) < 0)
         return 1;
-    }
-    snprintf(cfg_path, sizeof(cfg_path), "%s/config.json", tmp_dir);
+    snprintf(cfg_path, sizeof(cfg_path), "%s/config.json", fx_tmp_dir);
 
     RUN(test_llama_full);
     RUN(test_defaults);
@@ -289,7 +283,6 @@ int main(void)
     RUN(test_arch_names);
     RUN(test_proj_helpers);
 
-    unlink(cfg_path);
-    rmdir(tmp_dir);
+    fx_cleanup();
     return check_done();
 }

@@ -3,7 +3,6 @@
  * the tokenizer's byte mapping against GPT-2's published table; option validation.
  * The first two tests write the models ("default/nested", "qwen2") that later tests read.
  */
-#include <ftw.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -14,27 +13,15 @@
 #include <jansson.h>
 
 #include "check.h"
+#include "fixture.h"
 #include "model_gen.h"
 
-static char tmp_dir[] = "/tmp/test_model_gen.XXXXXX";
-
-static int remove_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw)
-{
-    return remove(path);
-}
-
-/* rm -r path; a missing path is fine. */
-static void remove_tree(const char *path)
-{
-    nftw(path, remove_entry, 16, FTW_DEPTH | FTW_PHYS);
-}
-
-/* tmp_dir/name in a static buffer of its own per slot (two live paths at most). */
+/* fx_tmp_dir/name in a static buffer of its own per slot (two live paths at most). */
 static const char *tmp_path(int slot, const char *name)
 {
     static char buf[4][512];
 
-    snprintf(buf[slot], sizeof(buf[slot]), "%s/%s", tmp_dir, name);
+    snprintf(buf[slot], sizeof(buf[slot]), "%s/%s", fx_tmp_dir, name);
     return buf[slot];
 }
 
@@ -600,10 +587,8 @@ static void test_bad_adapter_options(void)
 
 int main(void)
 {
-    if (!mkdtemp(tmp_dir)) {
-        perror("mkdtemp");
+    if (fx_init("/tmp/test_model_gen.XXXXXX", &check_cur_failed) < 0)
         return 1;
-    }
     RUN(test_default_model);
     RUN(test_qwen2_tied_model);
     RUN(test_config_json_text);
@@ -614,6 +599,6 @@ int main(void)
     RUN(test_adapter);
     RUN(test_bad_model_options);
     RUN(test_bad_adapter_options);
-    remove_tree(tmp_dir);
+    fx_cleanup();
     return check_done();
 }

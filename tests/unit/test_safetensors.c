@@ -3,9 +3,9 @@
  * error, and a fixed-seed mutation run that must never crash.
  */
 #include "check.h"
+#include "fixture.h"
 #include "safetensors.h"
 
-#include <dirent.h>
 #include <inttypes.h>
 #include <jansson.h>
 #include <stdint.h>
@@ -15,14 +15,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-static char tmp_dir[64];
-
 #define PATH_BYTES 256
 
-/* Writes tmp_dir/name into buf (PATH_BYTES) and returns buf. */
+/* Writes fx_tmp_dir/name into buf (PATH_BYTES) and returns buf. */
 static const char *tmp_path(char *buf, const char *name)
 {
-    int n = snprintf(buf, PATH_BYTES, "%s/%s", tmp_dir, name);
+    int n = snprintf(buf, PATH_BYTES, "%s/%s", fx_tmp_dir, name);
 
     if (n < 0 || n >= PATH_BYTES)
         buf[0] = '\0'; /* never a name of ours; fails loudly at the first use */
@@ -776,31 +774,10 @@ static void test_mutations(void)
     free(buf);
 }
 
-/* Removes every file in tmp_dir, then the directory. */
-static void remove_tmp_dir(void)
-{
-    char path[PATH_BYTES];
-    struct dirent *e;
-    DIR *d = opendir(tmp_dir);
-
-    if (!d)
-        return;
-    while ((e = readdir(d))) {
-        if (strcmp(e->d_name, ".") == 0 || strcmp(e->d_name, "..") == 0)
-            continue;
-        unlink(tmp_path(path, e->d_name));
-    }
-    closedir(d);
-    rmdir(tmp_dir);
-}
-
 int main(void)
 {
-    snprintf(tmp_dir, sizeof(tmp_dir), "/tmp/lora-test-safetensors-XXXXXX");
-    if (!mkdtemp(tmp_dir)) {
-        perror("mkdtemp");
+    if (fx_init("/tmp/lora-test-safetensors-XXXXXX", &check_cur_failed) < 0)
         return 1;
-    }
     RUN(test_dtype_names_sizes);
     RUN(test_bf16_conversion);
     RUN(test_f16_conversion);
@@ -813,6 +790,6 @@ int main(void)
     RUN(test_bad_offsets);
     RUN(test_write_errors);
     RUN(test_mutations);
-    remove_tmp_dir();
+    fx_cleanup();
     return check_done();
 }
