@@ -59,14 +59,14 @@
 #include <stdint.h>
 
 #define LORA_PROTOCOL_VERSION 1
-#define LORA_PROTOCOL_MAGIC "LORA1"
+#define LORA_PROTOCOL_MAGIC   "LORA1"
 
 /* Bounds on what a decoder accepts, checked before anything is used. */
-#define LORA_MSG_MAX_BODY (16u << 20) /* bytes of one msgpack map */
-#define LORA_MSG_MAX_STR 4096         /* bytes of one string (names, paths, errors) */
-#define LORA_MSG_MAX_SEQS 4096        /* sequences in one step */
-#define LORA_MSG_MAX_ADAPTERS 65536   /* adapters in one list */
-#define LORA_MSG_MAX_TOP 1024         /* top log-probabilities per token */
+#define LORA_MSG_MAX_BODY     (16u << 20) /* bytes of one msgpack map */
+#define LORA_MSG_MAX_STR      4096        /* bytes of one string (names, paths, errors) */
+#define LORA_MSG_MAX_SEQS     4096        /* sequences in one step */
+#define LORA_MSG_MAX_ADAPTERS 65536       /* adapters in one list */
+#define LORA_MSG_MAX_TOP      1024        /* top log-probabilities per token */
 
 /* Values only grow at the end. */
 enum lora_msg_type {
@@ -182,12 +182,15 @@ struct lora_msg_setup_done {
 };
 
 /* One sequence of a step: its tokens are the next n_tokens values of the tokens frame, its
- * block table the next ceil((pos + n_tokens) / block_size) values of the block_tables frame. */
+ * block table the next n_blocks values of the block_tables frame. The sender sets n_blocks =
+ * ceil((pos + n_tokens) / block_size); the block size is not in the message, so the decoder
+ * checks only that the n_tokens add up to n_tokens_total and the n_blocks to n_block_entries. */
 struct lora_msg_step_seq {
     uint64_t seq_id;
     int n_tokens;
     int pos;
-    int slot; /* -1: base model */
+    int n_blocks;    /* block-table entries of this sequence */
+    int slot;        /* -1: base model */
     bool all_logits; /* prompt log-probabilities wanted */
     bool sample;     /* prefill complete after this step: sample a token */
     float temperature;
@@ -196,6 +199,7 @@ struct lora_msg_step_seq {
     uint64_t seed;
     int n_generated; /* tokens generated so far: with seed, picks the random draw */
     int top_n;       /* log-probabilities of the top_n tokens */
+    int next_token;  /* with all_logits: the prompt token after this chunk, or -1 */
 };
 
 struct lora_msg_step {
@@ -305,7 +309,7 @@ struct lora_msg_residency_reply {
 
 struct lora_msg_request {
     struct lora_str request_id;
-    struct lora_str lora; /* absent: base model */
+    struct lora_str lora;  /* absent: base model */
     const int32_t *prompt; /* frame 0 */
     size_t n_prompt;
     int max_tokens;
@@ -371,7 +375,7 @@ struct lora_msg_stats {
     double time;
     int running;
     int waiting;
-    double kv_usage; /* 0..1 */
+    double kv_usage;          /* 0..1 */
     uint64_t num_preemptions; /* total */
     int step_adapters;        /* distinct adapters in the last step */
     int step_tokens;
@@ -421,19 +425,22 @@ struct lora_msg_registry {
 
 /* ---- codec -------------------------------------------------------------------------------
  * lora_msg_encode_<type>(buf, msg, ...) appends one msgpack map to buf (after reset by the
- * caller) and returns 0 or -1 (out of memory). Messages with binary frames return the frames
- * to send through bins (pointing into msg's own arrays).
+ * caller) and returns 0, or -1 with errno ENOMEM, or EINVAL when msg breaks a rule its decoder
+ * checks (a string over LORA_MSG_MAX_STR or with a NUL, a required string absent, a count
+ * negative or over its bound, an enum out of range, step counts that do not add up); buf is
+ * then as it was. Messages with binary frames return the frames to send through bins
+ * (pointing into msg's own arrays).
  * lora_msg_decode_<type>(body, len, bins, n_bins, arena, out, err, err_len) returns 0 or -1
  * with "TYPE: KEY: what is wrong" in err. Heartbeat, take_notifications, residency and
  * shutdown have no fields: lora_msg_encode_empty(buf, type). */
 
 int lora_msg_encode_empty(struct lora_msg_buf *b, enum lora_msg_type t);
 
-#define LORA_MSG_CODEC(name)                                                                     \
-    int lora_msg_encode_##name(struct lora_msg_buf *b, const struct lora_msg_##name *m,          \
-                               struct lora_msg_bin *bins, int *n_bins);                          \
-    int lora_msg_decode_##name(const void *body, size_t len, const struct lora_msg_bin *bins,    \
-                               int n_bins, struct lora_msg_arena *arena,                         \
+#define LORA_MSG_CODEC(name)                                                                       \
+    int lora_msg_encode_##name(struct lora_msg_buf *b, const struct lora_msg_##name *m,            \
+                               struct lora_msg_bin *bins, int *n_bins);                            \
+    int lora_msg_decode_##name(const void *body, size_t len, const struct lora_msg_bin *bins,      \
+                               int n_bins, struct lora_msg_arena *arena,                           \
                                struct lora_msg_##name *out, char *err, size_t err_len);
 
 LORA_MSG_CODEC(hello)
