@@ -57,7 +57,7 @@ BENCHES  := $(BENCH_SRC:%.c=$(BUILD)/%)
 BINS     := $(PROGRAMS:%=$(BUILD)/bin/%)
 
 DEB_PACKAGES := build-essential pkg-config libmsgpack-dev libzmq3-dev libjansson-dev \
-                libopenblas-dev bats python3 python3-numpy python3-msgpack
+                libopenblas-dev bats python3 python3-numpy python3-msgpack python3-zmq
 
 .DELETE_ON_ERROR:
 .PHONY: all deps test demo bench clean format

@@ -19,6 +19,7 @@ static const struct {
     int (*fn)(int argc, char **argv);
     const char *help;
 } commands[] = {
+    {"serve", cmd_serve, "serve as one tensor-parallel rank of an engine"},
     {"generate", cmd_generate, "run prompts through the model in shared batched steps"},
     {"make-model", cmd_make_model, "write a deterministic random model in Hugging Face layout"},
     {"make-adapter", cmd_make_adapter, "write a deterministic random PEFT LoRA adapter"},

@@ -1,0 +1,346 @@
+/* lora-worker serve: one tensor-parallel rank under an engine (DESIGN sections 2 to 7).
+ *
+ * Connects a DEALER (identity "worker-RANK") to the engine's worker socket and says hello until
+ * the engine answers; the engine's setup names the model, this rank's shard and the limits; then
+ * the loop serves step, adapter_op, take_notifications, residency, heartbeat and shutdown.
+ * Heartbeats: the worker sends one after 500 ms without sending; an engine silent for 3 s is
+ * gone, and the worker exits (111) rather than run on for nobody. A second thread with its own
+ * socket (identity "worker-RANK-hb") sends a heartbeat every 500 ms whatever the loop is doing,
+ * so a long step does not look like a dead worker to the engine. SIGTERM and SIGINT exit
+ * cleanly (0). Adapter loads run on a loader thread, so steps go on while an adapter is read.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "serve.h"
+#include "worker.h"
+
+#define LOAD_POLL_MS 2 /* poll period while an adapter is loading */
+
+struct beat {
+    void *zctx;
+    const char *endpoint;
+    char identity[48];
+    pthread_t thread;
+    atomic_bool stop;
+};
+
+static void *beat_main(void *arg)
+{
+    struct beat *b = arg;
+    char err[256];
+    struct lora_msg_buf hb = {0};
+    struct lora_sock *s = lora_sock_new(b->zctx, ZMQ_DEALER, b->endpoint, false, b->identity, err,
+                                        sizeof(err));
+
+    if (!s || lora_msg_encode_empty(&hb, LORA_MSG_HEARTBEAT) < 0) {
+        fprintf(stderr, "lora-worker: warning: no heartbeat thread: %s\n", s ? "no memory" : err);
+        goto out;
+    }
+    while (!atomic_load(&b->stop)) {
+        lora_sock_send(s, NULL, 0, NULL, hb.data, hb.len, NULL, 0, ZMQ_DONTWAIT);
+        struct timespec ts = {0, LORA_HEARTBEAT_INTERVAL_MS * 1000000L};
+        nanosleep(&ts, NULL);
+    }
+out:
+    lora_msg_buf_release(&hb);
+    lora_sock_destroy(&s);
+    return NULL;
+}
+
+int worker_send(struct worker *w, const struct lora_msg_bin *bins, int n_bins)
+{
+    struct lora_frame frames[LORA_SOCK_MAX_BINS];
+
+    for (int i = 0; i < n_bins; i++)
+        frames[i] = (struct lora_frame){bins[i].data, bins[i].len};
+    if (lora_sock_send(w->sock, NULL, 0, NULL, w->out.data, w->out.len, frames, n_bins,
+                       ZMQ_DONTWAIT) < 0) {
+        fprintf(stderr, "lora-worker: warning: rank %d: unable to send to the engine: %s\n",
+                w->rank, strerror(errno));
+        return -1;
+    }
+    lora_liveness_sent(&w->engine, lora_now_ms());
+    return 0;
+}
+
+static int send_hello(struct worker *w)
+{
+    struct lora_msg_hello h = {
+        .version = LORA_PROTOCOL_VERSION,
+        .role = LORA_ROLE_WORKER,
+        .rank = w->rank,
+        .world_size = 0,
+        .pid = getpid(),
+    };
+    lora_msg_buf_reset(&w->out);
+    if (lora_msg_encode_hello(&w->out, &h, NULL, NULL) < 0)
+        return -1;
+    return worker_send(w, NULL, 0);
+}
+
+static int send_empty(struct worker *w, enum lora_msg_type t)
+{
+    lora_msg_buf_reset(&w->out);
+    if (lora_msg_encode_empty(&w->out, t) < 0)
+        return -1;
+    return worker_send(w, NULL, 0);
+}
+
+static int set_slot(void *ctx, int slot, const struct lora_adapter *a, char *err, size_t err_len)
+{
+    struct worker *w = ctx;
+    return lora_forward_set_slot(w->fwd, slot, a, err, err_len);
+}
+
+/* Loads this rank's shard and makes every buffer the limits call for. */
+static int setup(struct worker *w, const struct lora_msg_setup *s, char *err, size_t err_len)
+{
+    const struct lora_msg_limits *l = &s->limits;
+
+    if (s->rank != w->rank || l->world_size < 1 || l->max_loras < 1 ||
+        l->max_cpu_loras < l->max_loras || l->block_size < 1 || l->num_kv_blocks < 1 ||
+        l->max_num_batched_tokens < 1 || l->max_num_seqs < 1 || l->max_model_len < 1 ||
+        l->max_lora_rank < 1) {
+        snprintf(err, err_len, "setup for rank %d has invalid limits", s->rank);
+        return -1;
+    }
+    w->lim = *l;
+    w->model = lora_model_load(s->model.s, w->rank, l->world_size, err, err_len);
+    if (!w->model)
+        return -1;
+    const struct lora_model_config *c = &w->model->cfg;
+    w->lim.vocab_size = c->vocab_size;
+    w->kv = lora_kv_cache_new(c->n_layers, w->model->n_kv_heads * c->head_dim, l->block_size,
+                              l->num_kv_blocks);
+    if (!w->kv) {
+        snprintf(err, err_len, "unable to allocate %d KV blocks", l->num_kv_blocks);
+        return -1;
+    }
+    struct lora_forward_limits fl = {
+        .max_tokens = l->max_num_batched_tokens,
+        .max_seqs = l->max_num_seqs,
+        .max_logit_rows = l->max_num_batched_tokens + l->max_num_seqs,
+        .max_ctx = l->max_model_len,
+        .max_loras = l->max_loras,
+        .max_rank = l->max_lora_rank,
+    };
+    w->fwd = lora_forward_new(w->model, w->kv, &fl, err, err_len);
+    if (!w->fwd)
+        return -1;
+    if (l->world_size > 1) {
+        if (!s->shm.s) {
+            snprintf(err, err_len, "setup for %d ranks names no shared memory", l->world_size);
+            return -1;
+        }
+        w->ar = lora_allreduce_open(s->shm.s, w->rank, l->world_size,
+                                    (size_t)l->max_num_batched_tokens * c->hidden_size, 30000,
+                                    err, err_len);
+        if (!w->ar)
+            return -1;
+        lora_forward_set_allreduce(w->fwd, lora_allreduce_sum, w->ar);
+    }
+    w->cache = lora_adapter_cache_new(l->max_loras, l->max_cpu_loras, set_slot, w, err, err_len);
+    w->sampler = lora_sampler_new(c->vocab_size);
+    w->ring = lora_notify_ring_new(0);
+    if (!w->cache || !w->sampler || !w->ring) {
+        if (!*err)
+            snprintf(err, err_len, "out of memory");
+        return -1;
+    }
+    if (worker_step_alloc(w, err, err_len) < 0 || worker_adapters_start(w, err, err_len) < 0)
+        return -1;
+    w->set_up = true;
+    worker_notify(w); /* the first state: nothing loaded */
+    return 0;
+}
+
+static int handle_setup(struct worker *w, const struct lora_msg_frames *f)
+{
+    struct lora_msg_setup s;
+    char err[1024] = "";
+
+    lora_msg_arena_reset(w->arena);
+    int rc = lora_msg_decode_setup(f->body, f->body_len, NULL, 0, w->arena, &s, err, sizeof(err));
+    if (rc == 0 && w->set_up) {
+        snprintf(err, sizeof(err), "setup received twice");
+        rc = -1;
+    }
+    if (rc == 0)
+        rc = setup(w, &s, err, sizeof(err));
+    if (rc < 0)
+        fprintf(stderr, "lora-worker: warning: rank %d: setup failed: %s\n", w->rank, err);
+    struct lora_msg_setup_done d = {
+        .ok = rc == 0,
+        .rank = w->rank,
+        .weight_bytes = w->model ? w->model->weight_bytes : 0,
+    };
+    if (rc < 0)
+        d.error = (struct lora_str){err, strlen(err)};
+    lora_msg_buf_reset(&w->out);
+    if (lora_msg_encode_setup_done(&w->out, &d, NULL, NULL) < 0)
+        return -1;
+    return worker_send(w, NULL, 0);
+}
+
+/* Returns 1 to stop (shutdown), 0 to go on. */
+static int dispatch(struct worker *w, const struct lora_msg_frames *f)
+{
+    char err[256];
+    int type = lora_msg_peek_type(f->body, f->body_len, err, sizeof(err));
+
+    switch (type) {
+    case LORA_MSG_SETUP:
+        handle_setup(w, f);
+        break;
+    case LORA_MSG_STEP:
+        worker_handle_step(w, f);
+        break;
+    case LORA_MSG_ADAPTER_OP:
+        worker_handle_adapter_op(w, f);
+        break;
+    case LORA_MSG_TAKE_NOTIFICATIONS:
+        worker_handle_take_notifications(w);
+        break;
+    case LORA_MSG_RESIDENCY:
+        worker_handle_residency(w);
+        break;
+    case LORA_MSG_SHUTDOWN:
+        return 1;
+    case LORA_MSG_HEARTBEAT:
+    case LORA_MSG_READY:
+        break;
+    default:
+        fprintf(stderr, "lora-worker: warning: rank %d: ignoring a message: %s\n", w->rank,
+                type < 0 ? err : lora_msg_type_name(type));
+    }
+    return 0;
+}
+
+static void teardown(struct worker *w)
+{
+    worker_adapters_stop(w);
+    worker_step_free(w);
+    lora_adapter_cache_destroy(&w->cache);
+    lora_adapter_cache_snapshot_release(&w->snap);
+    lora_forward_destroy(&w->fwd);
+    lora_kv_cache_destroy(&w->kv);
+    lora_model_destroy(&w->model);
+    lora_sampler_destroy(&w->sampler);
+    lora_allreduce_close(&w->ar);
+    lora_notify_ring_destroy(&w->ring);
+    lora_msg_buf_release(&w->out);
+    lora_msg_buf_release(&w->item);
+    lora_msg_arena_destroy(&w->arena);
+    lora_sock_destroy(&w->sock);
+    if (w->zctx)
+        zmq_ctx_term(w->zctx);
+    if (w->sig_fd >= 0)
+        lora_signal_pipe_close(w->sig_fd);
+}
+
+/* The loop: messages, finished loads, heartbeats, the engine's liveness, signals. */
+static int run(struct worker *w)
+{
+    for (;;) {
+        uint64_t now = lora_now_ms();
+        if (w->engine_seen && lora_liveness_is_dead(&w->engine, now)) {
+            fprintf(stderr, "lora-worker: fatal: rank %d: the engine is gone (silent for %d ms)\n",
+                    w->rank, LORA_HEARTBEAT_DEAD_MS);
+            return EXIT_SYSTEM;
+        }
+        /* A failed send is logged; the engine's liveness decides what happens next. */
+        if (lora_liveness_should_send(&w->engine, now))
+            w->engine_seen ? send_empty(w, LORA_MSG_HEARTBEAT) : send_hello(w);
+        bool readable[2] = {false, false};
+        struct lora_sock *socks[1] = {w->sock};
+        int timeout = lora_liveness_timeout_ms(&w->engine, now);
+        /* poll watches the socket and the signals; while loads run, it wakes often enough to
+         * answer a finished load within LOAD_POLL_MS. */
+        if (w->n_loading > 0 && timeout > LOAD_POLL_MS)
+            timeout = LOAD_POLL_MS;
+        if (lora_sock_poll(socks, 1, w->sig_fd, timeout, readable) < 0 && errno != EINTR) {
+            fprintf(stderr, "lora-worker: fatal: poll: %s\n", strerror(errno));
+            return EXIT_SYSTEM;
+        }
+        if (readable[1] && lora_signal_pipe_drain(w->sig_fd) > 0)
+            return 0;
+        if (w->n_loading > 0)
+            worker_finish_loads(w);
+        struct lora_msg_frames f;
+        char err[256];
+        while (lora_sock_recv(w->sock, &f, 0, err, sizeof(err)) == 1) {
+            w->engine_seen = true;
+            lora_liveness_heard(&w->engine, lora_now_ms());
+            int stop = dispatch(w, &f);
+            lora_msg_frames_release(&f);
+            if (stop)
+                return 0;
+        }
+    }
+}
+
+int cmd_serve(int argc, char **argv)
+{
+    const char *endpoint = NULL;
+    long rank = 0;
+    bool help = false;
+    const struct lora_opt options[] = {
+        {"engine", LORA_OPT_STRING, &endpoint, "ENDPOINT", "the engine's worker socket"},
+        {"rank", LORA_OPT_INT, &rank, "N", "tensor-parallel rank (default 0)", 0, 63},
+        {"help", LORA_OPT_FLAG, &help, NULL, "show this help"},
+        {0},
+    };
+    char err[1024] = "", identity[32];
+    struct worker w = {.sig_fd = -1};
+    int rc = EXIT_SYSTEM;
+
+    if (lora_cli_parse(options, "LORA_WORKER", argc, argv, 1, err, sizeof(err)) < 0 ||
+        (!help && !endpoint)) {
+        fprintf(stderr, "lora-worker: fatal: %s\n", *err ? err : "serve needs --engine ENDPOINT");
+        return EXIT_USAGE;
+    }
+    if (help) {
+        puts("usage: lora-worker serve --engine ENDPOINT [--rank N]\n");
+        lora_cli_usage(stdout, options);
+        return 0;
+    }
+    w.rank = (int)rank;
+    w.endpoint = endpoint;
+    snprintf(identity, sizeof(identity), "worker-%d", w.rank);
+    const int sigs[] = {SIGTERM, SIGINT};
+    w.sig_fd = lora_signal_pipe_open(sigs, 2);
+    w.zctx = zmq_ctx_new();
+    w.arena = lora_msg_arena_new();
+    if (w.sig_fd < 0 || !w.zctx || !w.arena) {
+        fprintf(stderr, "lora-worker: fatal: unable to start: %s\n", strerror(errno));
+        goto out;
+    }
+    w.sock = lora_sock_new(w.zctx, ZMQ_DEALER, endpoint, false, identity, err, sizeof(err));
+    if (!w.sock) {
+        fprintf(stderr, "lora-worker: fatal: %s\n", err);
+        goto out;
+    }
+    lora_liveness_init(&w.engine, lora_now_ms());
+    struct beat beat = {.zctx = w.zctx, .endpoint = endpoint};
+    snprintf(beat.identity, sizeof(beat.identity), "%s-hb", identity);
+    bool beating = pthread_create(&beat.thread, NULL, beat_main, &beat) == 0;
+    /* Say hello at once, not after the first interval. */
+    send_hello(&w);
+    rc = run(&w);
+    if (beating) {
+        atomic_store(&beat.stop, true);
+        pthread_join(beat.thread, NULL);
+    }
+out:
+    teardown(&w);
+    return rc;
+}

@@ -1,0 +1,81 @@
+/* The state of `lora-worker serve`, shared by its files: serve.c (the loop and the messages),
+ * serve_step.c (running a step) and serve_adapters.c (adapter commands, the loader thread and
+ * notifications). One thread owns all of it except the loader's queue. */
+#ifndef LORA_WORKER_SERVE_H
+#define LORA_WORKER_SERVE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "adapter_cache.h"
+#include "allreduce_shm.h"
+#include "forward.h"
+#include "kv_cache.h"
+#include "model.h"
+#include "notify_ring.h"
+#include "protocol.h"
+#include "sampler.h"
+#include "sock.h"
+
+struct loader;
+
+struct worker {
+    int rank;
+    const char *endpoint;
+    void *zctx;
+    struct lora_sock *sock;
+    int sig_fd;
+    struct lora_peer_liveness engine;
+    bool engine_seen; /* liveness counts only after the engine first answered */
+
+    /* Made by setup. */
+    bool set_up;
+    struct lora_msg_limits lim;
+    char shm_name[256];
+    struct lora_model *model;
+    struct lora_kv_cache *kv;
+    struct lora_forward *fwd;
+    struct lora_adapter_cache *cache;
+    struct lora_sampler *sampler;
+    struct lora_allreduce *ar;
+    struct lora_notify_ring *ring;
+    struct lora_adapter_cache_snapshot snap;
+    uint64_t clock; /* steps run: the adapters' LRU clock */
+    struct loader *loader;
+    int n_loading; /* ADD commands queued to the loader and not yet answered */
+
+    /* Codec scratch. */
+    struct lora_msg_buf out;
+    struct lora_msg_buf item; /* one encoded notification */
+    struct lora_msg_arena *arena;
+
+    /* Step scratch, sized from the limits at setup. */
+    struct lora_seq_step *steps;
+    int *first_row;
+    int *tokens;
+    int *tables;
+    struct lora_msg_step_out *outs;
+    int32_t *top_ids;
+    float *top_lps;
+    float *prompt_lps;
+};
+
+/* Sends the body in w->out (plus bins) to the engine. Returns 0 or -1 (logged). */
+int worker_send(struct worker *w, const struct lora_msg_bin *bins, int n_bins);
+
+/* serve_step.c */
+int worker_step_alloc(struct worker *w, char *err, size_t err_len);
+void worker_step_free(struct worker *w);
+int worker_handle_step(struct worker *w, const struct lora_msg_frames *f);
+
+/* serve_adapters.c */
+int worker_adapters_start(struct worker *w, char *err, size_t err_len);
+void worker_adapters_stop(struct worker *w);
+int worker_handle_adapter_op(struct worker *w, const struct lora_msg_frames *f);
+int worker_finish_loads(struct worker *w);
+int worker_handle_take_notifications(struct worker *w);
+int worker_handle_residency(struct worker *w);
+/* Records the current state (and the timings since the last) as a notification. */
+void worker_notify(struct worker *w);
+
+#endif

@@ -1,0 +1,192 @@
+/* lora-worker serve: running one step (DESIGN sections 4 and 5). Every rank runs the forward pass
+ * (the all-reduce joins them); rank 0, the output rank, samples and reports log-probabilities. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "serve.h"
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+int worker_step_alloc(struct worker *w, char *err, size_t err_len)
+{
+    const struct lora_msg_limits *l = &w->lim;
+    size_t seqs = (size_t)l->max_num_seqs, toks = (size_t)l->max_num_batched_tokens;
+    size_t blocks = (size_t)l->num_kv_blocks + seqs; /* tables of all sequences of a step */
+    size_t top = seqs * LORA_MSG_MAX_TOP;
+
+    w->steps = calloc(seqs, sizeof(*w->steps));
+    w->first_row = calloc(seqs, sizeof(int));
+    w->tokens = calloc(toks, sizeof(int));
+    w->tables = calloc(blocks, sizeof(int));
+    w->outs = calloc(seqs, sizeof(*w->outs));
+    w->top_ids = calloc(top, sizeof(int32_t));
+    w->top_lps = calloc(top, sizeof(float));
+    w->prompt_lps = calloc(toks, sizeof(float));
+    if (!w->steps || !w->first_row || !w->tokens || !w->tables || !w->outs || !w->top_ids ||
+        !w->top_lps || !w->prompt_lps) {
+        snprintf(err, err_len, "out of memory for step buffers");
+        return -1;
+    }
+    return 0;
+}
+
+void worker_step_free(struct worker *w)
+{
+    free(w->steps);
+    free(w->first_row);
+    free(w->tokens);
+    free(w->tables);
+    free(w->outs);
+    free(w->top_ids);
+    free(w->top_lps);
+    free(w->prompt_lps);
+}
+
+/* Checks the step against this worker's limits and copies its frames into aligned buffers. */
+static int prepare(struct worker *w, const struct lora_msg_step *m, char *err, size_t err_len)
+{
+    const struct lora_msg_limits *l = &w->lim;
+    size_t tok_at = 0, blk_at = 0;
+
+    if (m->n_seqs < 1 || m->n_seqs > l->max_num_seqs ||
+        m->n_tokens_total > (size_t)l->max_num_batched_tokens ||
+        m->n_block_entries > (size_t)l->num_kv_blocks + (size_t)l->max_num_seqs) {
+        snprintf(err, err_len, "step %llu is beyond the limits (%d sequences, %zu tokens)",
+                 (unsigned long long)m->step_id, m->n_seqs, m->n_tokens_total);
+        return -1;
+    }
+    memcpy(w->tokens, m->tokens, m->n_tokens_total * sizeof(int32_t));
+    memcpy(w->tables, m->block_tables, m->n_block_entries * sizeof(int32_t));
+    for (int i = 0; i < m->n_seqs; i++) {
+        const struct lora_msg_step_seq *q = &m->seqs[i];
+        int need = (q->pos + q->n_tokens + l->block_size - 1) / l->block_size;
+        if (q->n_blocks < need || q->top_n < 0 || q->top_n > LORA_MSG_MAX_TOP) {
+            snprintf(err, err_len, "step %llu: sequence %llu has %d blocks for %d positions",
+                     (unsigned long long)m->step_id, (unsigned long long)q->seq_id, q->n_blocks,
+                     q->pos + q->n_tokens);
+            return -1;
+        }
+        w->steps[i] = (struct lora_seq_step){
+            .tokens = w->tokens + tok_at,
+            .n_tokens = q->n_tokens,
+            .pos = q->pos,
+            .block_table = w->tables + blk_at,
+            .adapter_slot = q->slot,
+            .all_logits = q->all_logits,
+        };
+        tok_at += (size_t)q->n_tokens;
+        blk_at += (size_t)q->n_blocks;
+    }
+    return 0;
+}
+
+/* Output rank: the sampled token, its log-probability, the top-N and prompt log-probabilities of
+ * sequence i. Arrays go to the scratch at the given offsets. */
+static void emit(struct worker *w, const struct lora_msg_step *m, int i, const float *logits,
+                 size_t *top_at, size_t *plp_at)
+{
+    const struct lora_msg_step_seq *q = &m->seqs[i];
+    const struct lora_seq_step *st = &w->steps[i];
+    struct lora_msg_step_out *o = &w->outs[i];
+    int vocab = w->model->cfg.vocab_size;
+    const float *rows = logits + (size_t)w->first_row[i] * vocab;
+
+    *o = (struct lora_msg_step_out){.seq_id = q->seq_id, .token = -1};
+    if (q->all_logits) {
+        /* Row t predicts the token after it: the chunk's own next token, or next_token. */
+        o->prompt_logprobs = w->prompt_lps + *plp_at;
+        for (int t = 0; t < st->n_tokens; t++) {
+            int next = t + 1 < st->n_tokens ? st->tokens[t + 1] : q->next_token;
+            if (next < 0 || next >= vocab)
+                break;
+            w->prompt_lps[(*plp_at)++] = lora_sampler_logprobs(
+                w->sampler, rows + (size_t)t * vocab, next, 0, NULL, NULL);
+            o->n_prompt_logprobs++;
+        }
+    }
+    if (!q->sample)
+        return;
+    const float *last = rows + (size_t)(q->all_logits ? st->n_tokens - 1 : 0) * vocab;
+    struct lora_sampling_params sp = {q->temperature, q->top_k, q->top_p};
+    struct lora_rng rng;
+    int top_n = q->top_n < vocab ? q->top_n : vocab;
+
+    lora_rng_seed_draw(&rng, q->seed, (uint64_t)q->n_generated);
+    o->token = lora_sampler_sample(w->sampler, last, &sp, &rng);
+    o->top_ids = w->top_ids + *top_at;
+    o->top_logprobs = w->top_lps + *top_at;
+    o->n_top = top_n;
+    o->logprob = lora_sampler_logprobs(w->sampler, last, o->token, top_n, w->top_ids + *top_at,
+                                       w->top_lps + *top_at);
+    *top_at += (size_t)top_n;
+}
+
+static int reply_error(struct worker *w, uint64_t step_id, const char *err)
+{
+    struct lora_msg_step_reply r = {.step_id = step_id, .rank = w->rank, .ok = false};
+    r.error = (struct lora_str){err, strlen(err)};
+    lora_msg_buf_reset(&w->out);
+    if (lora_msg_encode_step_reply(&w->out, &r, NULL, NULL) < 0)
+        return -1;
+    return worker_send(w, NULL, 0);
+}
+
+int worker_handle_step(struct worker *w, const struct lora_msg_frames *f)
+{
+    struct lora_msg_step m;
+    struct lora_msg_bin bins[LORA_SOCK_MAX_BINS];
+    char err[512];
+    const float *logits;
+    double t0 = now_s();
+
+    for (int i = 0; i < f->n_bins; i++)
+        bins[i] = (struct lora_msg_bin){f->bins[i].data, f->bins[i].len};
+    lora_msg_arena_reset(w->arena);
+    if (lora_msg_decode_step(f->body, f->body_len, bins, f->n_bins, w->arena, &m, err,
+                             sizeof(err)) < 0) {
+        fprintf(stderr, "lora-worker: warning: rank %d: dropping a step: %s\n", w->rank, err);
+        return reply_error(w, 0, err);
+    }
+    if (!w->set_up) {
+        snprintf(err, sizeof(err), "step before setup");
+        return reply_error(w, m.step_id, err);
+    }
+    if (prepare(w, &m, err, sizeof(err)) < 0 ||
+        lora_forward_step(w->fwd, w->steps, m.n_seqs, &logits, w->first_row, err, sizeof(err)) <
+            0)
+        return reply_error(w, m.step_id, err);
+
+    w->clock++;
+    for (int i = 0; i < m.n_seqs; i++) {
+        const struct lora_adapter_cache_entry *e =
+            lora_adapter_cache_slot_entry(w->cache, m.seqs[i].slot);
+        if (e)
+            lora_adapter_cache_touch(w->cache, e->name, w->clock, err, sizeof(err));
+    }
+    struct lora_msg_step_reply r = {
+        .step_id = m.step_id,
+        .rank = w->rank,
+        .ok = true,
+        .doorbell = !lora_notify_ring_is_empty(w->ring),
+    };
+    if (w->rank == 0) {
+        size_t top_at = 0, plp_at = 0;
+        for (int i = 0; i < m.n_seqs; i++)
+            emit(w, &m, i, logits, &top_at, &plp_at);
+        r.n_outs = m.n_seqs;
+        r.outs = w->outs;
+    }
+    r.step_seconds = now_s() - t0;
+    lora_msg_buf_reset(&w->out);
+    if (lora_msg_encode_step_reply(&w->out, &r, NULL, NULL) < 0)
+        return -1;
+    return worker_send(w, NULL, 0);
+}
