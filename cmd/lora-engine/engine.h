@@ -1,0 +1,155 @@
+/* The state of lora-engine, shared by its files: main.c (options, start-up, the loop),
+ * workers.c (the worker group: setup, broadcast and gather, notifications), step.c (one
+ * scheduled step: activations, the step, outputs, events and stats), frontends.c (requests,
+ * aborts, outputs), control.c (the control socket: residency, config, health, adapters). */
+#ifndef LORA_ENGINE_H
+#define LORA_ENGINE_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "protocol.h"
+#include "scheduler.h"
+#include "sock.h"
+
+#define EXIT_USAGE 100
+#define EXIT_SYSTEM 111
+
+#define ENGINE_MAX_WORLD 16
+#define ENGINE_MAX_FRONTENDS 64
+#define ENGINE_MAX_ADAPTERS 1024
+#define ENGINE_NAME_MAX 255
+
+struct eng_peer {
+    unsigned char rid[LORA_SOCK_MAX_RID];
+    size_t rid_len;
+    bool present;
+    struct lora_peer_liveness live;
+};
+
+struct eng_adapter {
+    bool used;
+    int id; /* index + 1: 0 is the base model */
+    char name[ENGINE_NAME_MAX + 1];
+    char path[4096];
+    bool pinned;
+};
+
+struct eng_request {
+    bool used;
+    uint64_t id;
+    char request_id[ENGINE_NAME_MAX + 1];
+    int frontend; /* index into frontends */
+    int adapter_id;
+    int32_t *tokens; /* prompt then generated, (n_prompt + max_tokens) */
+    int n_prompt;
+    int n_generated;
+    int max_tokens;
+    int min_tokens;
+    float temperature, top_p;
+    int top_k;
+    uint64_t seed;
+    int logprobs;
+    bool prompt_logprobs;
+    bool ignore_eos;
+    int32_t stop_ids[16];
+    int n_stop;
+    double arrival;
+    float *prompt_lps; /* (n_prompt), filled as prefill chunks run */
+    bool sent_first;
+};
+
+struct engine {
+    /* Options. */
+    const char *model;
+    int engine_index;
+    int world;
+    int max_loras, max_cpu_loras, max_lora_rank;
+    int block_size, num_kv_blocks;
+    int max_num_batched_tokens, max_num_seqs, max_model_len;
+    int idle_ms;
+    int startup_timeout_ms;
+    int vocab_size;
+    int eos_ids[8];
+    int n_eos;
+
+    void *zctx;
+    struct lora_sock *front, *work, *ctl, *pub;
+    int sig_fd;
+    char shm[64];
+
+    struct eng_peer workers[ENGINE_MAX_WORLD];
+    struct eng_peer frontends[ENGINE_MAX_FRONTENDS];
+    bool healthy;
+    char unhealthy_reason[256];
+
+    struct eng_adapter adapters[ENGINE_MAX_ADAPTERS];
+    struct lora_scheduler *sched;
+    struct lora_scheduler_plan plan;
+    struct lora_scheduler_result *results;
+    struct eng_request *reqs;
+    int max_requests;
+    uint64_t next_id;
+    uint64_t next_op;
+    uint64_t next_step;
+    uint64_t num_preemptions;
+
+    /* The last gathered state of every rank, as msgpack bytes of lora_msg_state, and whether
+     * the ranks agree. */
+    char *rank_state[ENGINE_MAX_WORLD];
+    size_t rank_state_len[ENGINE_MAX_WORLD];
+    int disagreement; /* adapters whose level differs between ranks */
+    uint64_t rank_dropped[ENGINE_MAX_WORLD];
+    uint64_t last_gather_ms;
+
+    struct lora_msg_buf out;
+    struct lora_msg_arena *arena;
+    /* Step scratch. */
+    struct lora_msg_step_seq *step_seqs;
+    int32_t *step_tokens;
+    int32_t *step_tables;
+};
+
+double eng_now(void); /* Unix time with fractions */
+
+/* workers.c */
+int workers_wait_setup(struct engine *e, char *err, size_t err_len);
+int workers_broadcast(struct engine *e, const struct lora_msg_bin *bins, int n_bins);
+/* Receives one reply of type from every rank into replies[rank] (frames the caller releases).
+ * Other traffic is handled; a dead rank or the timeout fails it. */
+int workers_gather(struct engine *e, enum lora_msg_type type, struct lora_msg_frames *replies,
+                   int timeout_ms, char *err, size_t err_len);
+void workers_release(struct engine *e, struct lora_msg_frames *replies);
+int workers_adapter_op(struct engine *e, enum lora_adapter_op op, const char *name,
+                       const char *path, int slot, char *err, size_t err_len);
+int workers_gather_notifications(struct engine *e);
+void workers_mark_dead(struct engine *e, const char *why);
+void workers_heard(struct engine *e, const struct lora_msg_frames *f);
+/* Every rank's last gathered state, decoded into e->arena. */
+int engine_rank_states(struct engine *e, struct lora_msg_residency_reply *out);
+
+/* adapters (control.c) */
+int adapters_load(struct engine *e, const char *name, const char *path, char *err, size_t len);
+int adapters_unload(struct engine *e, const char *name, char *err, size_t len);
+int adapters_pin(struct engine *e, const char *name, bool pin, char *err, size_t len);
+struct eng_adapter *adapters_find(struct engine *e, const char *name);
+int control_handle(struct engine *e, const struct lora_msg_frames *f);
+
+/* frontends.c */
+int frontends_handle(struct engine *e, const struct lora_msg_frames *f);
+void frontends_heartbeat(struct engine *e);
+int frontends_send_output(struct engine *e, struct eng_request *r, int n_new, const float *lps,
+                          const int32_t *top_ids, const float *top_lps, int top_n,
+                          bool finished, const char *reason, const char *error);
+void requests_fail_all(struct engine *e, const char *why);
+void request_release(struct engine *e, struct eng_request *r);
+void publish_event(struct engine *e, const struct eng_request *r, enum lora_event_kind kind,
+                   const char *reason);
+void publish_body(struct engine *e, const char *topic);
+void registry_broadcast(struct engine *e);
+
+/* step.c */
+bool step_has_work(const struct engine *e);
+int step_run(struct engine *e);
+
+#endif

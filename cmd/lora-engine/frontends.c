@@ -1,0 +1,335 @@
+/* lora-engine: frontends (DESIGN sections 2, 4, 6): hello and ready, requests and aborts,
+ * outputs routed back to the frontend that sent the request, the adapter registry, and the
+ * publish socket's events. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+
+void publish_body(struct engine *e, const char *topic)
+{
+    lora_sock_send(e->pub, NULL, 0, topic, e->out.data, e->out.len, NULL, 0, ZMQ_DONTWAIT);
+}
+
+static int frontend_of(struct engine *e, const struct lora_msg_frames *f, bool add)
+{
+    int free_at = -1;
+    for (int i = 0; i < ENGINE_MAX_FRONTENDS; i++) {
+        struct eng_peer *p = &e->frontends[i];
+        if (p->present && p->rid_len == f->rid_len && memcmp(p->rid, f->rid, f->rid_len) == 0)
+            return i;
+        if (!p->present && free_at < 0)
+            free_at = i;
+    }
+    if (!add || free_at < 0)
+        return -1;
+    struct eng_peer *p = &e->frontends[free_at];
+    memcpy(p->rid, f->rid, f->rid_len);
+    p->rid_len = f->rid_len;
+    p->present = true;
+    lora_liveness_init(&p->live, lora_now_ms());
+    return free_at;
+}
+
+static void send_to(struct engine *e, int fe)
+{
+    struct eng_peer *p = &e->frontends[fe];
+    if (lora_sock_send(e->front, p->rid, p->rid_len, NULL, e->out.data, e->out.len, NULL, 0,
+                       ZMQ_DONTWAIT) == 0)
+        lora_liveness_sent(&p->live, lora_now_ms());
+}
+
+void publish_event(struct engine *e, const struct eng_request *r, enum lora_event_kind kind,
+                   const char *reason)
+{
+    const struct eng_adapter *ad = r->adapter_id ? &e->adapters[r->adapter_id - 1] : NULL;
+    struct lora_msg_event ev = {
+        .engine = e->engine_index,
+        .request_id = {r->request_id, strlen(r->request_id)},
+        .event = kind,
+        .time = eng_now(),
+        .num_prompt_tokens = r->n_prompt,
+        .num_generation_tokens = r->n_generated,
+    };
+    if (ad)
+        ev.lora = (struct lora_str){ad->name, strlen(ad->name)};
+    if (reason)
+        ev.finish_reason = (struct lora_str){reason, strlen(reason)};
+    lora_msg_buf_reset(&e->out);
+    if (lora_msg_encode_event(&e->out, &ev, NULL, NULL) == 0)
+        publish_body(e, "event");
+}
+
+void registry_broadcast(struct engine *e)
+{
+    struct lora_msg_registry_entry *list = calloc(ENGINE_MAX_ADAPTERS, sizeof(*list));
+    int n = 0;
+
+    if (!list)
+        return;
+    for (int i = 0; i < ENGINE_MAX_ADAPTERS; i++) {
+        const struct eng_adapter *ad = &e->adapters[i];
+        if (ad->used)
+            list[n++] = (struct lora_msg_registry_entry){
+                {ad->name, strlen(ad->name)}, {ad->path, strlen(ad->path)}, (uint64_t)ad->id};
+    }
+    struct lora_msg_registry m = {.engine = e->engine_index, .n_adapters = n, .adapters = list};
+    lora_msg_buf_reset(&e->out);
+    if (lora_msg_encode_registry(&e->out, &m, NULL, NULL) == 0) {
+        publish_body(e, "registry");
+        for (int i = 0; i < ENGINE_MAX_FRONTENDS; i++)
+            if (e->frontends[i].present)
+                send_to(e, i);
+    }
+    free(list);
+}
+
+int frontends_send_output(struct engine *e, struct eng_request *r, int n_new, const float *lps,
+                          const int32_t *top_ids, const float *top_lps, int top_n,
+                          bool finished, const char *reason, const char *error)
+{
+    struct lora_msg_output o = {
+        .request_id = {r->request_id, strlen(r->request_id)},
+        .n_tokens = n_new,
+        .tokens = r->tokens + r->n_prompt + r->n_generated - n_new,
+        .logprobs = lps,
+        .top_n = top_n,
+        .top_ids = top_ids,
+        .top_logprobs = top_lps,
+        .finished = finished,
+        .num_prompt_tokens = r->n_prompt,
+    };
+    if (!r->sent_first && r->prompt_logprobs) {
+        o.n_prompt_logprobs = r->n_prompt;
+        o.prompt_logprobs = r->prompt_lps;
+    }
+    if (reason)
+        o.finish_reason = (struct lora_str){reason, strlen(reason)};
+    if (error)
+        o.error = (struct lora_str){error, strlen(error)};
+    r->sent_first = true;
+    lora_msg_buf_reset(&e->out);
+    if (lora_msg_encode_output(&e->out, &o, NULL, NULL) < 0)
+        return -1;
+    if (e->frontends[r->frontend].present)
+        send_to(e, r->frontend);
+    return 0;
+}
+
+void request_release(struct engine *e, struct eng_request *r)
+{
+    if (!r)
+        return;
+    free(r->tokens);
+    free(r->prompt_lps);
+    memset(r, 0, sizeof(*r));
+}
+
+/* Ends a request that never ran to completion with an error output and a FINISHED event. */
+static void fail_request(struct engine *e, struct eng_request *r, const char *reason,
+                         const char *why)
+{
+    frontends_send_output(e, r, 0, NULL, NULL, NULL, 0, true, reason, why);
+    publish_event(e, r, LORA_EVENT_FINISHED, reason);
+    lora_scheduler_abort(e->sched, r->id);
+    request_release(e, r);
+}
+
+void requests_fail_all(struct engine *e, const char *why)
+{
+    for (int i = 0; i < e->max_requests; i++)
+        if (e->reqs[i].used)
+            fail_request(e, &e->reqs[i], "error", why);
+}
+
+/* Answers a request that was refused before it was queued. */
+static void refuse(struct engine *e, int fe, const struct lora_msg_request *m, const char *why)
+{
+    struct eng_request tmp = {.frontend = fe};
+    snprintf(tmp.request_id, sizeof(tmp.request_id), "%s", m->request_id.s);
+    frontends_send_output(e, &tmp, 0, NULL, NULL, NULL, 0, true, "error", why);
+}
+
+static struct eng_request *alloc_request(struct engine *e)
+{
+    for (int tries = 0; tries < e->max_requests; tries++) {
+        uint64_t id = ++e->next_id;
+        struct eng_request *r = &e->reqs[id % (uint64_t)e->max_requests];
+        if (!r->used) {
+            r->used = true;
+            r->id = id;
+            return r;
+        }
+    }
+    return NULL;
+}
+
+static void handle_request(struct engine *e, int fe, const struct lora_msg_frames *f)
+{
+    struct lora_msg_request m;
+    struct lora_msg_bin bins[LORA_SOCK_MAX_BINS];
+    char err[512];
+
+    for (int i = 0; i < f->n_bins; i++)
+        bins[i] = (struct lora_msg_bin){f->bins[i].data, f->bins[i].len};
+    lora_msg_arena_reset(e->arena);
+    if (lora_msg_decode_request(f->body, f->body_len, bins, f->n_bins, e->arena, &m, err,
+                                sizeof(err)) < 0) {
+        fprintf(stderr, "lora-engine: warning: dropping a request: %s\n", err);
+        return;
+    }
+    int adapter_id = 0;
+    if (!e->healthy) {
+        snprintf(err, sizeof(err), "the engine is unhealthy: %s", e->unhealthy_reason);
+        return refuse(e, fe, &m, err);
+    }
+    if (m.lora.s) {
+        const struct eng_adapter *ad = adapters_find(e, m.lora.s);
+        if (!ad) {
+            snprintf(err, sizeof(err), "adapter '%s' not found", m.lora.s);
+            return refuse(e, fe, &m, err);
+        }
+        adapter_id = ad->id;
+    }
+    for (size_t i = 0; i < m.n_prompt; i++) {
+        if (m.prompt[i] < 0 || m.prompt[i] >= e->vocab_size) {
+            snprintf(err, sizeof(err), "prompt token %d is outside the vocabulary (%d)",
+                     m.prompt[i], e->vocab_size);
+            return refuse(e, fe, &m, err);
+        }
+    }
+    if (m.n_prompt < 1 || m.max_tokens < 1 || m.n_stop_token_ids > 16 ||
+        (int)m.n_prompt + m.max_tokens > e->max_model_len) {
+        snprintf(err, sizeof(err),
+                 "the prompt (%zu tokens) plus max_tokens (%d) must fit the context (%d)",
+                 m.n_prompt, m.max_tokens, e->max_model_len);
+        return refuse(e, fe, &m, err);
+    }
+    struct eng_request *r = alloc_request(e);
+    if (!r)
+        return refuse(e, fe, &m, "the engine is full");
+    snprintf(r->request_id, sizeof(r->request_id), "%s", m.request_id.s);
+    r->frontend = fe;
+    r->adapter_id = adapter_id;
+    r->n_prompt = (int)m.n_prompt;
+    r->max_tokens = m.max_tokens;
+    r->min_tokens = m.min_tokens;
+    r->temperature = m.temperature;
+    r->top_p = m.top_p > 0 ? m.top_p : 1.0f;
+    r->top_k = m.top_k;
+    r->seed = m.has_seed ? m.seed : r->id;
+    r->logprobs = m.logprobs;
+    r->prompt_logprobs = m.prompt_logprobs;
+    r->ignore_eos = m.ignore_eos;
+    r->n_stop = m.n_stop_token_ids;
+    memcpy(r->stop_ids, m.stop_token_ids, sizeof(int32_t) * (size_t)r->n_stop);
+    r->arrival = eng_now();
+    r->tokens = malloc(sizeof(int32_t) * (m.n_prompt + (size_t)m.max_tokens));
+    r->prompt_lps = malloc(sizeof(float) * m.n_prompt);
+    if (!r->tokens || !r->prompt_lps) {
+        request_release(e, r);
+        return refuse(e, fe, &m, "out of memory");
+    }
+    memcpy(r->tokens, m.prompt, sizeof(int32_t) * m.n_prompt);
+    for (size_t i = 0; i < m.n_prompt; i++)
+        r->prompt_lps[i] = NAN;
+    struct lora_scheduler_request sr = {r->id, r->n_prompt, r->max_tokens, adapter_id, r->arrival};
+    if (lora_scheduler_add(e->sched, &sr, err, sizeof(err)) < 0) {
+        struct lora_msg_request copy = m;
+        request_release(e, r);
+        return refuse(e, fe, &copy, err);
+    }
+    publish_event(e, r, LORA_EVENT_QUEUED, NULL);
+}
+
+static void handle_abort(struct engine *e, int fe, const struct lora_msg_frames *f)
+{
+    struct lora_msg_abort m;
+    char err[256];
+
+    lora_msg_arena_reset(e->arena);
+    if (lora_msg_decode_abort(f->body, f->body_len, NULL, 0, e->arena, &m, err, sizeof(err)) < 0)
+        return;
+    for (int i = 0; i < e->max_requests; i++) {
+        struct eng_request *r = &e->reqs[i];
+        if (r->used && r->frontend == fe && strcmp(r->request_id, m.request_id.s) == 0)
+            fail_request(e, r, "abort", NULL);
+    }
+}
+
+static void send_ready(struct engine *e, int fe)
+{
+    struct lora_msg_ready m = {
+        .version = LORA_PROTOCOL_VERSION,
+        .engine_index = e->engine_index,
+        .model = {e->model, strlen(e->model)},
+        .limits =
+            {
+                .max_loras = e->max_loras,
+                .max_cpu_loras = e->max_cpu_loras,
+                .max_lora_rank = e->max_lora_rank,
+                .block_size = e->block_size,
+                .num_kv_blocks = e->num_kv_blocks,
+                .world_size = e->world,
+                .max_model_len = e->max_model_len,
+                .max_num_batched_tokens = e->max_num_batched_tokens,
+                .max_num_seqs = e->max_num_seqs,
+                .vocab_size = e->vocab_size,
+            },
+    };
+    lora_msg_buf_reset(&e->out);
+    if (lora_msg_encode_ready(&e->out, &m, NULL, NULL) == 0)
+        send_to(e, fe);
+}
+
+int frontends_handle(struct engine *e, const struct lora_msg_frames *f)
+{
+    char err[256];
+    int type = lora_msg_peek_type(f->body, f->body_len, err, sizeof(err));
+    int fe = frontend_of(e, f, type == LORA_MSG_HELLO);
+
+    if (fe < 0)
+        return 0; /* unknown peer: it must say hello first */
+    lora_liveness_heard(&e->frontends[fe].live, lora_now_ms());
+    switch (type) {
+    case LORA_MSG_HELLO:
+        send_ready(e, fe);
+        registry_broadcast(e);
+        break;
+    case LORA_MSG_REQUEST:
+        handle_request(e, fe, f);
+        break;
+    case LORA_MSG_ABORT:
+        handle_abort(e, fe, f);
+        break;
+    default:
+        break;
+    }
+    return 0;
+}
+
+void frontends_heartbeat(struct engine *e)
+{
+    uint64_t now = lora_now_ms();
+
+    for (int i = 0; i < ENGINE_MAX_FRONTENDS; i++) {
+        struct eng_peer *p = &e->frontends[i];
+        if (!p->present)
+            continue;
+        if (lora_liveness_is_dead(&p->live, now)) {
+            /* Its requests have nobody to go to. */
+            for (int k = 0; k < e->max_requests; k++)
+                if (e->reqs[k].used && e->reqs[k].frontend == i)
+                    fail_request(e, &e->reqs[k], "abort", "the frontend is gone");
+            p->present = false;
+            continue;
+        }
+        if (lora_liveness_should_send(&p->live, now)) {
+            lora_msg_buf_reset(&e->out);
+            if (lora_msg_encode_empty(&e->out, LORA_MSG_HEARTBEAT) == 0)
+                send_to(e, i);
+        }
+    }
+}

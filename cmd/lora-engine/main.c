@@ -1,0 +1,314 @@
+/* lora-engine: the engine core of lora-stack (DESIGN sections 2 to 7).
+ *
+ * Binds four sockets: frontends (ROUTER), workers (ROUTER), control (ROUTER) and publish (PUB).
+ * Start-up: wait for every worker rank's hello, send each its setup, load the --lora-modules
+ * adapters on every rank, gather every rank's notifications, then report ready (a line on
+ * stderr, and the ready file descriptor closed when --ready-fd is given). The loop: frontend
+ * requests and aborts, control commands, worker heartbeats; one scheduled step at a time while
+ * there is work; the notifications of every rank gathered after any adapter change, after a step
+ * whose reply rang the doorbell, and every --idle-notify-ms while idle. A dead worker fails every
+ * request in flight and marks the engine unhealthy. Exit codes: 0 on SIGTERM/SIGINT, 1 when the
+ * model or an adapter of --lora-modules is bad, 100 usage, 111 system failure.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli.h"
+#include "engine.h"
+#include "kv_cache.h"
+#include "model_config.h"
+
+static int open_sockets(struct engine *e, const char *run_dir, const char **eps, char *err,
+                        size_t len)
+{
+    static const char *names[4] = {"frontend.sock", "worker.sock", "control.sock",
+                                   "publish.sock"};
+    static const int types[4] = {ZMQ_ROUTER, ZMQ_ROUTER, ZMQ_ROUTER, ZMQ_PUB};
+    struct lora_sock **socks[4] = {&e->front, &e->work, &e->ctl, &e->pub};
+    char ep[4200];
+
+    for (int i = 0; i < 4; i++) {
+        if (eps[i])
+            snprintf(ep, sizeof(ep), "%s", eps[i]);
+        else if (run_dir)
+            snprintf(ep, sizeof(ep), "ipc://%s/%s", run_dir, names[i]);
+        else {
+            snprintf(err, len, "give --run-dir or every endpoint");
+            return -1;
+        }
+        *socks[i] = lora_sock_new(e->zctx, types[i], ep, true, NULL, err, len);
+        if (!*socks[i])
+            return -1;
+    }
+    return 0;
+}
+
+static int load_modules(struct engine *e, const struct lora_opt_list *mods, char *err,
+                        size_t len)
+{
+    for (int i = 0; i < mods->n; i++) {
+        const char *spec = mods->items[i], *eq = strchr(spec, '=');
+        char name[ENGINE_NAME_MAX + 1];
+        if (!eq || eq == spec || (size_t)(eq - spec) > ENGINE_NAME_MAX || !eq[1]) {
+            snprintf(err, len, "--lora-modules '%s' must be NAME=PATH", spec);
+            return -1;
+        }
+        snprintf(name, sizeof(name), "%.*s", (int)(eq - spec), spec);
+        char why[800];
+        if (adapters_load(e, name, eq + 1, why, sizeof(why)) < 0) {
+            snprintf(err, len, "adapter '%s': %.700s", name, why);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int setup_state(struct engine *e, char *err, size_t len)
+{
+    struct lora_scheduler_config sc;
+
+    lora_scheduler_config_default(&sc);
+    sc.max_num_seqs = e->max_num_seqs;
+    sc.max_num_batched_tokens = e->max_num_batched_tokens;
+    sc.max_loras = e->max_loras;
+    sc.block_size = e->block_size;
+    sc.n_blocks = e->num_kv_blocks;
+    sc.max_model_len = e->max_model_len;
+    sc.max_requests = e->max_requests;
+    sc.max_adapters = ENGINE_MAX_ADAPTERS;
+    e->sched = lora_scheduler_new(&sc, err, len);
+    if (!e->sched || lora_scheduler_plan_init(e->sched, &e->plan) < 0)
+        return -1;
+    e->reqs = calloc((size_t)e->max_requests, sizeof(*e->reqs));
+    e->results = calloc((size_t)e->max_num_seqs, sizeof(*e->results));
+    e->step_seqs = calloc((size_t)e->max_num_seqs, sizeof(*e->step_seqs));
+    e->step_tokens = calloc((size_t)e->max_num_batched_tokens, sizeof(int32_t));
+    e->step_tables = calloc((size_t)e->num_kv_blocks + (size_t)e->max_num_seqs, sizeof(int32_t));
+    e->arena = lora_msg_arena_new();
+    if (!e->reqs || !e->results || !e->step_seqs || !e->step_tokens || !e->step_tables ||
+        !e->arena) {
+        snprintf(err, len, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+static void teardown(struct engine *e)
+{
+    if (e->work && e->healthy) {
+        lora_msg_buf_reset(&e->out);
+        if (lora_msg_encode_empty(&e->out, LORA_MSG_SHUTDOWN) == 0)
+            for (int r = 0; r < e->world; r++)
+                if (e->workers[r].present)
+                    lora_sock_send(e->work, e->workers[r].rid, e->workers[r].rid_len, NULL,
+                                   e->out.data, e->out.len, NULL, 0, ZMQ_DONTWAIT);
+    }
+    for (int i = 0; e->reqs && i < e->max_requests; i++)
+        request_release(e, &e->reqs[i]);
+    for (int r = 0; r < ENGINE_MAX_WORLD; r++)
+        free(e->rank_state[r]);
+    free(e->reqs);
+    free(e->results);
+    free(e->step_seqs);
+    free(e->step_tokens);
+    free(e->step_tables);
+    lora_scheduler_plan_release(&e->plan);
+    lora_scheduler_destroy(&e->sched);
+    lora_msg_arena_destroy(&e->arena);
+    lora_msg_buf_release(&e->out);
+    lora_sock_destroy(&e->front);
+    lora_sock_destroy(&e->work);
+    lora_sock_destroy(&e->ctl);
+    lora_sock_destroy(&e->pub);
+    if (e->zctx)
+        zmq_ctx_term(e->zctx);
+    if (e->sig_fd >= 0)
+        lora_signal_pipe_close(e->sig_fd);
+}
+
+/* Worker traffic outside of an exchange: heartbeats, and a rank that says hello again has
+ * restarted, which the engine cannot absorb. */
+static void drain_workers(struct engine *e)
+{
+    struct lora_msg_frames f;
+    char err[256];
+
+    while (lora_sock_recv(e->work, &f, 0, err, sizeof(err)) == 1) {
+        workers_heard(e, &f);
+        if (lora_msg_peek_type(f.body, f.body_len, err, sizeof(err)) == LORA_MSG_HELLO)
+            workers_mark_dead(e, "a worker restarted");
+        lora_msg_frames_release(&f);
+    }
+    uint64_t now = lora_now_ms();
+    for (int r = 0; r < e->world && e->healthy; r++) {
+        struct eng_peer *w = &e->workers[r];
+        if (lora_liveness_is_dead(&w->live, now)) {
+            char why[128];
+            snprintf(why, sizeof(why), "worker rank %d is dead (silent for %d ms)", r,
+                     LORA_HEARTBEAT_DEAD_MS);
+            workers_mark_dead(e, why);
+        } else if (lora_liveness_should_send(&w->live, now)) {
+            lora_msg_buf_reset(&e->out);
+            if (lora_msg_encode_empty(&e->out, LORA_MSG_HEARTBEAT) == 0 &&
+                lora_sock_send(e->work, w->rid, w->rid_len, NULL, e->out.data, e->out.len, NULL,
+                               0, ZMQ_DONTWAIT) == 0)
+                lora_liveness_sent(&w->live, now);
+        }
+    }
+}
+
+static int run(struct engine *e)
+{
+    for (;;) {
+        bool readable[4] = {false};
+        struct lora_sock *socks[3] = {e->front, e->ctl, e->work};
+        int timeout = step_has_work(e) ? 0 : 50;
+        if (lora_sock_poll(socks, 3, e->sig_fd, timeout, readable) < 0 && errno != EINTR) {
+            fprintf(stderr, "lora-engine: fatal: poll: %s\n", strerror(errno));
+            return EXIT_SYSTEM;
+        }
+        if (readable[3] && lora_signal_pipe_drain(e->sig_fd) > 0)
+            return 0;
+        struct lora_msg_frames f;
+        char err[256];
+        while (lora_sock_recv(e->front, &f, 0, err, sizeof(err)) == 1) {
+            frontends_handle(e, &f);
+            lora_msg_frames_release(&f);
+        }
+        while (lora_sock_recv(e->ctl, &f, 0, err, sizeof(err)) == 1) {
+            control_handle(e, &f);
+            lora_msg_frames_release(&f);
+        }
+        drain_workers(e);
+        frontends_heartbeat(e);
+        if (step_has_work(e))
+            step_run(e);
+        else if (e->healthy && lora_now_ms() - e->last_gather_ms >= (uint64_t)e->idle_ms)
+            workers_gather_notifications(e);
+    }
+}
+
+int main(int argc, char **argv)
+{
+    struct engine e = {.sig_fd = -1, .healthy = true};
+    const char *eps[4] = {NULL}, *run_dir = NULL;
+    struct lora_opt_list mods = {0};
+    long tp = 1, idx = 0, max_loras = 4, max_cpu = 0, max_rank = 64, bs = 16, blocks = 0;
+    long kv_mb = 256, mbt = 512, mns = 64, mml = 0, idle = 100, startup = 120000, maxreq = 1024;
+    bool help = false, version = false;
+    const struct lora_opt options[] = {
+        {"model", LORA_OPT_STRING, &e.model, "DIR", "Hugging Face model directory"},
+        {"run-dir", LORA_OPT_STRING, &run_dir, "DIR", "put the ipc sockets in DIR"},
+        {"frontend-endpoint", LORA_OPT_STRING, &eps[0], "EP", "bind frontends here"},
+        {"worker-endpoint", LORA_OPT_STRING, &eps[1], "EP", "bind workers here"},
+        {"control-endpoint", LORA_OPT_STRING, &eps[2], "EP", "bind the control socket here"},
+        {"publish-endpoint", LORA_OPT_STRING, &eps[3], "EP", "publish stats and events here"},
+        {"tensor-parallel-size", LORA_OPT_INT, &tp, "N", "worker ranks (default 1)", 1,
+         ENGINE_MAX_WORLD},
+        {"engine-index", LORA_OPT_INT, &idx, "N", "the engine label (default 0)", 0, 1e6},
+        {"max-loras", LORA_OPT_INT, &max_loras, "N", "adapter slots (default 4)", 1, 1024},
+        {"max-cpu-loras", LORA_OPT_INT, &max_cpu, "N", "CPU adapter cache (default max-loras)",
+         0, 65536},
+        {"max-lora-rank", LORA_OPT_INT, &max_rank, "R", "highest adapter rank (default 64)", 1,
+         4096},
+        {"lora-modules", LORA_OPT_LIST, &mods, "NAME=PATH", "load before ready (repeatable)"},
+        {"block-size", LORA_OPT_INT, &bs, "N", "KV cache block size (default 16)", 1, 1024},
+        {"num-kv-blocks", LORA_OPT_INT, &blocks, "N", "KV blocks (default from --kv-cache-bytes)",
+         0, 1 << 24},
+        {"kv-cache-mb", LORA_OPT_INT, &kv_mb, "MB", "KV cache size per rank (default 256)", 1,
+         1 << 20},
+        {"max-num-batched-tokens", LORA_OPT_INT, &mbt, "N", "token budget (default 512)", 1,
+         1 << 20},
+        {"max-num-seqs", LORA_OPT_INT, &mns, "N", "sequences per step (default 64)", 1, 4096},
+        {"max-model-len", LORA_OPT_INT, &mml, "N", "context (default the model's, at most 4096)",
+         0, 1 << 22},
+        {"max-requests", LORA_OPT_INT, &maxreq, "N", "requests in the engine (default 1024)", 1,
+         1 << 20},
+        {"idle-notify-ms", LORA_OPT_INT, &idle, "MS", "gather notifications when idle (100)", 1,
+         60000},
+        {"startup-timeout-ms", LORA_OPT_INT, &startup, "MS", "wait for workers (default 120000)",
+         100, 1e8},
+        {"help", LORA_OPT_FLAG, &help, NULL, "show this help"},
+        {"version", LORA_OPT_FLAG, &version, NULL, "show the version"},
+        {0},
+    };
+    char err[1024] = "";
+    int rc = EXIT_SYSTEM;
+
+    if (lora_cli_parse(options, "LORA_ENGINE", argc, argv, 1, err, sizeof(err)) < 0 ||
+        (!help && !version && !e.model)) {
+        fprintf(stderr, "lora-engine: fatal: %s\n", *err ? err : "--model DIR is required");
+        return EXIT_USAGE;
+    }
+    if (help) {
+        puts("usage: lora-engine --model DIR (--run-dir DIR | --*-endpoint EP...) [OPTIONS]\n");
+        lora_cli_usage(stdout, options);
+        return 0;
+    }
+    if (version) {
+        puts("lora-engine 0.1.0");
+        return 0;
+    }
+    struct lora_model_config cfg;
+    char path[4200];
+    snprintf(path, sizeof(path), "%s/config.json", e.model);
+    if (lora_model_config_load(path, &cfg, err, sizeof(err)) < 0) {
+        fprintf(stderr, "lora-engine: fatal: %s\n", err);
+        return 1;
+    }
+    e.world = (int)tp;
+    e.engine_index = (int)idx;
+    e.max_loras = (int)max_loras;
+    e.max_cpu_loras = max_cpu ? (int)max_cpu : (int)max_loras;
+    e.max_lora_rank = (int)max_rank;
+    e.block_size = (int)bs;
+    e.max_num_batched_tokens = (int)mbt;
+    e.max_num_seqs = (int)mns;
+    e.max_requests = (int)maxreq;
+    e.idle_ms = (int)idle;
+    e.startup_timeout_ms = (int)startup;
+    e.vocab_size = cfg.vocab_size;
+    e.n_eos = cfg.n_eos;
+    memcpy(e.eos_ids, cfg.eos_token_ids, sizeof(int) * (size_t)cfg.n_eos);
+    e.max_model_len = mml ? (int)mml
+                          : (cfg.max_position_embeddings < 4096 ? cfg.max_position_embeddings
+                                                                : 4096);
+    size_t block_bytes = lora_kv_cache_block_bytes(
+        cfg.n_layers, cfg.n_kv_heads / e.world * cfg.head_dim, e.block_size);
+    e.num_kv_blocks = blocks ? (int)blocks : (int)(((size_t)kv_mb << 20) / block_bytes);
+    if (e.max_cpu_loras < e.max_loras || e.num_kv_blocks < 1 ||
+        e.max_num_batched_tokens < e.max_num_seqs) {
+        fprintf(stderr, "lora-engine: fatal: --max-cpu-loras must be at least --max-loras, the KV "
+                        "cache must hold a block, and the token budget the sequences\n");
+        return EXIT_USAGE;
+    }
+    snprintf(e.shm, sizeof(e.shm), "/lora-engine-%ld-%d", (long)getpid(), e.engine_index);
+    const int sigs[] = {SIGTERM, SIGINT};
+    e.sig_fd = lora_signal_pipe_open(sigs, 2);
+    e.zctx = zmq_ctx_new();
+    if (e.sig_fd < 0 || !e.zctx || open_sockets(&e, run_dir, eps, err, sizeof(err)) < 0 ||
+        setup_state(&e, err, sizeof(err)) < 0) {
+        fprintf(stderr, "lora-engine: fatal: %s\n", *err ? err : strerror(errno));
+        goto out;
+    }
+    if (workers_wait_setup(&e, err, sizeof(err)) < 0) {
+        fprintf(stderr, "lora-engine: fatal: %s\n", err);
+        goto out;
+    }
+    if (load_modules(&e, &mods, err, sizeof(err)) < 0) {
+        fprintf(stderr, "lora-engine: fatal: %s\n", err);
+        rc = 1;
+        goto out;
+    }
+    workers_gather_notifications(&e);
+    fprintf(stderr, "lora-engine: ready: engine %d, %d rank%s, %d KV blocks of %d\n",
+            e.engine_index, e.world, e.world == 1 ? "" : "s", e.num_kv_blocks, e.block_size);
+    rc = run(&e);
+out:
+    teardown(&e);
+    return rc;
+}

@@ -1,0 +1,252 @@
+/* lora-engine: one scheduled step (DESIGN sections 4 to 7): the plan's adapter activations and
+ * unloads on every rank, the step itself, the outputs to the frontends, lifecycle events,
+ * per-step stats, and the notification gather when a rank rang the doorbell. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "engine.h"
+
+double eng_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+bool step_has_work(const struct engine *e)
+{
+    return e->healthy &&
+           lora_scheduler_n_running(e->sched) + lora_scheduler_n_waiting(e->sched) > 0;
+}
+
+static struct eng_request *request_of(struct engine *e, uint64_t id)
+{
+    struct eng_request *r = &e->reqs[id % (uint64_t)e->max_requests];
+    return r->used && r->id == id ? r : NULL;
+}
+
+static const char *finish_reason(const struct engine *e, const struct eng_request *r, int tok)
+{
+    bool may_stop = r->n_generated >= r->min_tokens;
+
+    if (may_stop && !r->ignore_eos)
+        for (int i = 0; i < e->n_eos; i++)
+            if (tok == e->eos_ids[i])
+                return "stop";
+    if (may_stop)
+        for (int i = 0; i < r->n_stop; i++)
+            if (tok == r->stop_ids[i])
+                return "stop";
+    return r->n_generated >= r->max_tokens ? "length" : NULL;
+}
+
+/* Performs the plan's activations and unloads on the workers. */
+static int apply_adapters(struct engine *e)
+{
+    char err[512];
+    bool changed = false;
+
+    for (int i = 0; i < e->plan.n_activations; i++) {
+        const struct lora_scheduler_activation *a = &e->plan.activations[i];
+        const struct eng_adapter *ad = &e->adapters[a->adapter_id - 1];
+        if (workers_adapter_op(e, LORA_OP_ACTIVATE, ad->name, NULL, a->slot, err, sizeof(err)) <
+            0) {
+            char why[700];
+            snprintf(why, sizeof(why), "activating adapter '%s': %s", ad->name, err);
+            workers_mark_dead(e, why);
+            return -1;
+        }
+        changed = true;
+    }
+    for (int i = 0; i < e->plan.n_unloaded; i++) {
+        struct eng_adapter *ad = &e->adapters[e->plan.unloaded[i] - 1];
+        if (workers_adapter_op(e, LORA_OP_REMOVE, ad->name, NULL, -1, err, sizeof(err)) < 0)
+            fprintf(stderr, "lora-engine: warning: unloading '%s': %s\n", ad->name, err);
+        ad->used = false;
+        changed = true;
+    }
+    if (e->plan.n_unloaded)
+        registry_broadcast(e);
+    return changed ? workers_gather_notifications(e) : 0;
+}
+
+static void publish_plan_events(struct engine *e)
+{
+    for (int i = 0; i < e->plan.n_events; i++) {
+        const struct lora_scheduler_event *ev = &e->plan.events[i];
+        struct eng_request *r = request_of(e, ev->request_id);
+        if (!r)
+            continue;
+        if (ev->kind == LORA_SCHEDULER_EV_PREEMPTED)
+            e->num_preemptions++;
+        publish_event(e, r,
+                      ev->kind == LORA_SCHEDULER_EV_PREEMPTED ? LORA_EVENT_PREEMPTED
+                                                              : LORA_EVENT_SCHEDULED,
+                      NULL);
+    }
+}
+
+/* Encodes and broadcasts the step of the plan. */
+static int send_step(struct engine *e)
+{
+    size_t tok_at = 0, blk_at = 0;
+
+    for (int i = 0; i < e->plan.n_seqs; i++) {
+        const struct lora_scheduler_seq *sq = &e->plan.seqs[i];
+        const struct eng_request *r = request_of(e, sq->request_id);
+        int end = sq->pos + sq->n_tokens;
+        memcpy(e->step_tokens + tok_at, r->tokens + sq->pos, sizeof(int32_t) * sq->n_tokens);
+        for (int b = 0; b < sq->n_table_blocks; b++)
+            e->step_tables[blk_at + b] = sq->block_table[b];
+        e->step_seqs[i] = (struct lora_msg_step_seq){
+            .seq_id = sq->request_id,
+            .n_tokens = sq->n_tokens,
+            .pos = sq->pos,
+            .n_blocks = sq->n_table_blocks,
+            .slot = sq->adapter_slot,
+            .all_logits = r->prompt_logprobs && sq->pos < r->n_prompt,
+            .sample = sq->samples,
+            .temperature = r->temperature,
+            .top_p = r->top_p,
+            .top_k = r->top_k,
+            .seed = r->seed,
+            .n_generated = r->n_generated,
+            .top_n = r->logprobs,
+            .next_token = end < r->n_prompt ? r->tokens[end] : -1,
+        };
+        tok_at += (size_t)sq->n_tokens;
+        blk_at += (size_t)sq->n_table_blocks;
+    }
+    struct lora_msg_step m = {
+        .step_id = ++e->next_step,
+        .n_seqs = e->plan.n_seqs,
+        .seqs = e->step_seqs,
+        .tokens = e->step_tokens,
+        .n_tokens_total = tok_at,
+        .block_tables = e->step_tables,
+        .n_block_entries = blk_at,
+    };
+    struct lora_msg_bin bins[2];
+    int n_bins = 0;
+    lora_msg_buf_reset(&e->out);
+    if (lora_msg_encode_step(&e->out, &m, bins, &n_bins) < 0)
+        return -1;
+    return workers_broadcast(e, bins, n_bins);
+}
+
+/* Applies the output rank's results to the requests; fills e->results. */
+static int absorb(struct engine *e, const struct lora_msg_step_reply *rep)
+{
+    if (rep->n_outs != e->plan.n_seqs)
+        return -1;
+    for (int i = 0; i < e->plan.n_seqs; i++) {
+        const struct lora_scheduler_seq *sq = &e->plan.seqs[i];
+        const struct lora_msg_step_out *o = &rep->outs[i];
+        struct eng_request *r = request_of(e, sq->request_id);
+        e->results[i] = (struct lora_scheduler_result){false, false};
+        if (!r || o->seq_id != sq->request_id)
+            continue;
+        for (int t = 0; t < o->n_prompt_logprobs && sq->pos + t + 1 < r->n_prompt; t++)
+            r->prompt_lps[sq->pos + t + 1] = o->prompt_logprobs[t];
+        if (o->token < 0)
+            continue;
+        r->tokens[r->n_prompt + r->n_generated] = o->token;
+        r->n_generated++;
+        const char *reason = finish_reason(e, r, o->token);
+        frontends_send_output(e, r, 1, &o->logprob, o->top_ids, o->top_logprobs, o->n_top,
+                              reason != NULL, reason, NULL);
+        e->results[i] = (struct lora_scheduler_result){true, reason != NULL};
+        if (reason)
+            publish_event(e, r, LORA_EVENT_FINISHED, reason);
+    }
+    return 0;
+}
+
+static void publish_stats(struct engine *e, double step_seconds)
+{
+    struct lora_msg_adapter_count counts[ENGINE_MAX_ADAPTERS];
+    int n = 0;
+
+    for (int i = 0; i < e->plan.n_adapters && n < ENGINE_MAX_ADAPTERS; i++) {
+        const struct lora_scheduler_adapter_count *c = &e->plan.adapters[i];
+        const struct eng_adapter *ad = &e->adapters[c->adapter_id - 1];
+        if (c->adapter_id < 1 || !ad->used)
+            continue;
+        counts[n++] = (struct lora_msg_adapter_count){
+            {ad->name, strlen(ad->name)}, c->n_running, c->n_waiting};
+    }
+    struct lora_msg_stats s = {
+        .engine = e->engine_index,
+        .time = eng_now(),
+        .running = e->plan.n_running,
+        .waiting = e->plan.n_waiting,
+        .kv_usage = e->plan.kv_usage,
+        .num_preemptions = e->num_preemptions,
+        .step_adapters = e->plan.n_step_adapters,
+        .step_tokens = e->plan.n_step_tokens,
+        .step_seconds = step_seconds,
+        .n_adapters = n,
+        .adapters = counts,
+    };
+    lora_msg_buf_reset(&e->out);
+    if (lora_msg_encode_stats(&e->out, &s, NULL, NULL) == 0)
+        publish_body(e, "stats");
+}
+
+int step_run(struct engine *e)
+{
+    char err[512];
+    double t0 = eng_now();
+
+    if (lora_scheduler_schedule(e->sched, t0, &e->plan) < 0) {
+        fprintf(stderr, "lora-engine: warning: the scheduler refused a step\n");
+        return -1;
+    }
+    publish_plan_events(e);
+    if (apply_adapters(e) < 0)
+        return -1;
+    bool doorbell = false;
+    if (e->plan.n_seqs > 0) {
+        struct lora_msg_frames replies[ENGINE_MAX_WORLD];
+        if (send_step(e) < 0 ||
+            workers_gather(e, LORA_MSG_STEP_REPLY, replies, 600000, err, sizeof(err)) < 0) {
+            workers_mark_dead(e, *err ? err : "unable to send a step");
+            return -1;
+        }
+        for (int r = e->world - 1; r >= 0; r--) {
+            struct lora_msg_step_reply rep;
+            char derr[256];
+            lora_msg_arena_reset(e->arena);
+            int rc = lora_msg_decode_step_reply(replies[r].body, replies[r].body_len, NULL, 0,
+                                                e->arena, &rep, derr, sizeof(derr));
+            if (rc < 0 || !rep.ok) {
+                snprintf(err, sizeof(err), "rank %d failed a step: %s", r,
+                         rc < 0 ? derr : (rep.error.s ? rep.error.s : "?"));
+                workers_release(e, replies);
+                workers_mark_dead(e, err);
+                return -1;
+            }
+            doorbell |= rep.doorbell;
+            if (r == 0 && absorb(e, &rep) < 0) {
+                workers_release(e, replies);
+                workers_mark_dead(e, "the output rank's reply does not match the step");
+                return -1;
+            }
+        }
+        workers_release(e, replies);
+    }
+    if (lora_scheduler_update(e->sched, &e->plan, e->results, err, sizeof(err)) < 0) {
+        fprintf(stderr, "lora-engine: warning: %s\n", err);
+        return -1;
+    }
+    for (int i = 0; i < e->plan.n_seqs; i++)
+        if (e->results[i].finished)
+            request_release(e, request_of(e, e->plan.seqs[i].request_id));
+    publish_stats(e, eng_now() - t0);
+    if (doorbell)
+        workers_gather_notifications(e);
+    return 0;
+}
