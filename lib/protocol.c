@@ -753,6 +753,16 @@ static int get_f64(struct dec *d, const msgpack_object_map *m, const char *key, 
     return need(d, m, key, &v) < 0 ? -1 : as_f64(d, key, -1, v, out);
 }
 
+/* An optional float: *out is left as it is when the key is absent. */
+static int opt_f64(struct dec *d, const msgpack_object_map *m, const char *key, double *out)
+{
+    const msgpack_object *v;
+
+    if (find(d, m, key, &v) < 0)
+        return -1;
+    return v ? as_f64(d, key, -1, v, out) : 0;
+}
+
 static int get_f32(struct dec *d, const msgpack_object_map *m, const char *key, float *out)
 {
     const msgpack_object *v;
@@ -1950,7 +1960,7 @@ int lora_msg_encode_stats(struct lora_msg_buf *b, const struct lora_msg_stats *m
 
     if (n_bins)
         *n_bins = 0;
-    enc_begin(&e, b, LORA_MSG_STATS, 10);
+    enc_begin(&e, b, LORA_MSG_STATS, 11);
     kv_int(&e, "engine", m->engine);
     kv_f64(&e, "time", m->time);
     kv_int(&e, "running", m->running);
@@ -1960,6 +1970,7 @@ int lora_msg_encode_stats(struct lora_msg_buf *b, const struct lora_msg_stats *m
     kv_int(&e, "step_adapters", m->step_adapters);
     kv_int(&e, "step_tokens", m->step_tokens);
     kv_f64(&e, "step_seconds", m->step_seconds);
+    kv_f64(&e, "model_seconds", m->model_seconds);
     kv_array(&e, "adapters", m->n_adapters, m->adapters, LORA_MSG_MAX_ADAPTERS);
     for (int i = 0; i < m->n_adapters && !e.error; i++) {
         map_(&e, 3);
@@ -1995,6 +2006,7 @@ static int stats_fields(struct dec *d, const msgpack_object_map *m, void *p)
         get_int(d, m, "step_adapters", 0, INT_MAX, &o->step_adapters) < 0 ||
         get_int(d, m, "step_tokens", 0, INT_MAX, &o->step_tokens) < 0 ||
         get_f64(d, m, "step_seconds", &o->step_seconds) < 0 ||
+        opt_f64(d, m, "model_seconds", &o->model_seconds) < 0 ||
         get_array(d, m, "adapters", LORA_MSG_MAX_ADAPTERS, &a) < 0)
         return -1;
     if (a->size && !(o->adapters = arena_alloc(d->arena, a->size, sizeof(*o->adapters))))

@@ -45,7 +45,8 @@
  *  stats                engine -> PUB "stats"      engine time running waiting     -
  *                                                  kv_usage num_preemptions
  *                                                  step_adapters step_tokens
- *                                                  step_seconds adapters[]
+ *                                                  step_seconds model_seconds?
+ *                                                  adapters[]
  *  control              inspect|frontend -> engine id op name? path?            -
  *  control_reply        engine -> asker            id ok error? data?              -
  *  registry             engine -> frontend, PUB    engine adapters[]               -
@@ -379,7 +380,8 @@ struct lora_msg_stats {
     uint64_t num_preemptions; /* total */
     int step_adapters;        /* distinct adapters in the last step */
     int step_tokens;
-    double step_seconds;
+    double step_seconds;      /* the engine's wall time for the step, protocol included */
+    double model_seconds;     /* the slowest rank's own time for it (optional, 0 if absent) */
     int n_adapters;
     struct lora_msg_adapter_count *adapters;
 };

@@ -165,7 +165,7 @@ static int absorb(struct engine *e, const struct lora_msg_step_reply *rep)
     return 0;
 }
 
-static void publish_stats(struct engine *e, double step_seconds)
+static void publish_stats(struct engine *e, double step_seconds, double model_seconds)
 {
     struct lora_msg_adapter_count counts[ENGINE_MAX_ADAPTERS];
     int n = 0;
@@ -188,6 +188,7 @@ static void publish_stats(struct engine *e, double step_seconds)
         .step_adapters = e->plan.n_step_adapters,
         .step_tokens = e->plan.n_step_tokens,
         .step_seconds = step_seconds,
+        .model_seconds = model_seconds,
         .n_adapters = n,
         .adapters = counts,
     };
@@ -209,6 +210,7 @@ int step_run(struct engine *e)
     if (apply_adapters(e) < 0)
         return -1;
     bool doorbell = false;
+    double model_seconds = 0;
     if (e->plan.n_seqs > 0) {
         struct lora_msg_frames replies[ENGINE_MAX_WORLD];
         if (send_step(e) < 0 ||
@@ -230,6 +232,7 @@ int step_run(struct engine *e)
                 return -1;
             }
             doorbell |= rep.doorbell;
+            model_seconds = rep.step_seconds > model_seconds ? rep.step_seconds : model_seconds;
             if (r == 0 && absorb(e, &rep) < 0) {
                 workers_release(e, replies);
                 workers_mark_dead(e, "the output rank's reply does not match the step");
@@ -245,7 +248,7 @@ int step_run(struct engine *e)
     for (int i = 0; i < e->plan.n_seqs; i++)
         if (e->results[i].finished)
             request_release(e, request_of(e, e->plan.seqs[i].request_id));
-    publish_stats(e, eng_now() - t0);
+    publish_stats(e, eng_now() - t0, model_seconds);
     if (doorbell)
         workers_gather_notifications(e);
     return 0;

@@ -121,12 +121,12 @@ EMITTED = {
                    "num_generation_tokens": 0}, []),
     "stats": ({"type": "stats", "engine": 1, "time": 1700000002.75, "running": 3, "waiting": 2,
                "kv_usage": 0.4375, "num_preemptions": 7, "step_adapters": 2, "step_tokens": 96,
-               "step_seconds": 0.03125, "adapters": [
+               "step_seconds": 0.03125, "model_seconds": 0.015625, "adapters": [
                    {"name": "sql", "running": 2, "waiting": 1},
                    {"name": "chat", "running": 1, "waiting": 1}]}, []),
     "stats.min": ({"type": "stats", "engine": 0, "time": 0.0, "running": 0, "waiting": 0,
                    "kv_usage": 0.0, "num_preemptions": 0, "step_adapters": 0, "step_tokens": 0,
-                   "step_seconds": 0.0, "adapters": []}, []),
+                   "step_seconds": 0.0, "model_seconds": 0.0, "adapters": []}, []),
     "control": ({"type": "control", "id": 9, "op": "load", "name": "sql",
                  "path": "/adapters/sql"}, []),
     "control.min": ({"type": "control", "id": 10, "op": "health"}, []),

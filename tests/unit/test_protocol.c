@@ -293,6 +293,7 @@ static const struct lora_msg_stats stats_full = {
     .step_adapters = 2,
     .step_tokens = 96,
     .step_seconds = 0.03125,
+    .model_seconds = 0.015625,
     .n_adapters = 2,
     .adapters = (struct lora_msg_adapter_count *)stats_adapters};
 static const struct lora_msg_stats stats_min = {.engine = 0};
@@ -798,7 +799,7 @@ static const struct codec codecs[LORA_MSG_TYPE_COUNT] = {
     [LORA_MSG_ABORT] = ROW(abort, NULL, {NULL}),
     [LORA_MSG_OUTPUT] = ROW(output, &output_min, {"prompt_logprobs", "finish_reason", "error"}),
     [LORA_MSG_EVENT] = ROW(event, &event_min, {"lora", "finish_reason"}),
-    [LORA_MSG_STATS] = ROW(stats, &stats_min, {NULL}),
+    [LORA_MSG_STATS] = ROW(stats, &stats_min, {"model_seconds", NULL}),
     [LORA_MSG_CONTROL] = ROW(control, &control_min, {NULL}),
     [LORA_MSG_CONTROL_REPLY] = ROW(control_reply, &control_reply_min, {"error", "data"}),
     [LORA_MSG_REGISTRY] = ROW(registry, &registry_min, {NULL}),
