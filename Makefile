@@ -60,6 +60,7 @@ DEB_PACKAGES := build-essential pkg-config libmsgpack-dev libzmq3-dev libjansson
                 libopenblas-dev bats python3 python3-numpy python3-msgpack python3-zmq
 
 .DELETE_ON_ERROR:
+.SECONDARY:
 .PHONY: all deps test demo bench clean format
 .DEFAULT_GOAL := all
 

@@ -224,7 +224,8 @@ static void handle_request(struct engine *e, int fe, const struct lora_msg_frame
     r->prompt_logprobs = m.prompt_logprobs;
     r->ignore_eos = m.ignore_eos;
     r->n_stop = m.n_stop_token_ids;
-    memcpy(r->stop_ids, m.stop_token_ids, sizeof(int32_t) * (size_t)r->n_stop);
+    if (r->n_stop)
+        memcpy(r->stop_ids, m.stop_token_ids, sizeof(int32_t) * (size_t)r->n_stop);
     r->arrival = eng_now();
     r->tokens = malloc(sizeof(int32_t) * (m.n_prompt + (size_t)m.max_tokens));
     r->prompt_lps = malloc(sizeof(float) * m.n_prompt);

@@ -62,14 +62,16 @@ int worker_send(struct worker *w, const struct lora_msg_bin *bins, int n_bins)
 
     for (int i = 0; i < n_bins; i++)
         frames[i] = (struct lora_frame){bins[i].data, bins[i].len};
-    if (lora_sock_send(w->sock, NULL, 0, NULL, w->out.data, w->out.len, frames, n_bins,
-                       ZMQ_DONTWAIT) < 0) {
+    int rc = lora_sock_send(w->sock, NULL, 0, NULL, w->out.data, w->out.len, frames, n_bins,
+                            ZMQ_DONTWAIT);
+    /* Counted as sent either way, so that a failing peer is retried at the heartbeat pace,
+     * and said once per run of failures. */
+    lora_liveness_sent(&w->engine, lora_now_ms());
+    if (rc < 0 && !w->send_failing)
         fprintf(stderr, "lora-worker: warning: rank %d: unable to send to the engine: %s\n",
                 w->rank, strerror(errno));
-        return -1;
-    }
-    lora_liveness_sent(&w->engine, lora_now_ms());
-    return 0;
+    w->send_failing = rc < 0;
+    return rc;
 }
 
 static int send_hello(struct worker *w)

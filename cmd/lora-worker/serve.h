@@ -26,7 +26,8 @@ struct worker {
     struct lora_sock *sock;
     int sig_fd;
     struct lora_peer_liveness engine;
-    bool engine_seen; /* liveness counts only after the engine first answered */
+    bool engine_seen;  /* liveness counts only after the engine first answered */
+    bool send_failing; /* the last send failed (its warning was given) */
 
     /* Made by setup. */
     bool set_up;
