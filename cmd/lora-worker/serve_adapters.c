@@ -183,6 +183,14 @@ int worker_finish_loads(struct worker *w)
     return rc;
 }
 
+/* Test hook: LORA_WORKER_TEST_IGNORE_ADD=NAME makes this rank acknowledge adding NAME without
+ * loading it, so that the tests can show a disagreement between ranks being reported. */
+static bool ignore_add(const struct lora_msg_adapter_op *op)
+{
+    const char *name = getenv("LORA_WORKER_TEST_IGNORE_ADD");
+    return name && op->name.s && strcmp(name, op->name.s) == 0;
+}
+
 static int queue_load(struct worker *w, const struct lora_msg_adapter_op *op)
 {
     struct loader *ld = w->loader;
@@ -227,7 +235,7 @@ int worker_handle_adapter_op(struct worker *w, const struct lora_msg_frames *f)
     const char *name = op.name.s ? op.name.s : "";
     switch (op.op) {
     case LORA_OP_ADD:
-        return queue_load(w, &op);
+        return ignore_add(&op) ? reply_op(w, op.op_id, NULL, 0) : queue_load(w, &op);
     case LORA_OP_ACTIVATE:
         rc = lora_adapter_cache_activate(w->cache, name, op.slot, w->clock, err, sizeof(err));
         break;

@@ -41,9 +41,11 @@ def check(name, fn):
 class Stack:
     """An engine and its workers in a fresh run directory; always stopped by close()."""
 
-    def __init__(self, bins, model, tp=1, args=()):
+    def __init__(self, bins, model, tp=1, args=(), worker_env=None, before_start=None):
         self.dir = tempfile.mkdtemp(prefix="lora-test-engine-")
         os.chmod(self.dir, 0o700)
+        if before_start:
+            before_start(self.dir)
         self.log = open(os.path.join(self.dir, "log"), "w")
         self.engine = subprocess.Popen(
             [os.path.join(bins, "lora-engine"), "--model", model, "--run-dir", self.dir,
@@ -51,7 +53,8 @@ class Stack:
             stdout=self.log, stderr=self.log)
         self.workers = [subprocess.Popen(
             [os.path.join(bins, "lora-worker"), "serve", "--engine",
-             endpoint(self.dir, "worker"), "--rank", str(r)], stdout=self.log, stderr=self.log)
+             endpoint(self.dir, "worker"), "--rank", str(r)], stdout=self.log, stderr=self.log,
+            env=dict(os.environ, **(worker_env or {}).get(r, {})))
             for r in range(tp)]
         deadline = time.time() + 60
         while time.time() < deadline:
@@ -262,6 +265,41 @@ def main():
         finally:
             st.close()
 
+    def startup_published_first():
+        ctx = zmq.Context.instance()
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.SUBSCRIBE, b"notifications")
+        sub.setsockopt(zmq.LINGER, 0)
+        # Connected before the engine binds: ZeroMQ completes the connection when it does.
+        st = Stack(bins, model, 1, ["--max-loras", "2"] + mods[:4],
+                   before_start=lambda d: sub.connect(endpoint(d, "publish")))
+        try:
+            held = set()
+            while sub.poll(2000):
+                m = msgpack.unpackb(sub.recv_multipart()[2], raw=False)
+                for it in m["items"]:
+                    held |= set(it["state"]["cpu"])
+                if {"a0", "a1"} <= held:
+                    break
+            assert {"a0", "a1"} <= held, held
+        finally:
+            sub.close()
+            st.close()
+
+    def disagreement_reported():
+        st = Stack(bins, model, 2, ["--max-loras", "2"],
+                   worker_env={1: {"LORA_WORKER_TEST_IGNORE_ADD": "odd"}})
+        try:
+            r = st.control("load", "odd", adapters[2])
+            assert r["ok"], r
+            d = st.residency()
+            assert "odd" in d["ranks"][0]["cpu"] and "odd" not in d["ranks"][1]["cpu"], d
+            assert d["disagreement"] == 1, d
+            r = st.control("load", "even", adapters[3])
+            assert st.residency()["disagreement"] == 1
+        finally:
+            st.close()
+
     check("tokens and log-probabilities equal lora-worker generate, 8 adapters mixed",
           lambda: same_as_generate(1))
     check("tensor parallelism: TP=2 gives the tokens of lora-worker generate",
@@ -277,6 +315,9 @@ def main():
     check("a worker killed mid-generation fails the request within 5 s and the engine reports "
           "unhealthy", worker_killed)
     check("a load on an idle engine is published at once", idle_load_published)
+    check("the start-up adapters' load event is published before any request",
+          startup_published_first)
+    check("a rank that disagrees is reported, not hidden", disagreement_reported)
     print("1..%d" % len(results))
     return 0 if all(results) else 1
 
