@@ -118,6 +118,7 @@ demo: deps
 bench: deps
 	@$(MAKE) --no-print-directory all
 	@for b in $(BENCHES); do echo "== $$b"; $$b || exit 1; done
+	@echo "== tests/bench/protocol_share.py"; $(PYTHON) tests/bench/protocol_share.py --bin $(BUILD)/bin
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu')

@@ -47,6 +47,9 @@ def measure(stack, batch, tokens):
     while sub.poll(500):
         s = msgpack.unpackb(sub.recv_multipart()[2], raw=False)
         decoding = s["step_tokens"] == batch and s["running"] == batch
+        if os.environ.get("LORA_BENCH_DEBUG"):
+            print("# stats", {k: s[k] for k in ("running", "waiting", "step_tokens",
+                                                "step_seconds", "model_seconds")})
         if decoding and s["step_seconds"] > 0:
             shares.append(1 - s.get("model_seconds", 0) / s["step_seconds"])
     sub.close()

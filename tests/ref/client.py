@@ -32,23 +32,34 @@ def endpoint(run_dir, name):
     return "ipc://" + os.path.join(run_dir, name + ".sock")
 
 
+HEARTBEAT_S = 0.5  # the protocol's interval: the engine drops a peer silent for 3 s
+
+
 class Peer:
     def __init__(self, ep):
         self.ctx = zmq.Context.instance()
         self.sock = self.ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         self.sock.connect(ep)
+        self.last_sent = 0.0
 
     def send(self, body, bins=()):
         self.sock.send_multipart([MAGIC, msgpack.packb(body)] + list(bins))
+        self.last_sent = time.time()
 
     def recv(self, timeout_s):
-        """The next message that is not a heartbeat, or None on timeout."""
+        """The next message that is not a heartbeat, or None on timeout. Sends heartbeats
+        while it waits, as every peer must."""
         deadline = time.time() + timeout_s
         while True:
-            left = deadline - time.time()
-            if left <= 0 or not self.sock.poll(int(left * 1000)):
+            now = time.time()
+            if now - self.last_sent >= HEARTBEAT_S:
+                self.send({"type": "heartbeat"})
+            left = min(deadline - now, HEARTBEAT_S)
+            if deadline - now <= 0:
                 return None
+            if not self.sock.poll(max(1, int(left * 1000))):
+                continue
             frames = self.sock.recv_multipart()
             body = msgpack.unpackb(frames[1], raw=False)
             if body.get("type") != "heartbeat":
