@@ -23,6 +23,61 @@ struct eng_adapter *adapters_find(struct engine *e, const char *name)
     return NULL;
 }
 
+static bool in_list(const struct lora_str *v, int n, const char *name)
+{
+    for (int i = 0; i < n; i++)
+        if (v[i].s && strcmp(v[i].s, name) == 0)
+            return true;
+    return false;
+}
+
+void adapters_sync_cached(struct engine *e)
+{
+    struct lora_msg_residency_reply st[ENGINE_MAX_WORLD];
+
+    lora_msg_arena_reset(e->arena);
+    if (engine_rank_states(e, st) < 0)
+        return;
+    for (int i = 0; i < ENGINE_MAX_ADAPTERS; i++) {
+        struct eng_adapter *ad = &e->adapters[i];
+        if (!ad->used)
+            continue;
+        bool cached = true;
+        for (int r = 0; r < e->world; r++)
+            cached &= in_list(st[r].state.cpu, st[r].state.n_cpu, ad->name);
+        if (ad->cached && !cached)
+            lora_scheduler_adapter_loading(e->sched, ad->id);
+        ad->cached = cached;
+    }
+}
+
+void adapters_reload_wanted(struct engine *e)
+{
+    char err[512];
+
+    for (int i = 0; i < ENGINE_MAX_ADAPTERS && e->healthy; i++) {
+        struct eng_adapter *ad = &e->adapters[i];
+        struct lora_scheduler_adapter_info info;
+        if (!ad->used || ad->cached ||
+            lora_scheduler_adapter_info(e->sched, ad->id, &info) < 0 || info.removing ||
+            info.n_waiting == 0)
+            continue;
+        /* A rank that still holds it refuses the add; removing first makes every rank equal. */
+        workers_adapter_op(e, LORA_OP_REMOVE, ad->name, NULL, -1, err, sizeof(err));
+        if (workers_adapter_op(e, LORA_OP_ADD, ad->name, ad->path, -1, err, sizeof(err)) < 0) {
+            /* It cannot come back: unregister it, which fails the requests waiting for it. */
+            char name[ENGINE_NAME_MAX + 1], why[256];
+            fprintf(stderr, "lora-engine: warning: reloading adapter '%s': %s\n", ad->name, err);
+            snprintf(name, sizeof(name), "%s", ad->name);
+            adapters_unload(e, name, why, sizeof(why));
+            continue;
+        }
+        workers_gather_notifications(e);
+        if (ad->cached)
+            lora_scheduler_adapter_ready(e->sched, ad->id);
+    }
+}
+
 /* Brings adapter ad into a slot as the scheduler chooses (pin, then unpin unless pinned). */
 static int activate(struct engine *e, struct eng_adapter *ad, bool keep_pinned, char *err,
                     size_t len)

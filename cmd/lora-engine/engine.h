@@ -33,6 +33,7 @@ struct eng_adapter {
     char name[ENGINE_NAME_MAX + 1];
     char path[4096];
     bool pinned;
+    bool cached; /* every rank holds it in its CPU cache (from the last gathered states) */
 };
 
 struct eng_request {
@@ -113,6 +114,7 @@ struct engine {
 double eng_now(void); /* Unix time with fractions */
 
 /* workers.c */
+/* 0 set up, 1 stopped by a signal, -1 failed (err). */
 int workers_wait_setup(struct engine *e, char *err, size_t err_len);
 int workers_broadcast(struct engine *e, const struct lora_msg_bin *bins, int n_bins);
 /* Receives one reply of type from every rank into replies[rank] (frames the caller releases).
@@ -133,6 +135,10 @@ int adapters_load(struct engine *e, const char *name, const char *path, char *er
 int adapters_unload(struct engine *e, const char *name, char *err, size_t len);
 int adapters_pin(struct engine *e, const char *name, bool pin, char *err, size_t len);
 struct eng_adapter *adapters_find(struct engine *e, const char *name);
+/* Follows the gathered states: an adapter a rank dropped from its CPU cache waits for a reload. */
+void adapters_sync_cached(struct engine *e);
+/* Reloads, from disk, registered adapters that requests wait for and no rank caches. */
+void adapters_reload_wanted(struct engine *e);
 int control_handle(struct engine *e, const struct lora_msg_frames *f);
 
 /* frontends.c */

@@ -47,16 +47,61 @@ static int open_sockets(struct engine *e, const char *run_dir, const char **eps,
     return 0;
 }
 
+static int check_modules(const struct lora_opt_list *mods, char *err, size_t len)
+{
+    for (int i = 0; i < mods->n; i++) {
+        const char *spec = mods->items[i], *eq = strchr(spec, '=');
+        if (!eq || eq == spec || (size_t)(eq - spec) > ENGINE_NAME_MAX || !eq[1]) {
+            snprintf(err, len, "--lora-modules '%s' must be NAME=PATH", spec);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* Checks the options against each other and the model before anything starts. */
+static int check_options(const struct engine *e, const struct lora_model_config *cfg,
+                         const char *run_dir, const char **eps, char *err, size_t len)
+{
+    if (cfg->n_heads % e->world || cfg->n_kv_heads % e->world ||
+        cfg->intermediate_size % e->world) {
+        snprintf(err, len,
+                 "--tensor-parallel-size %d must divide the model's %d heads, %d KV heads and "
+                 "intermediate size %d",
+                 e->world, cfg->n_heads, cfg->n_kv_heads, cfg->intermediate_size);
+        return -1;
+    }
+    for (int i = 0; i < 4 && !run_dir; i++) {
+        if (!eps[i]) {
+            snprintf(err, len, "give --run-dir, or all four --*-endpoint options");
+            return -1;
+        }
+    }
+    if (e->max_cpu_loras < e->max_loras) {
+        snprintf(err, len, "--max-cpu-loras (%d) must be at least --max-loras (%d)",
+                 e->max_cpu_loras, e->max_loras);
+        return -1;
+    }
+    if (e->max_num_batched_tokens < e->max_num_seqs || e->max_requests < e->max_num_seqs) {
+        snprintf(err, len,
+                 "--max-num-batched-tokens and --max-requests must be at least --max-num-seqs");
+        return -1;
+    }
+    if (e->max_model_len < 2 || e->num_kv_blocks < 1) {
+        snprintf(err, len, "the context (--max-model-len %d) must hold 2 tokens and the KV cache "
+                           "a block",
+                 e->max_model_len);
+        return -1;
+    }
+    return 0;
+}
+
 static int load_modules(struct engine *e, const struct lora_opt_list *mods, char *err,
                         size_t len)
 {
     for (int i = 0; i < mods->n; i++) {
         const char *spec = mods->items[i], *eq = strchr(spec, '=');
         char name[ENGINE_NAME_MAX + 1];
-        if (!eq || eq == spec || (size_t)(eq - spec) > ENGINE_NAME_MAX || !eq[1]) {
-            snprintf(err, len, "--lora-modules '%s' must be NAME=PATH", spec);
-            return -1;
-        }
         snprintf(name, sizeof(name), "%.*s", (int)(eq - spec), spec);
         char why[800];
         if (adapters_load(e, name, eq + 1, why, sizeof(why)) < 0) {
@@ -277,13 +322,14 @@ int main(int argc, char **argv)
     e.max_model_len = mml ? (int)mml
                           : (cfg.max_position_embeddings < 4096 ? cfg.max_position_embeddings
                                                                 : 4096);
-    size_t block_bytes = lora_kv_cache_block_bytes(
-        cfg.n_layers, cfg.n_kv_heads / e.world * cfg.head_dim, e.block_size);
-    e.num_kv_blocks = blocks ? (int)blocks : (int)(((size_t)kv_mb << 20) / block_bytes);
-    if (e.max_cpu_loras < e.max_loras || e.num_kv_blocks < 1 ||
-        e.max_num_batched_tokens < e.max_num_seqs) {
-        fprintf(stderr, "lora-engine: fatal: --max-cpu-loras must be at least --max-loras, the KV "
-                        "cache must hold a block, and the token budget the sequences\n");
+    if (cfg.n_kv_heads % e.world == 0) {
+        size_t block_bytes = lora_kv_cache_block_bytes(
+            cfg.n_layers, cfg.n_kv_heads / e.world * cfg.head_dim, e.block_size);
+        e.num_kv_blocks = blocks ? (int)blocks : (int)(((size_t)kv_mb << 20) / block_bytes);
+    }
+    if (check_options(&e, &cfg, run_dir, eps, err, sizeof(err)) < 0 ||
+        check_modules(&mods, err, sizeof(err)) < 0) {
+        fprintf(stderr, "lora-engine: fatal: %s\n", err);
         return EXIT_USAGE;
     }
     snprintf(e.shm, sizeof(e.shm), "/lora-engine-%ld-%d", (long)getpid(), e.engine_index);
@@ -295,7 +341,12 @@ int main(int argc, char **argv)
         fprintf(stderr, "lora-engine: fatal: %s\n", *err ? err : strerror(errno));
         goto out;
     }
-    if (workers_wait_setup(&e, err, sizeof(err)) < 0) {
+    int w = workers_wait_setup(&e, err, sizeof(err));
+    if (w != 0) {
+        if (w > 0) {
+            rc = 0; /* stopped by a signal */
+            goto out;
+        }
         fprintf(stderr, "lora-engine: fatal: %s\n", err);
         goto out;
     }

@@ -200,8 +200,9 @@ static void publish_stats(struct engine *e, double step_seconds, double model_se
 int step_run(struct engine *e)
 {
     char err[512];
-    double t0 = eng_now();
 
+    adapters_reload_wanted(e);
+    double t0 = eng_now();
     if (lora_scheduler_schedule(e->sched, t0, &e->plan) < 0) {
         fprintf(stderr, "lora-engine: warning: the scheduler refused a step\n");
         return -1;

@@ -135,13 +135,16 @@ fail:
     return -1;
 }
 
-/* Waits for every rank's hello, sends setup and waits for setup_done from all. */
+/* Waits for every rank's hello, sends setup and waits for setup_done from all. Returns 0, 1 when
+ * a signal asked to stop meanwhile, or -1 with err. */
 int workers_wait_setup(struct engine *e, char *err, size_t err_len)
 {
     uint64_t deadline = lora_now_ms() + (uint64_t)e->startup_timeout_ms;
     int n_present = 0;
 
     while (n_present < e->world) {
+        if (lora_signal_pipe_drain(e->sig_fd) > 0)
+            return 1;
         if (lora_now_ms() >= deadline) {
             snprintf(err, err_len, "only %d of %d workers said hello within %d ms", n_present,
                      e->world, e->startup_timeout_ms);
@@ -360,6 +363,7 @@ int workers_gather_notifications(struct engine *e)
         }
     }
     workers_release(e, replies);
+    adapters_sync_cached(e);
     int d = count_disagreement(e);
     if (d != e->disagreement && d > 0)
         fprintf(stderr, "lora-engine: warning: %d adapter%s held at different levels by the ranks\n",

@@ -300,6 +300,22 @@ def main():
         finally:
             st.close()
 
+    def cpu_eviction_reloads():
+        st = Stack(bins, model, 1, ["--max-loras", "1", "--max-cpu-loras", "2"] + mods[:4])
+        try:
+            r = st.control("load", "a2", adapters[2])
+            assert r["ok"], r
+            d = st.residency()
+            assert "a0" not in d["ranks"][0]["cpu"], d
+            fe = Frontend(st.dir)
+            fe.request("again", batch[0], 3)
+            got = fe.collect(["again"], 60)["again"]
+            fe.close()
+            assert got["error"] is None and got["tokens"] == expected[0]["tokens"], got
+            assert "a0" in st.residency()["ranks"][0]["cpu"]
+        finally:
+            st.close()
+
     check("tokens and log-probabilities equal lora-worker generate, 8 adapters mixed",
           lambda: same_as_generate(1))
     check("tensor parallelism: TP=2 gives the tokens of lora-worker generate",
@@ -318,6 +334,8 @@ def main():
     check("the start-up adapters' load event is published before any request",
           startup_published_first)
     check("a rank that disagrees is reported, not hidden", disagreement_reported)
+    check("an adapter dropped from the CPU cache stays registered and is reloaded for a request",
+          cpu_eviction_reloads)
     print("1..%d" % len(results))
     return 0 if all(results) else 1
 
