@@ -151,6 +151,9 @@ static void teardown(struct engine *e)
                 if (e->workers[r].present)
                     lora_sock_send(e->work, e->workers[r].rid, e->workers[r].rid_len, NULL,
                                    e->out.data, e->out.len, NULL, 0, ZMQ_DONTWAIT);
+        /* Give the shutdowns a bounded moment to leave before the socket closes. */
+        int linger_ms = 500;
+        zmq_setsockopt(e->work->zsock, ZMQ_LINGER, &linger_ms, sizeof(linger_ms));
     }
     for (int i = 0; e->reqs && i < e->max_requests; i++)
         request_release(e, &e->reqs[i]);
