@@ -246,7 +246,7 @@ int main(int argc, char **argv)
     const char *eps[4] = {NULL}, *run_dir = NULL;
     struct lora_opt_list mods = {0};
     long tp = 1, idx = 0, max_loras = 4, max_cpu = 0, max_rank = 64, bs = 16, blocks = 0;
-    long kv_mb = 256, mbt = 512, mns = 64, mml = 0, idle = 100, startup = 120000, maxreq = 1024;
+    long kv_bytes = 256L << 20, mbt = 512, mns = 64, mml = 0, idle = 100, startup = 120000, maxreq = 1024;
     bool help = false, version = false;
     const struct lora_opt options[] = {
         {"model", LORA_OPT_STRING, &e.model, "DIR", "Hugging Face model directory"},
@@ -267,8 +267,8 @@ int main(int argc, char **argv)
         {"block-size", LORA_OPT_INT, &bs, "N", "KV cache block size (default 16)", 1, 1024},
         {"num-kv-blocks", LORA_OPT_INT, &blocks, "N", "KV blocks (default from --kv-cache-bytes)",
          0, 1 << 24},
-        {"kv-cache-mb", LORA_OPT_INT, &kv_mb, "MB", "KV cache size per rank (default 256)", 1,
-         1 << 20},
+        {"kv-cache-bytes", LORA_OPT_INT, &kv_bytes, "N",
+         "KV cache bytes per rank (default 268435456)", 1, 1e15},
         {"max-num-batched-tokens", LORA_OPT_INT, &mbt, "N", "token budget (default 512)", 1,
          1 << 20},
         {"max-num-seqs", LORA_OPT_INT, &mns, "N", "sequences per step (default 64)", 1, 4096},
@@ -328,7 +328,7 @@ int main(int argc, char **argv)
     if (cfg.n_kv_heads % e.world == 0) {
         size_t block_bytes = lora_kv_cache_block_bytes(
             cfg.n_layers, cfg.n_kv_heads / e.world * cfg.head_dim, e.block_size);
-        e.num_kv_blocks = blocks ? (int)blocks : (int)(((size_t)kv_mb << 20) / block_bytes);
+        e.num_kv_blocks = blocks ? (int)blocks : (int)((size_t)kv_bytes / block_bytes);
     }
     if (check_options(&e, &cfg, run_dir, eps, err, sizeof(err)) < 0 ||
         check_modules(&mods, err, sizeof(err)) < 0) {

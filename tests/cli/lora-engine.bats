@@ -132,7 +132,7 @@ man_options() {
         for o in --model --run-dir --frontend-endpoint --worker-endpoint --control-endpoint \
             --publish-endpoint --tensor-parallel-size --engine-index --max-loras \
             --max-cpu-loras --max-lora-rank --lora-modules --block-size --num-kv-blocks \
-            --kv-cache-mb --max-num-batched-tokens --max-num-seqs --max-model-len \
+            --kv-cache-bytes --max-num-batched-tokens --max-num-seqs --max-model-len \
             --max-requests --idle-notify-ms --startup-timeout-ms --help --version; do
             [[ "$output" == *"  $o "* ]] || { echo "$flag lacks $o" >&2; return 1; }
         done
@@ -181,7 +181,7 @@ man_options() {
 @test "out-of-range and malformed values exit 100 naming the option and the value" {
     for ov in max-loras:0 max-loras:1025 max-loras:abc tensor-parallel-size:99 \
         tensor-parallel-size:0 engine-index:-1 max-cpu-loras:65537 max-lora-rank:0 \
-        block-size:0 num-kv-blocks:-1 kv-cache-mb:0 max-num-batched-tokens:0 \
+        block-size:0 num-kv-blocks:-1 kv-cache-bytes:0 max-num-batched-tokens:0 \
         max-num-seqs:4097 max-model-len:x max-requests:0 idle-notify-ms:0 \
         startup-timeout-ms:99 max-loras:2.5 max-loras:; do
         o=${ov%%:*} v=${ov#*:}

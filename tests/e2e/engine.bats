@@ -30,6 +30,6 @@ setup_file() {
         "$D/batch.jsonl" "$D"/a0 "$D"/a1 "$D"/a2 "$D"/a3 "$D"/a4 "$D"/a5 "$D"/a6 "$D"/a7
     echo "$output"
     expect_status 0
-    [[ "$output" == *"1..11"* ]]
+    [[ "$output" == *"1..12"* ]]
     [[ "$output" != *"not ok"* ]]
 }

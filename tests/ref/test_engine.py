@@ -316,6 +316,41 @@ def main():
         finally:
             st.close()
 
+    def lifecycle_events():
+        st = Stack(bins, model, 1, ["--max-loras", "2"] + mods[:2])
+        try:
+            ctx = zmq.Context.instance()
+            sub = ctx.socket(zmq.SUB)
+            sub.setsockopt(zmq.SUBSCRIBE, b"event")
+            sub.setsockopt(zmq.LINGER, 0)
+            sub.connect(endpoint(st.dir, "publish"))
+            time.sleep(0.3)
+            fe = Frontend(st.dir)
+            fe.request("done", {"prompt_ids": [4, 5, 6], "max_tokens": 3, "lora": "a0"})
+            fe.collect(["done"], 30)
+            fe.request("stopped", {"prompt_ids": [4, 5, 6], "max_tokens": 3000, "lora": None})
+            fe.abort("stopped")
+            got = fe.collect(["stopped"], 30)["stopped"]
+            assert got["finish_reason"] == "abort", got
+            fe.close()
+            events = {}
+            while sub.poll(500):
+                m = msgpack.unpackb(sub.recv_multipart()[2], raw=False)
+                events.setdefault(m["request_id"], []).append(m)
+            sub.close()
+            done = events["done"]
+            assert [e["event"] for e in done] == ["QUEUED", "SCHEDULED", "FINISHED"], done
+            assert done[-1]["finish_reason"] == "length" and done[-1]["lora"] == "a0", done
+            assert done[0]["time"] <= done[1]["time"] <= done[2]["time"], done
+            assert done[-1]["num_generation_tokens"] == 3, done
+            stopped = events["stopped"]
+            assert stopped[-1]["event"] == "FINISHED", stopped
+            assert stopped[-1]["finish_reason"] == "abort", stopped
+            stats = st.control("stats")["data"]
+            assert stats["running"] == 0 and stats["free_blocks"] == stats["num_kv_blocks"], stats
+        finally:
+            st.close()
+
     check("tokens and log-probabilities equal lora-worker generate, 8 adapters mixed",
           lambda: same_as_generate(1))
     check("tensor parallelism: TP=2 gives the tokens of lora-worker generate",
@@ -336,6 +371,8 @@ def main():
     check("a rank that disagrees is reported, not hidden", disagreement_reported)
     check("an adapter dropped from the CPU cache stays registered and is reloaded for a request",
           cpu_eviction_reloads)
+    check("lifecycle events QUEUED, SCHEDULED, FINISHED with reasons; an abort frees its blocks",
+          lifecycle_events)
     print("1..%d" % len(results))
     return 0 if all(results) else 1
 
