@@ -70,7 +70,11 @@ static int set_value(const struct lora_opt *o, const char *val, const char *orig
     return -1;
 }
 
-/* Environment values live as long as the process; list values are split into static copies. */
+/* Environment values live as long as the process; a list value is split in a copy that lives
+ * as long, held here so that it stays reachable. */
+static char *env_copies[LORA_OPT_LIST_MAX];
+static int n_env_copies;
+
 static int parse_env(const struct lora_opt *opts, const char *prefix, char *err, size_t err_len)
 {
     for (const struct lora_opt *o = opts; o->name; o++) {
@@ -87,9 +91,14 @@ static int parse_env(const struct lora_opt *opts, const char *prefix, char *err,
                 return -1;
             continue;
         }
+        if (n_env_copies == LORA_OPT_LIST_MAX) {
+            snprintf(err, err_len, "%s: too many list options in the environment", var);
+            return -1;
+        }
         char *copy = strdup(val); /* kept: the list borrows its pieces */
         if (!copy)
             return -1;
+        env_copies[n_env_copies++] = copy;
         for (char *save, *tok = strtok_r(copy, ",", &save); tok; tok = strtok_r(NULL, ",", &save))
             if (set_value(o, tok, var, err, err_len) < 0)
                 return -1;

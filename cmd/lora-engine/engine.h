@@ -112,6 +112,8 @@ struct engine {
 };
 
 double eng_now(void); /* Unix time with fractions */
+/* The limits the engine announces (ready) and imposes (setup). */
+void engine_limits(const struct engine *e, struct lora_msg_limits *l);
 
 /* workers.c */
 /* 0 set up, 1 stopped by a signal, -1 failed (err). */

@@ -266,20 +266,8 @@ static void send_ready(struct engine *e, int fe)
         .version = LORA_PROTOCOL_VERSION,
         .engine_index = e->engine_index,
         .model = {e->model, strlen(e->model)},
-        .limits =
-            {
-                .max_loras = e->max_loras,
-                .max_cpu_loras = e->max_cpu_loras,
-                .max_lora_rank = e->max_lora_rank,
-                .block_size = e->block_size,
-                .num_kv_blocks = e->num_kv_blocks,
-                .world_size = e->world,
-                .max_model_len = e->max_model_len,
-                .max_num_batched_tokens = e->max_num_batched_tokens,
-                .max_num_seqs = e->max_num_seqs,
-                .vocab_size = e->vocab_size,
-            },
     };
+    engine_limits(e, &m.limits);
     lora_msg_buf_reset(&e->out);
     if (lora_msg_encode_ready(&e->out, &m, NULL, NULL) == 0)
         send_to(e, fe);

@@ -22,6 +22,22 @@
 #include "kv_cache.h"
 #include "model_config.h"
 
+void engine_limits(const struct engine *e, struct lora_msg_limits *l)
+{
+    *l = (struct lora_msg_limits){
+        .max_loras = e->max_loras,
+        .max_cpu_loras = e->max_cpu_loras,
+        .max_lora_rank = e->max_lora_rank,
+        .block_size = e->block_size,
+        .num_kv_blocks = e->num_kv_blocks,
+        .world_size = e->world,
+        .max_model_len = e->max_model_len,
+        .max_num_batched_tokens = e->max_num_batched_tokens,
+        .max_num_seqs = e->max_num_seqs,
+        .vocab_size = e->vocab_size,
+    };
+}
+
 static int open_sockets(struct engine *e, const char *run_dir, const char **eps, char *err,
                         size_t len)
 {
@@ -149,11 +165,15 @@ static void teardown(struct engine *e)
         if (lora_msg_encode_empty(&e->out, LORA_MSG_SHUTDOWN) == 0)
             for (int r = 0; r < e->world; r++)
                 if (e->workers[r].present)
-                    lora_sock_send(e->work, e->workers[r].rid, e->workers[r].rid_len, NULL,
-                                   e->out.data, e->out.len, NULL, 0, ZMQ_DONTWAIT);
-        /* Give the shutdowns a bounded moment to leave before the socket closes. */
+                    if (lora_sock_send(e->work, e->workers[r].rid, e->workers[r].rid_len, NULL,
+                                       e->out.data, e->out.len, NULL, 0, ZMQ_DONTWAIT) < 0)
+                        fprintf(stderr, "lora-engine: warning: unable to tell rank %d to stop: %s\n",
+                                r, strerror(errno));
+        /* Give the shutdowns a bounded moment to leave before the socket closes: with LINGER
+         * alone, a message queued just before the close was seen lost now and then. */
         int linger_ms = 500;
         zmq_setsockopt(e->work->zsock, ZMQ_LINGER, &linger_ms, sizeof(linger_ms));
+        usleep(100 * 1000);
     }
     for (int i = 0; e->reqs && i < e->max_requests; i++)
         request_release(e, &e->reqs[i]);
@@ -247,6 +267,7 @@ int main(int argc, char **argv)
     struct lora_opt_list mods = {0};
     long tp = 1, idx = 0, max_loras = 4, max_cpu = 0, max_rank = 64, bs = 16, blocks = 0;
     long kv_bytes = 256L << 20, mbt = 512, mns = 64, mml = 0, idle = 100, startup = 120000, maxreq = 1024;
+    double kv_fraction = 0;
     bool help = false, version = false;
     const struct lora_opt options[] = {
         {"model", LORA_OPT_STRING, &e.model, "DIR", "Hugging Face model directory"},
@@ -265,6 +286,8 @@ int main(int argc, char **argv)
          4096},
         {"lora-modules", LORA_OPT_LIST, &mods, "NAME=PATH", "load before ready (repeatable)"},
         {"block-size", LORA_OPT_INT, &bs, "N", "KV cache block size (default 16)", 1, 1024},
+        {"kv-cache-fraction", LORA_OPT_FLOAT, &kv_fraction, "F",
+         "size the KV cache as this fraction of available memory, over all ranks", 0, 0.95},
         {"num-kv-blocks", LORA_OPT_INT, &blocks, "N", "KV blocks (default from --kv-cache-bytes)",
          0, 1 << 24},
         {"kv-cache-bytes", LORA_OPT_INT, &kv_bytes, "N",
@@ -325,6 +348,11 @@ int main(int argc, char **argv)
     e.max_model_len = mml ? (int)mml
                           : (cfg.max_position_embeddings < 4096 ? cfg.max_position_embeddings
                                                                 : 4096);
+    if (kv_fraction > 0) {
+        /* Available memory now, shared by the ranks of this host. */
+        double avail = (double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+        kv_bytes = (long)(avail * kv_fraction / e.world);
+    }
     if (cfg.n_kv_heads % e.world == 0) {
         size_t block_bytes = lora_kv_cache_block_bytes(
             cfg.n_layers, cfg.n_kv_heads / e.world * cfg.head_dim, e.block_size);

@@ -173,20 +173,9 @@ int workers_wait_setup(struct engine *e, char *err, size_t err_len)
         struct lora_msg_setup s = {
             .model = {e->model, strlen(e->model)},
             .rank = r,
-            .limits =
-                {
-                    .max_loras = e->max_loras,
-                    .max_cpu_loras = e->max_cpu_loras,
-                    .max_lora_rank = e->max_lora_rank,
-                    .block_size = e->block_size,
-                    .num_kv_blocks = e->num_kv_blocks,
-                    .world_size = e->world,
-                    .max_model_len = e->max_model_len,
-                    .max_num_batched_tokens = e->max_num_batched_tokens,
-                    .max_num_seqs = e->max_num_seqs,
-                },
             .shm = {e->shm, strlen(e->shm)},
         };
+        engine_limits(e, &s.limits);
         lora_msg_buf_reset(&e->out);
         if (lora_msg_encode_setup(&e->out, &s, NULL, NULL) < 0 ||
             lora_sock_send(e->work, e->workers[r].rid, e->workers[r].rid_len, NULL, e->out.data,

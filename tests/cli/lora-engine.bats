@@ -327,7 +327,7 @@ man_options() {
     [ ! -s "$BATS_TEST_TMPDIR/engine.out" ]
     # The engine tells its workers to shut down.
     wait_exit "$first" 5
-    [ "$rc" -eq 0 ]
+    [ "$rc" -eq 0 ] || { echo "worker exited $rc" >&2; cat "$BATS_TEST_TMPDIR/worker0.log" "$BATS_TEST_TMPDIR/engine.err" >&2; false; }
 }
 
 @test "two ranks, adapters from LORA_ENGINE_LORA_MODULES, and an engine index" {
