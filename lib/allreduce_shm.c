@@ -2,11 +2,12 @@
  * see allreduce_shm.h for the segment, the barrier and the failure rules. */
 #include "allreduce_shm.h"
 
+#include "errbuf.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <sched.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
@@ -79,20 +80,6 @@ struct lora_allreduce {
     bool broken;
 };
 
-static void errf(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void errf(char *err, size_t err_len, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (!err || err_len == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
-
 static uint64_t now_ns(void)
 {
     struct timespec ts;
@@ -150,7 +137,7 @@ static int map_segment(struct lora_allreduce *ar, int fd, size_t bytes, const ch
     void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 
     if (p == MAP_FAILED) {
-        errf(err, err_len, "unable to map segment '%s': %s", name, strerror(errno));
+        lora_errf(err, err_len, "unable to map segment '%s': %s", name, strerror(errno));
         return -1;
     }
     ar->hdr = p;
@@ -165,14 +152,15 @@ static int create_segment(struct lora_allreduce *ar, int fd, size_t bytes, const
     /* fchmod: the umask may have taken bits from 0600 that the other ranks need. posix_fallocate
      * rather than ftruncate: a full /dev/shm fails here, not with a SIGBUS in a step. */
     if (fchmod(fd, 0600) < 0) {
-        errf(err, err_len, "unable to set the mode of segment '%s': %s", name, strerror(errno));
+        lora_errf(err, err_len, "unable to set the mode of segment '%s': %s", name,
+                  strerror(errno));
         return -1;
     }
     int rc = posix_fallocate(fd, 0, (off_t)bytes);
     if (rc != 0) {
         errno = rc;
-        errf(err, err_len, "unable to reserve %zu bytes for segment '%s': %s", bytes, name,
-             strerror(rc));
+        lora_errf(err, err_len, "unable to reserve %zu bytes for segment '%s': %s", bytes, name,
+                  strerror(rc));
         return -1;
     }
     if (map_segment(ar, fd, bytes, name, err, err_len) < 0)
@@ -201,27 +189,28 @@ static int wait_sized(int fd, const char *name, uint64_t deadline, int timeout_m
 
     for (;;) {
         if (fstat(fd, &st) < 0) {
-            errf(err, err_len, "unable to stat segment '%s': %s", name, strerror(errno));
+            lora_errf(err, err_len, "unable to stat segment '%s': %s", name, strerror(errno));
             return -1;
         }
         if (st.st_uid != geteuid() || (st.st_mode & 077)) {
-            errf(err, err_len, "segment '%s' belongs to uid %u with mode %04o, not to us alone",
-                 name, (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
+            lora_errf(err, err_len,
+                      "segment '%s' belongs to uid %u with mode %04o, not to us alone", name,
+                      (unsigned)st.st_uid, (unsigned)(st.st_mode & 07777));
             errno = EPERM;
             return -1;
         }
         if (st.st_size > 0)
             break;
         if (now_ns() >= deadline) {
-            errf(err, err_len, "segment '%s' was not sized within %d ms", name, timeout_ms);
+            lora_errf(err, err_len, "segment '%s' was not sized within %d ms", name, timeout_ms);
             errno = ETIMEDOUT;
             return -1;
         }
         sleep_ns(1000000);
     }
     if ((size_t)st.st_size < sizeof(struct shm_header)) {
-        errf(err, err_len, "segment '%s' is not an all-reduce segment (%lld bytes)", name,
-             (long long)st.st_size);
+        lora_errf(err, err_len, "segment '%s' is not an all-reduce segment (%lld bytes)", name,
+                  (long long)st.st_size);
         errno = EINVAL;
         return -1;
     }
@@ -239,31 +228,33 @@ static int check_header(const struct lora_allreduce *ar, off_t size, size_t byte
     errno = EINVAL;
     while ((magic = atomic_load_explicit(&h->magic, memory_order_acquire)) == 0) {
         if (now_ns() >= deadline) {
-            errf(err, err_len, "segment '%s' was not initialised within %d ms (its creator died?)",
-                 name, ar->timeout_ms);
+            lora_errf(err, err_len,
+                      "segment '%s' was not initialised within %d ms (its creator died?)", name,
+                      ar->timeout_ms);
             errno = ETIMEDOUT;
             return -1;
         }
         sleep_ns(1000000);
     }
     if (magic != SHM_MAGIC || h->version != SHM_VERSION) {
-        errf(err, err_len, "segment '%s' is not an all-reduce segment of version %u", name,
-             SHM_VERSION);
+        lora_errf(err, err_len, "segment '%s' is not an all-reduce segment of version %u", name,
+                  SHM_VERSION);
         return -1;
     }
     if (h->world_size != (uint32_t)ar->world_size) {
-        errf(err, err_len, "segment '%s' has world_size %u, not %d", name, h->world_size,
-             ar->world_size);
+        lora_errf(err, err_len, "segment '%s' has world_size %u, not %d", name, h->world_size,
+                  ar->world_size);
         return -1;
     }
     if (h->max_floats != ar->max_floats) {
-        errf(err, err_len, "segment '%s' has max_floats %llu, not %zu", name,
-             (unsigned long long)h->max_floats, ar->max_floats);
+        lora_errf(err, err_len, "segment '%s' has max_floats %llu, not %zu", name,
+                  (unsigned long long)h->max_floats, ar->max_floats);
         return -1;
     }
     if ((size_t)size != bytes || h->bytes != bytes || h->stride != ar->stride ||
         h->data_offset != round_up(sizeof(*h), 4096)) {
-        errf(err, err_len, "segment '%s' has %lld bytes, not %zu", name, (long long)size, bytes);
+        lora_errf(err, err_len, "segment '%s' has %lld bytes, not %zu", name, (long long)size,
+                  bytes);
         return -1;
     }
     return 0;
@@ -301,7 +292,7 @@ static int open_segment(struct lora_allreduce *ar, size_t bytes, const char *nam
             continue;
         }
         if (fd < 0) {
-            errf(err, err_len, "unable to open segment '%s': %s", name, strerror(errno));
+            lora_errf(err, err_len, "unable to open segment '%s': %s", name, strerror(errno));
             return -1;
         }
         int rc = created ? create_segment(ar, fd, bytes, name, err, err_len)
@@ -324,9 +315,9 @@ static int join(struct lora_allreduce *ar, const char *name, char *err, size_t e
     uint64_t before = atomic_fetch_or_explicit(&h->joined, bit, memory_order_acq_rel);
 
     if (before & bit) {
-        errf(err, err_len,
-             "rank %d has already joined segment '%s' (a restarted rank needs a new group)",
-             ar->rank, name);
+        lora_errf(err, err_len,
+                  "rank %d has already joined segment '%s' (a restarted rank needs a new group)",
+                  ar->rank, name);
         errno = EEXIST;
         return -1;
     }
@@ -343,26 +334,26 @@ struct lora_allreduce *lora_allreduce_open(const char *name, int rank, int world
 
     errno = EINVAL;
     if (!is_valid_name(name)) {
-        errf(err, err_len, "invalid segment name '%s': want '/name' without another '/'",
-             name ? name : "(null)");
+        lora_errf(err, err_len, "invalid segment name '%s': want '/name' without another '/'",
+                  name ? name : "(null)");
         return NULL;
     }
     if (world_size < 1 || world_size > LORA_ALLREDUCE_MAX_WORLD || rank < 0 || rank >= world_size) {
-        errf(err, err_len, "invalid rank %d of world_size %d (at most %d ranks)", rank, world_size,
-             LORA_ALLREDUCE_MAX_WORLD);
+        lora_errf(err, err_len, "invalid rank %d of world_size %d (at most %d ranks)", rank,
+                  world_size, LORA_ALLREDUCE_MAX_WORLD);
         return NULL;
     }
     if (timeout_ms < 1) {
-        errf(err, err_len, "invalid timeout_ms %d: want at least 1", timeout_ms);
+        lora_errf(err, err_len, "invalid timeout_ms %d: want at least 1", timeout_ms);
         return NULL;
     }
     if (max_floats < 1 || !(bytes = segment_bytes(world_size, max_floats, &stride))) {
-        errf(err, err_len, "invalid max_floats %zu for world_size %d", max_floats, world_size);
+        lora_errf(err, err_len, "invalid max_floats %zu for world_size %d", max_floats, world_size);
         return NULL;
     }
     struct lora_allreduce *ar = calloc(1, sizeof(*ar));
     if (!ar) {
-        errf(err, err_len, "unable to allocate the all-reduce handle: %s", strerror(errno));
+        lora_errf(err, err_len, "unable to allocate the all-reduce handle: %s", strerror(errno));
         return NULL;
     }
     ar->stride = stride;

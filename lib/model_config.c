@@ -6,11 +6,11 @@
  */
 #include "model_config.h"
 
+#include "errbuf.h"
 #include "json_file.h"
 
 #include <errno.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -36,25 +36,6 @@ static const char *const arch_names[] = {
 static const char *const proj_names[LORA_PROJ_COUNT] = {
     "q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj",
 };
-
-/* Formats "path: reason" into err (when there is room for anything). */
-static void fail(char *err, size_t err_len, const char *path, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static void fail(char *err, size_t err_len, const char *path, const char *fmt, ...)
-{
-    va_list ap;
-    int n;
-
-    if (!err || err_len == 0)
-        return;
-    n = snprintf(err, err_len, "%s: ", path);
-    if (n < 0 || (size_t)n >= err_len)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err + n, err_len - (size_t)n, fmt, ap);
-    va_end(ap);
-}
 
 const char *lora_arch_name(enum lora_arch arch)
 {
@@ -161,17 +142,17 @@ static int get_pos_int(const char *path, json_t *root, const char *key, bool req
     if (!v) {
         if (!required)
             return 0;
-        fail(err, err_len, path, "'%s' is missing", key);
+        lora_errf_path(err, err_len, path, "'%s' is missing", key);
         return -1;
     }
     if (!json_is_integer(v) || json_integer_value(v) <= 0) {
-        fail(err, err_len, path, "'%s' must be a positive integer", key);
+        lora_errf_path(err, err_len, path, "'%s' must be a positive integer", key);
         return -1;
     }
     x = json_integer_value(v);
     if (x > max) {
-        fail(err, err_len, path, "'%s' is %lld, more than the supported %d", key, (long long)x,
-             max);
+        lora_errf_path(err, err_len, path, "'%s' is %lld, more than the supported %d", key,
+                       (long long)x, max);
         return -1;
     }
     *out = (int)x;
@@ -189,7 +170,7 @@ static int get_pos_float(const char *path, json_t *root, const char *key, float 
         return 0;
     x = json_is_number(v) ? json_number_value(v) : -1.0;
     if (!(x > 0.0) || !isfinite((float)x) || (float)x == 0.0f) {
-        fail(err, err_len, path, "'%s' must be a positive number", key);
+        lora_errf_path(err, err_len, path, "'%s' must be a positive number", key);
         return -1;
     }
     *out = (float)x;
@@ -203,13 +184,14 @@ static int get_token_id(const char *path, const char *key, json_t *v, int vocab_
     json_int_t x;
 
     if (!json_is_integer(v) || json_integer_value(v) < 0) {
-        fail(err, err_len, path, "'%s' must be a non-negative integer or a list of them", key);
+        lora_errf_path(err, err_len, path, "'%s' must be a non-negative integer or a list of them",
+                       key);
         return -1;
     }
     x = json_integer_value(v);
     if (x >= vocab_size) {
-        fail(err, err_len, path, "'%s' %lld is not below vocab_size %d", key, (long long)x,
-             vocab_size);
+        lora_errf_path(err, err_len, path, "'%s' %lld is not below vocab_size %d", key,
+                       (long long)x, vocab_size);
         return -1;
     }
     *out = (int)x;
@@ -225,16 +207,17 @@ static int parse_arch(const char *path, json_t *root, struct lora_model_config *
 
     if (!json_is_array(archs) || json_array_size(archs) == 0 ||
         !json_is_string(json_array_get(archs, 0))) {
-        fail(err, err_len, path, "'architectures' must be a non-empty list of strings");
+        lora_errf_path(err, err_len, path, "'architectures' must be a non-empty list of strings");
         return -1;
     }
     name = json_string_value(json_array_get(archs, 0));
     arch = lora_arch_from_name(name);
     if (arch < 0) {
-        fail(err, err_len, path,
-             "unknown architecture '%s' (supported: LlamaForCausalLM, MistralForCausalLM, "
-             "Qwen2ForCausalLM)",
-             name);
+        lora_errf_path(
+            err, err_len, path,
+            "unknown architecture '%s' (supported: LlamaForCausalLM, MistralForCausalLM, "
+            "Qwen2ForCausalLM)",
+            name);
         return -1;
     }
     cfg->arch = (enum lora_arch)arch;
@@ -263,29 +246,30 @@ static int parse_dims(const char *path, json_t *root, struct lora_model_config *
         return -1;
 
     if (cfg->n_heads % cfg->n_kv_heads != 0) {
-        fail(err, err_len, path,
-             "num_attention_heads %d is not divisible by num_key_value_heads %d", cfg->n_heads,
-             cfg->n_kv_heads);
+        lora_errf_path(err, err_len, path,
+                       "num_attention_heads %d is not divisible by num_key_value_heads %d",
+                       cfg->n_heads, cfg->n_kv_heads);
         return -1;
     }
     if (cfg->head_dim == 0) {
         if (cfg->hidden_size % cfg->n_heads != 0) {
-            fail(err, err_len, path,
-                 "hidden_size %d is not divisible by num_attention_heads %d and head_dim is "
-                 "not set",
-                 cfg->hidden_size, cfg->n_heads);
+            lora_errf_path(
+                err, err_len, path,
+                "hidden_size %d is not divisible by num_attention_heads %d and head_dim is "
+                "not set",
+                cfg->hidden_size, cfg->n_heads);
             return -1;
         }
         cfg->head_dim = cfg->hidden_size / cfg->n_heads;
     }
     /* RoPE rotates pairs of dimensions. */
     if (cfg->head_dim % 2 != 0) {
-        fail(err, err_len, path, "head_dim %d must be even", cfg->head_dim);
+        lora_errf_path(err, err_len, path, "head_dim %d must be even", cfg->head_dim);
         return -1;
     }
     if ((long long)cfg->n_heads * cfg->head_dim > MAX_WIDTH) {
-        fail(err, err_len, path, "num_attention_heads * head_dim is more than the supported %d",
-             MAX_WIDTH);
+        lora_errf_path(err, err_len, path,
+                       "num_attention_heads * head_dim is more than the supported %d", MAX_WIDTH);
         return -1;
     }
     return 0;
@@ -309,8 +293,9 @@ static int parse_eos(const char *path, json_t *root, struct lora_model_config *c
         return 0;
     }
     if (json_array_size(v) > LORA_MAX_EOS) {
-        fail(err, err_len, path, "'eos_token_id' lists %zu ids, more than the supported %d",
-             json_array_size(v), LORA_MAX_EOS);
+        lora_errf_path(err, err_len, path,
+                       "'eos_token_id' lists %zu ids, more than the supported %d",
+                       json_array_size(v), LORA_MAX_EOS);
         return -1;
     }
     json_array_foreach (v, i, item) {
@@ -339,7 +324,7 @@ static int parse_rest(const char *path, json_t *root, struct lora_model_config *
     /* The engine implements plain RoPE only; a scaled model would load and then produce
      * wrong outputs past the original context, so refuse it. */
     if (get_present(root, "rope_scaling")) {
-        fail(err, err_len, path, "rope_scaling is not supported");
+        lora_errf_path(err, err_len, path, "rope_scaling is not supported");
         return -1;
     }
 
@@ -347,7 +332,7 @@ static int parse_rest(const char *path, json_t *root, struct lora_model_config *
     v = get_present(root, "tie_word_embeddings");
     if (v) {
         if (!json_is_boolean(v)) {
-            fail(err, err_len, path, "'tie_word_embeddings' must be true or false");
+            lora_errf_path(err, err_len, path, "'tie_word_embeddings' must be true or false");
             return -1;
         }
         cfg->tie_word_embeddings = json_is_true(v);

@@ -30,6 +30,7 @@
 
 #include <jansson.h>
 
+#include "errbuf.h"
 #include "fs.h"
 #include "sampler.h"
 
@@ -68,20 +69,6 @@ struct gen_tensor {
     float *data; /* numel floats while the tensor's shard is being written */
 };
 
-static void fail(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-static void fail(char *err, size_t err_len, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (!err || err_len == 0)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
-
 static uint64_t fnv1a64(const char *s)
 {
     uint64_t h = 0xcbf29ce484222325ull;
@@ -110,13 +97,13 @@ static int write_json(json_t *root, const char *dir, const char *name, char *err
     int rc = -1;
 
     if (!root || !path) {
-        fail(err, err_len, "%s/%s: out of memory", dir, name);
+        lora_errf(err, err_len, "%s/%s: out of memory", dir, name);
         goto out;
     }
     errno = 0;
     if (json_dump_file(root, path, JSON_FLAGS) != 0) {
-        fail(err, err_len, "%s: unable to write: %s", path,
-             errno ? strerror(errno) : "out of memory");
+        lora_errf(err, err_len, "%s: unable to write: %s", path,
+                  errno ? strerror(errno) : "out of memory");
         goto out;
     }
     rc = 0;
@@ -233,7 +220,7 @@ static int tensors_write(const char *path, struct gen_tensor *ts, int n, enum lo
     int rc = -1;
 
     if (!outs) {
-        fail(err, err_len, "%s: out of memory", path);
+        lora_errf(err, err_len, "%s: out of memory", path);
         return -1;
     }
     for (int i = 0; i < n; i++) {
@@ -241,7 +228,8 @@ static int tensors_write(const char *path, struct gen_tensor *ts, int n, enum lo
 
         ts[i].data = malloc(bytes ? bytes : 1);
         if (!ts[i].data) {
-            fail(err, err_len, "%s: out of memory for '%s' (%zu bytes)", path, ts[i].name, bytes);
+            lora_errf(err, err_len, "%s: out of memory for '%s' (%zu bytes)", path, ts[i].name,
+                      bytes);
             goto out;
         }
         tensor_fill(&ts[i], seed);
@@ -286,7 +274,7 @@ static int check_range(const char *key, long long v, long long lo, long long hi,
 {
     if (v >= lo && v <= hi)
         return 0;
-    fail(err, err_len, "invalid model options: %s %lld is not in %lld..%lld", key, v, lo, hi);
+    lora_errf(err, err_len, "invalid model options: %s %lld is not in %lld..%lld", key, v, lo, hi);
     return -1;
 }
 
@@ -308,39 +296,42 @@ static int validate_model_opts(const struct lora_gen_model_opts *o, char *err, s
         check_range("n_shards", o->n_shards, 1, MAX_SHARDS, err, err_len))
         return -1;
     if (o->n_heads % o->n_kv_heads != 0) {
-        fail(err, err_len, "invalid model options: n_heads %d is not divisible by n_kv_heads %d",
-             o->n_heads, o->n_kv_heads);
+        lora_errf(err, err_len,
+                  "invalid model options: n_heads %d is not divisible by n_kv_heads %d", o->n_heads,
+                  o->n_kv_heads);
         return -1;
     }
     if (o->head_dim == 0 && o->hidden_size % o->n_heads != 0) {
-        fail(err, err_len,
-             "invalid model options: hidden_size %d is not divisible by n_heads %d and head_dim "
-             "is 0",
-             o->hidden_size, o->n_heads);
+        lora_errf(
+            err, err_len,
+            "invalid model options: hidden_size %d is not divisible by n_heads %d and head_dim "
+            "is 0",
+            o->hidden_size, o->n_heads);
         return -1;
     }
     n_tensors =
         2 + o->n_layers * (o->arch == LORA_ARCH_QWEN2 ? 12 : 9) + (o->tie_word_embeddings ? 0 : 1);
     if (o->n_shards > n_tensors) {
-        fail(err, err_len, "invalid model options: n_shards %d is more than the %d tensors",
-             o->n_shards, n_tensors);
+        lora_errf(err, err_len, "invalid model options: n_shards %d is more than the %d tensors",
+                  o->n_shards, n_tensors);
         return -1;
     }
     hd = o->head_dim ? o->head_dim : o->hidden_size / o->n_heads;
     if (hd % 2 != 0 || (long long)hd * o->n_heads > MAX_WIDTH) {
-        fail(err, err_len,
-             "invalid model options: head_dim %d must be even and heads * head_dim "
-             "at most 1048576",
-             hd);
+        lora_errf(err, err_len,
+                  "invalid model options: head_dim %d must be even and heads * head_dim "
+                  "at most 1048576",
+                  hd);
         return -1;
     }
     if (!(o->rms_norm_eps > 0.0f) || !isfinite(o->rms_norm_eps) || !(o->rope_theta > 0.0f) ||
         !isfinite(o->rope_theta)) {
-        fail(err, err_len, "invalid model options: rms_norm_eps and rope_theta must be positive");
+        lora_errf(err, err_len,
+                  "invalid model options: rms_norm_eps and rope_theta must be positive");
         return -1;
     }
     if (!is_float_dtype(o->dtype)) {
-        fail(err, err_len, "invalid model options: dtype must be F32, F16 or BF16");
+        lora_errf(err, err_len, "invalid model options: dtype must be F32, F16 or BF16");
         return -1;
     }
     return 0;
@@ -599,11 +590,11 @@ static int remove_stale(const char *dir, const char *name, char *err, size_t err
     int rc = 0;
 
     if (!path) {
-        fail(err, err_len, "%s/%s: out of memory", dir, name);
+        lora_errf(err, err_len, "%s/%s: out of memory", dir, name);
         return -1;
     }
     if (unlink(path) != 0 && errno != ENOENT) {
-        fail(err, err_len, "%s: unable to remove: %s", path, strerror(errno));
+        lora_errf(err, err_len, "%s: unable to remove: %s", path, strerror(errno));
         rc = -1;
     }
     free(path);
@@ -620,13 +611,13 @@ static int write_model_weights(const char *dir, const struct lora_model_config *
     int n, first = 0, rc = -1;
 
     if (!ts || !shard) {
-        fail(err, err_len, "%s: out of memory", dir);
+        lora_errf(err, err_len, "%s: out of memory", dir);
         goto out;
     }
     n = model_plan(cfg, ts);
     if (o->n_shards > n) {
-        fail(err, err_len, "invalid model options: n_shards %d is more than the %d tensors",
-             o->n_shards, n);
+        lora_errf(err, err_len, "invalid model options: n_shards %d is more than the %d tensors",
+                  o->n_shards, n);
         goto out;
     }
     assign_shards(ts, n, o->n_shards, elem_bytes, shard);
@@ -640,7 +631,7 @@ static int write_model_weights(const char *dir, const struct lora_model_config *
             count++;
         if (!path) {
             free(name);
-            fail(err, err_len, "%s: out of memory", dir);
+            lora_errf(err, err_len, "%s: out of memory", dir);
             goto out;
         }
         wrc = tensors_write(path, ts + first, count, o->dtype, o->seed, err, err_len);
@@ -669,7 +660,7 @@ static int load_model_config(const char *model_dir, struct lora_model_config *cf
     int rc;
 
     if (!path) {
-        fail(err, err_len, "%s: out of memory", model_dir);
+        lora_errf(err, err_len, "%s: out of memory", model_dir);
         return -1;
     }
     rc = lora_model_config_load(path, cfg, err, err_len);
@@ -706,22 +697,23 @@ void lora_gen_adapter_defaults(struct lora_gen_adapter_opts *o)
 static int validate_adapter_opts(const struct lora_gen_adapter_opts *o, char *err, size_t err_len)
 {
     if (o->rank < 1 || o->rank > MAX_RANK) {
-        fail(err, err_len, "invalid adapter options: rank %d is not in 1..%d", o->rank, MAX_RANK);
+        lora_errf(err, err_len, "invalid adapter options: rank %d is not in 1..%d", o->rank,
+                  MAX_RANK);
         return -1;
     }
     if (o->target_mask == 0 || (o->target_mask >> LORA_PROJ_COUNT) != 0) {
-        fail(err, err_len,
-             "invalid adapter options: target_mask 0x%x must name at least one of the %d "
-             "projections and nothing else",
-             o->target_mask, LORA_PROJ_COUNT);
+        lora_errf(err, err_len,
+                  "invalid adapter options: target_mask 0x%x must name at least one of the %d "
+                  "projections and nothing else",
+                  o->target_mask, LORA_PROJ_COUNT);
         return -1;
     }
     if (!(o->alpha > 0.0f) || !isfinite(o->alpha)) {
-        fail(err, err_len, "invalid adapter options: alpha must be a positive number");
+        lora_errf(err, err_len, "invalid adapter options: alpha must be a positive number");
         return -1;
     }
     if (!is_float_dtype(o->dtype)) {
-        fail(err, err_len, "invalid adapter options: dtype must be F32, F16 or BF16");
+        lora_errf(err, err_len, "invalid adapter options: dtype must be F32, F16 or BF16");
         return -1;
     }
     return 0;
@@ -769,7 +761,7 @@ int lora_gen_adapter_write(const char *dir, const char *model_dir,
     ts = calloc((size_t)cfg.n_layers * 2 * LORA_PROJ_COUNT, sizeof(*ts));
     path = path_join(dir, "adapter_model.safetensors");
     if (!ts || !path) {
-        fail(err, err_len, "%s: out of memory", dir);
+        lora_errf(err, err_len, "%s: out of memory", dir);
         goto out;
     }
     for (int l = 0; l < cfg.n_layers; l++) {

@@ -6,10 +6,11 @@
  */
 #include "safetensors.h"
 
+#include "errbuf.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
-#include <stdarg.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -181,25 +182,6 @@ int lora_dtype_to_f32(enum lora_dtype dtype, const void *src, float *dst, size_t
 
 /* ---- errors ---- */
 
-/* Writes "path: message" into err (which may be NULL or empty). */
-static void set_err(char *err, size_t err_len, const char *path, const char *fmt, ...)
-    __attribute__((format(printf, 4, 5)));
-
-static void set_err(char *err, size_t err_len, const char *path, const char *fmt, ...)
-{
-    va_list ap;
-    int len;
-
-    if (!err || !err_len)
-        return;
-    len = snprintf(err, err_len, "%s: ", path ? path : "(null)");
-    if (len < 0 || (size_t)len >= err_len)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err + len, err_len - (size_t)len, fmt, ap);
-    va_end(ap);
-}
-
 /* Formats shape as "[d0, d1, ...]" into buf (SHAPE_STR_BYTES). */
 static const char *shape_str(char *buf, const int64_t *shape, int n_dims)
 {
@@ -269,18 +251,18 @@ static int parse_shape(const struct parse_ctx *c, const char *name, const json_t
     size_t n;
 
     if (!shape) {
-        set_err(c->err, c->err_len, c->path, "tensor '%s': missing \"shape\"", name);
+        lora_errf_path(c->err, c->err_len, c->path, "tensor '%s': missing \"shape\"", name);
         return -1;
     }
     if (!json_is_array(shape)) {
-        set_err(c->err, c->err_len, c->path, "tensor '%s': \"shape\" is not an array", name);
+        lora_errf_path(c->err, c->err_len, c->path, "tensor '%s': \"shape\" is not an array", name);
         return -1;
     }
     n = json_array_size(shape);
     if (n > LORA_SAFETENSORS_MAX_DIMS) {
-        set_err(c->err, c->err_len, c->path,
-                "tensor '%s': shape has %zu dims, more than the limit of %d", name, n,
-                LORA_SAFETENSORS_MAX_DIMS);
+        lora_errf_path(c->err, c->err_len, c->path,
+                       "tensor '%s': shape has %zu dims, more than the limit of %d", name, n,
+                       LORA_SAFETENSORS_MAX_DIMS);
         return -1;
     }
     t->n_dims = (int)n;
@@ -288,22 +270,23 @@ static int parse_shape(const struct parse_ctx *c, const char *name, const json_t
     for (size_t i = 0; i < n; i++) {
         const json_t *d = json_array_get(shape, i);
         if (!json_is_integer(d)) {
-            set_err(c->err, c->err_len, c->path, "tensor '%s': shape dim %zu is not an integer",
-                    name, i);
+            lora_errf_path(c->err, c->err_len, c->path,
+                           "tensor '%s': shape dim %zu is not an integer", name, i);
             return -1;
         }
         t->shape[i] = json_integer_value(d);
         if (t->shape[i] < 0) {
-            set_err(c->err, c->err_len, c->path,
-                    "tensor '%s': shape dim %zu is negative (%" PRId64 ")", name, i, t->shape[i]);
+            lora_errf_path(c->err, c->err_len, c->path,
+                           "tensor '%s': shape dim %zu is negative (%" PRId64 ")", name, i,
+                           t->shape[i]);
             return -1;
         }
     }
     for (size_t i = 0; i < n; i++) {
         if (__builtin_mul_overflow(t->numel, t->shape[i], &t->numel)) {
-            set_err(c->err, c->err_len, c->path,
-                    "tensor '%s': shape %s overflows the element count", name,
-                    shape_str(sbuf, t->shape, t->n_dims));
+            lora_errf_path(c->err, c->err_len, c->path,
+                           "tensor '%s': shape %s overflows the element count", name,
+                           shape_str(sbuf, t->shape, t->n_dims));
             return -1;
         }
     }
@@ -317,27 +300,27 @@ static int parse_offsets(const struct parse_ctx *c, const char *name, const json
     const json_t *b = json_array_get(offs, 0), *e = json_array_get(offs, 1);
 
     if (!offs) {
-        set_err(c->err, c->err_len, c->path, "tensor '%s': missing \"data_offsets\"", name);
+        lora_errf_path(c->err, c->err_len, c->path, "tensor '%s': missing \"data_offsets\"", name);
         return -1;
     }
     if (!json_is_array(offs) || json_array_size(offs) != 2 || !json_is_integer(b) ||
         !json_is_integer(e)) {
-        set_err(c->err, c->err_len, c->path,
-                "tensor '%s': \"data_offsets\" is not an array of two integers", name);
+        lora_errf_path(c->err, c->err_len, c->path,
+                       "tensor '%s': \"data_offsets\" is not an array of two integers", name);
         return -1;
     }
     *begin = json_integer_value(b);
     *end = json_integer_value(e);
     if (*begin < 0 || *end < 0) {
-        set_err(c->err, c->err_len, c->path,
-                "tensor '%s': data_offsets [%" PRId64 ", %" PRId64 "] are negative", name, *begin,
-                *end);
+        lora_errf_path(c->err, c->err_len, c->path,
+                       "tensor '%s': data_offsets [%" PRId64 ", %" PRId64 "] are negative", name,
+                       *begin, *end);
         return -1;
     }
     if (*begin > *end) {
-        set_err(c->err, c->err_len, c->path,
-                "tensor '%s': data_offsets [%" PRId64 ", %" PRId64 "] begin after they end", name,
-                *begin, *end);
+        lora_errf_path(c->err, c->err_len, c->path,
+                       "tensor '%s': data_offsets [%" PRId64 ", %" PRId64 "] begin after they end",
+                       name, *begin, *end);
         return -1;
     }
     return 0;
@@ -352,21 +335,21 @@ static int parse_entry(const struct parse_ctx *c, const char *name, const json_t
     int64_t begin, end, need;
 
     if (!json_is_object(entry)) {
-        set_err(c->err, c->err_len, c->path, "tensor '%s': entry is not an object", name);
+        lora_errf_path(c->err, c->err_len, c->path, "tensor '%s': entry is not an object", name);
         return -1;
     }
     dtype = json_object_get(entry, "dtype");
     if (!dtype) {
-        set_err(c->err, c->err_len, c->path, "tensor '%s': missing \"dtype\"", name);
+        lora_errf_path(c->err, c->err_len, c->path, "tensor '%s': missing \"dtype\"", name);
         return -1;
     }
     if (!json_is_string(dtype)) {
-        set_err(c->err, c->err_len, c->path, "tensor '%s': \"dtype\" is not a string", name);
+        lora_errf_path(c->err, c->err_len, c->path, "tensor '%s': \"dtype\" is not a string", name);
         return -1;
     }
     if (dtype_parse(json_string_value(dtype), &t->dtype) < 0) {
-        set_err(c->err, c->err_len, c->path, "tensor '%s': unknown dtype '%s'", name,
-                json_string_value(dtype));
+        lora_errf_path(c->err, c->err_len, c->path, "tensor '%s': unknown dtype '%s'", name,
+                       json_string_value(dtype));
         return -1;
     }
     if (parse_shape(c, name, json_object_get(entry, "shape"), t) < 0)
@@ -374,23 +357,24 @@ static int parse_entry(const struct parse_ctx *c, const char *name, const json_t
     if (parse_offsets(c, name, json_object_get(entry, "data_offsets"), &begin, &end) < 0)
         return -1;
     if ((uint64_t)end > c->data_bytes) {
-        set_err(c->err, c->err_len, c->path,
-                "tensor '%s': truncated file: data_offsets [%" PRId64 ", %" PRId64
-                "] end past the data section of %zu bytes",
-                name, begin, end, c->data_bytes);
+        lora_errf_path(c->err, c->err_len, c->path,
+                       "tensor '%s': truncated file: data_offsets [%" PRId64 ", %" PRId64
+                       "] end past the data section of %zu bytes",
+                       name, begin, end, c->data_bytes);
         return -1;
     }
     if (__builtin_mul_overflow(t->numel, (int64_t)dtype_table[t->dtype].size, &need)) {
-        set_err(c->err, c->err_len, c->path, "tensor '%s': shape %s of %s overflows the byte count",
-                name, shape_str(sbuf, t->shape, t->n_dims), dtype_table[t->dtype].name);
+        lora_errf_path(c->err, c->err_len, c->path,
+                       "tensor '%s': shape %s of %s overflows the byte count", name,
+                       shape_str(sbuf, t->shape, t->n_dims), dtype_table[t->dtype].name);
         return -1;
     }
     if (end - begin != need) {
-        set_err(c->err, c->err_len, c->path,
-                "tensor '%s': size mismatch: data_offsets [%" PRId64 ", %" PRId64 "] hold %" PRId64
-                " bytes but shape %s of %s needs %" PRId64,
-                name, begin, end, end - begin, shape_str(sbuf, t->shape, t->n_dims),
-                dtype_table[t->dtype].name, need);
+        lora_errf_path(c->err, c->err_len, c->path,
+                       "tensor '%s': size mismatch: data_offsets [%" PRId64 ", %" PRId64
+                       "] hold %" PRId64 " bytes but shape %s of %s needs %" PRId64,
+                       name, begin, end, end - begin, shape_str(sbuf, t->shape, t->n_dims),
+                       dtype_table[t->dtype].name, need);
         return -1;
     }
     t->data = c->data + begin;
@@ -422,7 +406,7 @@ static int check_overlap(const struct parse_ctx *c, const struct lora_safetensor
         return 0;
     order = malloc((size_t)st->n_tensors * sizeof(*order));
     if (!order) {
-        set_err(c->err, c->err_len, c->path, "out of memory");
+        lora_errf_path(c->err, c->err_len, c->path, "out of memory");
         return -1;
     }
     for (int i = 0; i < st->n_tensors; i++)
@@ -436,9 +420,9 @@ static int check_overlap(const struct parse_ctx *c, const struct lora_safetensor
             continue;
         if (prev && begin < prev_end) {
             size_t prev_begin = (size_t)((const unsigned char *)prev->data - c->data);
-            set_err(c->err, c->err_len, c->path,
-                    "tensor '%s': data_offsets [%zu, %zu] overlap tensor '%s' [%zu, %zu]", t->name,
-                    begin, begin + t->bytes, prev->name, prev_begin, prev_end);
+            lora_errf_path(c->err, c->err_len, c->path,
+                           "tensor '%s': data_offsets [%zu, %zu] overlap tensor '%s' [%zu, %zu]",
+                           t->name, begin, begin + t->bytes, prev->name, prev_begin, prev_end);
             ret = -1;
             break;
         }
@@ -458,14 +442,13 @@ static int check_metadata(const struct parse_ctx *c, json_t *meta)
     json_t *value;
 
     if (!json_is_object(meta)) {
-        set_err(c->err, c->err_len, c->path, "\"" METADATA_KEY "\" is not an object");
+        lora_errf_path(c->err, c->err_len, c->path, "\"" METADATA_KEY "\" is not an object");
         return -1;
     }
-    json_object_foreach(meta, key, value)
-    {
+    json_object_foreach (meta, key, value) {
         if (!json_is_string(value)) {
-            set_err(c->err, c->err_len, c->path, "\"" METADATA_KEY "\" value '%s' is not a string",
-                    key);
+            lora_errf_path(c->err, c->err_len, c->path,
+                           "\"" METADATA_KEY "\" value '%s' is not a string", key);
             return -1;
         }
     }
@@ -481,7 +464,7 @@ static int parse_header(const struct parse_ctx *c, json_t *root, struct lora_saf
     size_t n;
 
     if (!json_is_object(root)) {
-        set_err(c->err, c->err_len, c->path, "header is not a JSON object");
+        lora_errf_path(c->err, c->err_len, c->path, "header is not a JSON object");
         return -1;
     }
     n = json_object_size(root);
@@ -492,18 +475,17 @@ static int parse_header(const struct parse_ctx *c, json_t *root, struct lora_saf
         n--;
     }
     if (n > INT32_MAX) { /* the header size limit makes this impossible; n_tensors is an int */
-        set_err(c->err, c->err_len, c->path, "too many tensors (%zu)", n);
+        lora_errf_path(c->err, c->err_len, c->path, "too many tensors (%zu)", n);
         return -1;
     }
     if (n) {
         st->tensors = calloc(n, sizeof(*st->tensors));
         if (!st->tensors) {
-            set_err(c->err, c->err_len, c->path, "out of memory");
+            lora_errf_path(c->err, c->err_len, c->path, "out of memory");
             return -1;
         }
     }
-    json_object_foreach(root, key, value)
-    {
+    json_object_foreach (root, key, value) {
         struct lora_tensor_info *t;
 
         if (strcmp(key, METADATA_KEY) == 0)
@@ -511,7 +493,7 @@ static int parse_header(const struct parse_ctx *c, json_t *root, struct lora_saf
         t = &st->tensors[st->n_tensors];
         t->name = strdup(key);
         if (!t->name) {
-            set_err(c->err, c->err_len, c->path, "out of memory");
+            lora_errf_path(c->err, c->err_len, c->path, "out of memory");
             return -1;
         }
         st->n_tensors++; /* counted now so that close() frees the name on failure */
@@ -530,26 +512,27 @@ static int map_file(const char *path, struct lora_safetensors *st, char *err, si
 
     fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
-        set_err(err, err_len, path, "unable to open: %s", strerror(errno));
+        lora_errf_path(err, err_len, path, "unable to open: %s", strerror(errno));
         return -1;
     }
     if (fstat(fd, &sb) < 0) {
-        set_err(err, err_len, path, "unable to stat: %s", strerror(errno));
+        lora_errf_path(err, err_len, path, "unable to stat: %s", strerror(errno));
         goto out_close;
     }
     if (!S_ISREG(sb.st_mode)) {
-        set_err(err, err_len, path, "not a regular file");
+        lora_errf_path(err, err_len, path, "not a regular file");
         goto out_close;
     }
     if (sb.st_size < LEN_BYTES) {
-        set_err(err, err_len, path, "file is %lld bytes, shorter than the %d-byte header length",
-                (long long)sb.st_size, LEN_BYTES);
+        lora_errf_path(err, err_len, path,
+                       "file is %lld bytes, shorter than the %d-byte header length",
+                       (long long)sb.st_size, LEN_BYTES);
         goto out_close;
     }
     /* off_t fits size_t on the 64-bit hosts we build for */
     map = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_PRIVATE, fd, 0);
     if (map == MAP_FAILED) {
-        set_err(err, err_len, path, "unable to mmap: %s", strerror(errno));
+        lora_errf_path(err, err_len, path, "unable to mmap: %s", strerror(errno));
         goto out_close;
     }
     close(fd);
@@ -574,12 +557,12 @@ struct lora_safetensors *lora_safetensors_open(const char *path, char *err, size
     if (err && err_len)
         err[0] = '\0';
     if (!path) {
-        set_err(err, err_len, path, "no path given");
+        lora_errf_path(err, err_len, path, "no path given");
         return NULL;
     }
     st = calloc(1, sizeof(*st));
     if (!st || !(st->path = strdup(path))) {
-        set_err(err, err_len, path, "out of memory");
+        lora_errf_path(err, err_len, path, "out of memory");
         goto out_fail;
     }
     if (map_file(path, st, err, err_len) < 0)
@@ -588,19 +571,21 @@ struct lora_safetensors *lora_safetensors_open(const char *path, char *err, size
     for (int i = LEN_BYTES - 1; i >= 0; i--)
         header_len = header_len << 8 | base[i];
     if (header_len == 0) {
-        set_err(err, err_len, path, "header length is 0");
+        lora_errf_path(err, err_len, path, "header length is 0");
         goto out_fail;
     }
     if (header_len > LORA_SAFETENSORS_MAX_HEADER) {
-        set_err(err, err_len, path, "header length %" PRIu64 " exceeds the limit of %u bytes",
-                header_len, LORA_SAFETENSORS_MAX_HEADER);
+        lora_errf_path(err, err_len, path,
+                       "header length %" PRIu64 " exceeds the limit of %u bytes", header_len,
+                       LORA_SAFETENSORS_MAX_HEADER);
         goto out_fail;
     }
     if (header_len > st->map_bytes - LEN_BYTES) {
-        set_err(err, err_len, path,
-                "truncated file: header length %" PRIu64 " runs past the end of the file (%zu "
-                "bytes)",
-                header_len, st->map_bytes);
+        lora_errf_path(err, err_len, path,
+                       "truncated file: header length %" PRIu64
+                       " runs past the end of the file (%zu "
+                       "bytes)",
+                       header_len, st->map_bytes);
         goto out_fail;
     }
     /* duplicate names would silently hide a tensor; NUL in a name is rejected by default;
@@ -608,8 +593,8 @@ struct lora_safetensors *lora_safetensors_open(const char *path, char *err, size
     root = json_loadb((const char *)base + LEN_BYTES, (size_t)header_len,
                       JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
     if (!root) {
-        set_err(err, err_len, path, "invalid JSON header at line %d column %d: %s", jerr.line,
-                jerr.column, jerr.text);
+        lora_errf_path(err, err_len, path, "invalid JSON header at line %d column %d: %s",
+                       jerr.line, jerr.column, jerr.text);
         goto out_fail;
     }
     c.path = path;
@@ -637,28 +622,31 @@ static int64_t out_numel(const char *path, const struct lora_tensor_out *t, char
     int64_t numel = 1;
 
     if (t->dtype != LORA_DTYPE_F32 && t->dtype != LORA_DTYPE_F16 && t->dtype != LORA_DTYPE_BF16) {
-        set_err(err, err_len, path, "tensor '%s': cannot write dtype %s (only F32, F16, BF16)",
-                t->name, lora_dtype_name(t->dtype));
+        lora_errf_path(err, err_len, path,
+                       "tensor '%s': cannot write dtype %s (only F32, F16, BF16)", t->name,
+                       lora_dtype_name(t->dtype));
         return -1;
     }
     if (t->n_dims < 0 || t->n_dims > LORA_SAFETENSORS_MAX_DIMS) {
-        set_err(err, err_len, path, "tensor '%s': %d dims, outside 0..%d", t->name, t->n_dims,
-                LORA_SAFETENSORS_MAX_DIMS);
+        lora_errf_path(err, err_len, path, "tensor '%s': %d dims, outside 0..%d", t->name,
+                       t->n_dims, LORA_SAFETENSORS_MAX_DIMS);
         return -1;
     }
     for (int i = 0; i < t->n_dims; i++) {
         if (t->shape[i] < 0) {
-            set_err(err, err_len, path, "tensor '%s': shape dim %d is negative (%" PRId64 ")",
-                    t->name, i, t->shape[i]);
+            lora_errf_path(err, err_len, path,
+                           "tensor '%s': shape dim %d is negative (%" PRId64 ")", t->name, i,
+                           t->shape[i]);
             return -1;
         }
         if (__builtin_mul_overflow(numel, t->shape[i], &numel)) {
-            set_err(err, err_len, path, "tensor '%s': shape overflows the element count", t->name);
+            lora_errf_path(err, err_len, path, "tensor '%s': shape overflows the element count",
+                           t->name);
             return -1;
         }
     }
     if (numel && !t->data) {
-        set_err(err, err_len, path, "tensor '%s': no data", t->name);
+        lora_errf_path(err, err_len, path, "tensor '%s': no data", t->name);
         return -1;
     }
     return numel;
@@ -675,12 +663,12 @@ static int header_add(const char *path, json_t *root, const struct lora_tensor_o
     if (numel < 0)
         return -1;
     if (strcmp(t->name, METADATA_KEY) == 0 || json_object_get(root, t->name)) {
-        set_err(err, err_len, path, "tensor '%s': name is reserved or used twice", t->name);
+        lora_errf_path(err, err_len, path, "tensor '%s': name is reserved or used twice", t->name);
         return -1;
     }
     if (__builtin_mul_overflow(numel, (int64_t)lora_dtype_size(t->dtype), &bytes) ||
         __builtin_add_overflow(*offset, bytes, &end)) {
-        set_err(err, err_len, path, "tensor '%s': data size overflows", t->name);
+        lora_errf_path(err, err_len, path, "tensor '%s': data size overflows", t->name);
         return -1;
     }
     shape = json_array();
@@ -694,9 +682,9 @@ static int header_add(const char *path, json_t *root, const struct lora_tensor_o
     entry = json_pack("{s:s, s:o, s:[I, I]}", "dtype", lora_dtype_name(t->dtype), "shape", shape,
                       "data_offsets", (json_int_t)*offset, (json_int_t)end);
     if (!entry || json_object_set_new(root, t->name, entry) < 0) {
-        set_err(err, err_len, path,
-                "tensor '%s': unable to add to the header (name not UTF-8, or out of memory)",
-                t->name);
+        lora_errf_path(
+            err, err_len, path,
+            "tensor '%s': unable to add to the header (name not UTF-8, or out of memory)", t->name);
         return -1;
     }
     *offset = end;
@@ -713,12 +701,12 @@ static char *header_build(const char *path, const struct lora_tensor_out *tensor
 
     root = json_pack("{s:{s:s}}", METADATA_KEY, "format", "pt");
     if (!root) {
-        set_err(err, err_len, path, "out of memory");
+        lora_errf_path(err, err_len, path, "out of memory");
         return NULL;
     }
     for (int i = 0; i < n; i++) {
         if (!tensors[i].name) {
-            set_err(err, err_len, path, "tensor %d has no name", i);
+            lora_errf_path(err, err_len, path, "tensor %d has no name", i);
             goto out;
         }
         if (header_add(path, root, &tensors[i], &offset, err, err_len) < 0)
@@ -726,7 +714,7 @@ static char *header_build(const char *path, const struct lora_tensor_out *tensor
     }
     text = json_dumps(root, JSON_COMPACT);
     if (!text)
-        set_err(err, err_len, path, "out of memory");
+        lora_errf_path(err, err_len, path, "out of memory");
 out:
     json_decref(root);
     return text;
@@ -798,7 +786,7 @@ int lora_safetensors_write(const char *path, const struct lora_tensor_out *tenso
     if (err && err_len)
         err[0] = '\0';
     if (!path || n < 0 || (n > 0 && !tensors)) {
-        set_err(err, err_len, path, "invalid arguments");
+        lora_errf_path(err, err_len, path, "invalid arguments");
         return -1;
     }
     header = header_build(path, tensors, n, err, err_len);
@@ -807,14 +795,14 @@ int lora_safetensors_write(const char *path, const struct lora_tensor_out *tenso
     tmp = malloc(strlen(path) + sizeof(".tmp"));
     chunk = malloc(WRITE_CHUNK_ELEMS * sizeof(*chunk));
     if (!tmp || !chunk) {
-        set_err(err, err_len, path, "out of memory");
+        lora_errf_path(err, err_len, path, "out of memory");
         goto out_free;
     }
     strcpy(tmp, path);
     strcat(tmp, ".tmp");
     f = fopen(tmp, "wb");
     if (!f) {
-        set_err(err, err_len, path, "unable to create '%s': %s", tmp, strerror(errno));
+        lora_errf_path(err, err_len, path, "unable to create '%s': %s", tmp, strerror(errno));
         goto out_free;
     }
     /* a big buffer only speeds things up; without one stdio's default still works */
@@ -822,18 +810,18 @@ int lora_safetensors_write(const char *path, const struct lora_tensor_out *tenso
     if (vbuf)
         setvbuf(f, vbuf, _IOFBF, WRITE_STDIO_BYTES);
     if (put_file(f, header, tensors, n, chunk) < 0 || fflush(f) != 0) {
-        set_err(err, err_len, path, "unable to write: %s", strerror(errno));
+        lora_errf_path(err, err_len, path, "unable to write: %s", strerror(errno));
         goto out_unlink;
     }
     errno = 0;
     if (fclose(f) != 0) {
         f = NULL;
-        set_err(err, err_len, path, "unable to write: %s", strerror(errno ? errno : EIO));
+        lora_errf_path(err, err_len, path, "unable to write: %s", strerror(errno ? errno : EIO));
         goto out_unlink;
     }
     f = NULL;
     if (rename(tmp, path) < 0) {
-        set_err(err, err_len, path, "unable to rename '%s': %s", tmp, strerror(errno));
+        lora_errf_path(err, err_len, path, "unable to rename '%s': %s", tmp, strerror(errno));
         goto out_unlink;
     }
     ret = 0;

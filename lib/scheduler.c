@@ -13,12 +13,12 @@
 
 #include <assert.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "block_manager.h"
+#include "errbuf.h"
 
 /* Capacities above these are configuration mistakes, and keep every count in an int. */
 #define MAX_REQUESTS_LIMIT (1 << 22)
@@ -85,21 +85,9 @@ struct lora_scheduler {
     int *chk_counts;                            /* (2 * max_adapters) */
 };
 
-__attribute__((format(printf, 3, 4))) static void set_err(char *err, size_t err_len,
-                                                          const char *fmt, ...)
-{
-    va_list ap;
-
-    if (!err || !err_len)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
-
 static int fail(int e, char *err, size_t err_len, const char *msg)
 {
-    set_err(err, err_len, "%s", msg);
+    lora_errf(err, err_len, "%s", msg);
     errno = e;
     return -1;
 }
@@ -148,7 +136,7 @@ struct lora_scheduler *lora_scheduler_new(const struct lora_scheduler_config *c,
     const char *problem = config_problem(c);
 
     if (problem) {
-        set_err(err, err_len, "scheduler: bad config: %s", problem);
+        lora_errf(err, err_len, "scheduler: bad config: %s", problem);
         errno = EINVAL;
         return NULL;
     }
@@ -195,7 +183,7 @@ struct lora_scheduler *lora_scheduler_new(const struct lora_scheduler_config *c,
 
 out_nomem:
     lora_scheduler_destroy(&s);
-    set_err(err, err_len, "scheduler: out of memory");
+    lora_errf(err, err_len, "scheduler: out of memory");
     errno = ENOMEM;
     return NULL;
 }
@@ -530,14 +518,14 @@ int lora_scheduler_adapter_remove(struct lora_scheduler *s, int id, uint64_t *fa
     int ad = id > 0 ? find_adapter(s, id) : -1;
 
     if (ad < 0 || s->adapters[ad].removing) {
-        set_err(err, err_len, "adapter %d is not registered", id);
+        lora_errf(err, err_len, "adapter %d is not registered", id);
         errno = ENOENT;
         return -1;
     }
     struct adapter *a = &s->adapters[ad];
     if (a->n_waiting > cap) {
-        set_err(err, err_len, "adapter %d: %d waiting requests do not fit in %d", id, a->n_waiting,
-                cap);
+        lora_errf(err, err_len, "adapter %d: %d waiting requests do not fit in %d", id,
+                  a->n_waiting, cap);
         errno = ENOSPC;
         return -1;
     }
@@ -551,7 +539,7 @@ int lora_scheduler_adapter_remove(struct lora_scheduler *s, int id, uint64_t *fa
         failed[n++] = r->id;
         drop_request(s, r);
     }
-    set_err(err, err_len, "adapter %d was removed while the request waited", id);
+    lora_errf(err, err_len, "adapter %d was removed while the request waited", id);
     a->pinned = false;
     if (a->n_running > 0) {
         a->removing = true;
@@ -621,29 +609,29 @@ int lora_scheduler_add(struct lora_scheduler *s, const struct lora_scheduler_req
     int ad = -1;
 
     if (q->n_prompt_tokens < 1 || q->max_tokens < 1 || q->adapter_id < 0) {
-        set_err(err, err_len, "request %llu: bad prompt length %d or max_tokens %d",
-                (unsigned long long)q->id, q->n_prompt_tokens, q->max_tokens);
+        lora_errf(err, err_len, "request %llu: bad prompt length %d or max_tokens %d",
+                  (unsigned long long)q->id, q->n_prompt_tokens, q->max_tokens);
         errno = EINVAL;
         return -1;
     }
     if (total > c->max_model_len) {
-        set_err(err, err_len,
-                "request %llu: prompt (%d tokens) + max_tokens (%d) exceeds max_model_len %d",
-                (unsigned long long)q->id, q->n_prompt_tokens, q->max_tokens, c->max_model_len);
+        lora_errf(err, err_len,
+                  "request %llu: prompt (%d tokens) + max_tokens (%d) exceeds max_model_len %d",
+                  (unsigned long long)q->id, q->n_prompt_tokens, q->max_tokens, c->max_model_len);
         errno = E2BIG;
         return -1;
     }
     if (lora_block_manager_blocks_for(s->bm, (int)total) > c->n_blocks) {
-        set_err(err, err_len, "request %llu: %lld tokens need more than the %d KV blocks",
-                (unsigned long long)q->id, total, c->n_blocks);
+        lora_errf(err, err_len, "request %llu: %lld tokens need more than the %d KV blocks",
+                  (unsigned long long)q->id, total, c->n_blocks);
         errno = E2BIG;
         return -1;
     }
     if (q->adapter_id > 0) {
         ad = find_adapter(s, q->adapter_id);
         if (ad < 0 || s->adapters[ad].removing) {
-            set_err(err, err_len, "request %llu: adapter %d is not registered",
-                    (unsigned long long)q->id, q->adapter_id);
+            lora_errf(err, err_len, "request %llu: adapter %d is not registered",
+                      (unsigned long long)q->id, q->adapter_id);
             errno = ENOENT;
             return -1;
         }
@@ -651,13 +639,13 @@ int lora_scheduler_add(struct lora_scheduler *s, const struct lora_scheduler_req
             return fail(EINVAL, err, err_len, "adapters are disabled (max_loras is 0)");
     }
     if (lookup(s, q->id)) {
-        set_err(err, err_len, "request %llu: id already in use", (unsigned long long)q->id);
+        lora_errf(err, err_len, "request %llu: id already in use", (unsigned long long)q->id);
         errno = EEXIST;
         return -1;
     }
     if (s->n_free_reqs == 0) {
-        set_err(err, err_len, "request %llu: %d requests already in the scheduler",
-                (unsigned long long)q->id, c->max_requests);
+        lora_errf(err, err_len, "request %llu: %d requests already in the scheduler",
+                  (unsigned long long)q->id, c->max_requests);
         errno = ENOSPC;
         return -1;
     }
@@ -924,14 +912,14 @@ int lora_scheduler_update(struct lora_scheduler *s, const struct lora_scheduler_
             continue;
         bool complete = r->n_computed + r->n_scheduled == seq_len(r);
         if (res[i].produced && !complete) {
-            set_err(err, err_len, "request %llu: token reported before its prefill completed",
-                    (unsigned long long)r->id);
+            lora_errf(err, err_len, "request %llu: token reported before its prefill completed",
+                      (unsigned long long)r->id);
             errno = EINVAL;
             return -1;
         }
         if (complete && !res[i].produced && !res[i].finished) {
-            set_err(err, err_len, "request %llu: completed sequence produced no token",
-                    (unsigned long long)r->id);
+            lora_errf(err, err_len, "request %llu: completed sequence produced no token",
+                      (unsigned long long)r->id);
             errno = EINVAL;
             return -1;
         }

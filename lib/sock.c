@@ -1,12 +1,13 @@
 /* sock: ZeroMQ sockets with the project's framing and liveness. See sock.h for the contract. */
 #include "sock.h"
 
+#include "errbuf.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <limits.h>
 #include <signal.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -32,23 +33,6 @@ static const char *const malformed_text[LORA_SOCK_N_MALFORMED] = {
     [LORA_SOCK_TOO_MANY_FRAMES] = "too many frames",
 };
 
-/* ---- errors ---- */
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-
-/* Writes the message into err, which may be NULL or empty. */
-static void set_err(char *err, size_t err_len, const char *fmt, ...)
-{
-    va_list ap;
-
-    if (!err || !err_len)
-        return;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
-
 /* ---- options ---- */
 
 static int set_opt(struct lora_sock *s, int opt, const char *opt_name, const void *val,
@@ -56,8 +40,8 @@ static int set_opt(struct lora_sock *s, int opt, const char *opt_name, const voi
 {
     if (zmq_setsockopt(s->zsock, opt, val, val_len) == 0)
         return 0;
-    set_err(err, err_len, "unable to set %s on '%s': %s", opt_name, s->endpoint,
-            zmq_strerror(errno));
+    lora_errf(err, err_len, "unable to set %s on '%s': %s", opt_name, s->endpoint,
+              zmq_strerror(errno));
     return -1;
 }
 
@@ -132,11 +116,12 @@ static int ipc_claim_path(const char *endpoint, const char *path, char *err, siz
     if (lstat(path, &st) < 0) {
         if (errno == ENOENT)
             return 0;
-        set_err(err, err_len, "unable to bind '%s': %s", endpoint, strerror(errno));
+        lora_errf(err, err_len, "unable to bind '%s': %s", endpoint, strerror(errno));
         return -1;
     }
     if (!S_ISSOCK(st.st_mode)) {
-        set_err(err, err_len, "unable to bind '%s': the path exists and is not a socket", endpoint);
+        lora_errf(err, err_len, "unable to bind '%s': the path exists and is not a socket",
+                  endpoint);
         errno = EEXIST;
         return -1;
     }
@@ -147,25 +132,25 @@ static int ipc_claim_path(const char *endpoint, const char *path, char *err, siz
     /* Non-blocking, so a listener with a full backlog answers EAGAIN instead of stalling us. */
     fd = socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) {
-        set_err(err, err_len, "unable to bind '%s': %s", endpoint, strerror(errno));
+        lora_errf(err, err_len, "unable to bind '%s': %s", endpoint, strerror(errno));
         return -1;
     }
     rc = connect(fd, (const struct sockaddr *)&sa, sizeof(sa));
     saved = errno;
     close(fd);
     if (rc == 0 || saved == EAGAIN) {
-        set_err(err, err_len, "unable to bind '%s': a live process is listening there", endpoint);
+        lora_errf(err, err_len, "unable to bind '%s': a live process is listening there", endpoint);
         errno = EADDRINUSE;
         return -1;
     }
     if (saved != ECONNREFUSED) {
-        set_err(err, err_len, "unable to bind '%s': %s", endpoint, strerror(saved));
+        lora_errf(err, err_len, "unable to bind '%s': %s", endpoint, strerror(saved));
         errno = saved;
         return -1;
     }
     if (unlink(path) < 0 && errno != ENOENT) {
-        set_err(err, err_len, "unable to bind '%s': unable to remove stale socket: %s", endpoint,
-                strerror(errno));
+        lora_errf(err, err_len, "unable to bind '%s': unable to remove stale socket: %s", endpoint,
+                  strerror(errno));
         return -1;
     }
     return 0;
@@ -179,13 +164,14 @@ static int ipc_restrict(struct lora_sock *s, char *err, size_t err_len)
     const char *path;
 
     if (zmq_getsockopt(s->zsock, ZMQ_LAST_ENDPOINT, bound, &bound_len) < 0) {
-        set_err(err, err_len, "unable to bind '%s': %s", s->endpoint, zmq_strerror(errno));
+        lora_errf(err, err_len, "unable to bind '%s': %s", s->endpoint, zmq_strerror(errno));
         return -1;
     }
     bound[sizeof(bound) - 1] = '\0';
     path = ipc_path(bound);
     if (path && chmod(path, 0600) < 0) {
-        set_err(err, err_len, "unable to bind '%s': chmod 0600: %s", s->endpoint, strerror(errno));
+        lora_errf(err, err_len, "unable to bind '%s': chmod 0600: %s", s->endpoint,
+                  strerror(errno));
         return -1;
     }
     return 0;
@@ -206,13 +192,13 @@ static int attach(struct lora_sock *s, bool bind, char *err, size_t err_len)
     if (!bind) {
         if (zmq_connect(s->zsock, s->endpoint) == 0)
             return 0;
-        set_err(err, err_len, "unable to connect to '%s': %s", s->endpoint, zmq_strerror(errno));
+        lora_errf(err, err_len, "unable to connect to '%s': %s", s->endpoint, zmq_strerror(errno));
         return -1;
     }
     if (path && ipc_claim_path(s->endpoint, path, err, err_len) < 0)
         return -1;
     if (zmq_bind(s->zsock, s->endpoint) < 0) {
-        set_err(err, err_len, "unable to bind '%s': %s", s->endpoint, zmq_strerror(errno));
+        lora_errf(err, err_len, "unable to bind '%s': %s", s->endpoint, zmq_strerror(errno));
         return -1;
     }
     if (strncmp(s->endpoint, "ipc://", 6) == 0)
@@ -227,25 +213,25 @@ struct lora_sock *lora_sock_new(void *zctx, int zmq_type, const char *endpoint, 
     size_t id_len = identity_or_NULL ? strlen(identity_or_NULL) : 0;
 
     if (!zctx || !endpoint || !*endpoint) {
-        set_err(err, err_len, "unable to create socket: no context or endpoint");
+        lora_errf(err, err_len, "unable to create socket: no context or endpoint");
         errno = EINVAL;
         return NULL;
     }
     if (!is_supported_type(zmq_type)) {
-        set_err(err, err_len, "unable to create socket for '%s': unsupported socket type %d",
-                endpoint, zmq_type);
+        lora_errf(err, err_len, "unable to create socket for '%s': unsupported socket type %d",
+                  endpoint, zmq_type);
         errno = EINVAL;
         return NULL;
     }
     if (identity_or_NULL && (id_len == 0 || id_len > LORA_SOCK_MAX_RID)) {
-        set_err(err, err_len, "unable to create socket for '%s': identity must be 1 to %d bytes",
-                endpoint, LORA_SOCK_MAX_RID);
+        lora_errf(err, err_len, "unable to create socket for '%s': identity must be 1 to %d bytes",
+                  endpoint, LORA_SOCK_MAX_RID);
         errno = EINVAL;
         return NULL;
     }
     s = calloc(1, sizeof(*s));
     if (!s || !(s->endpoint = strdup(endpoint))) {
-        set_err(err, err_len, "unable to create socket for '%s': out of memory", endpoint);
+        lora_errf(err, err_len, "unable to create socket for '%s': out of memory", endpoint);
         free(s);
         errno = ENOMEM;
         return NULL;
@@ -253,8 +239,8 @@ struct lora_sock *lora_sock_new(void *zctx, int zmq_type, const char *endpoint, 
     s->type = zmq_type;
     s->zsock = zmq_socket(zctx, zmq_type);
     if (!s->zsock) {
-        set_err(err, err_len, "unable to create socket for '%s': %s", endpoint,
-                zmq_strerror(errno));
+        lora_errf(err, err_len, "unable to create socket for '%s': %s", endpoint,
+                  zmq_strerror(errno));
         goto out_free;
     }
     if (set_options(s, identity_or_NULL, err, err_len) < 0 || attach(s, bind, err, err_len) < 0)
@@ -527,7 +513,7 @@ int lora_sock_recv(struct lora_sock *s, struct lora_msg_frames *out, int timeout
     if (out)
         frames_clear(out);
     if (!out || !s || s->type == ZMQ_PUB || timeout_ms < 0) {
-        set_err(err, err_len, "recv on '%s': invalid arguments", s ? s->endpoint : "(null)");
+        lora_errf(err, err_len, "recv on '%s': invalid arguments", s ? s->endpoint : "(null)");
         errno = EINVAL;
         return -1;
     }
@@ -545,7 +531,7 @@ int lora_sock_recv(struct lora_sock *s, struct lora_msg_frames *out, int timeout
         if (rc < 0 && errno == EINTR)
             return 0;
         if (rc < 0) {
-            set_err(err, err_len, "recv on '%s': %s", s->endpoint, zmq_strerror(errno));
+            lora_errf(err, err_len, "recv on '%s': %s", s->endpoint, zmq_strerror(errno));
             return -1;
         }
         if (rc == 0)
@@ -557,7 +543,7 @@ int lora_sock_recv(struct lora_sock *s, struct lora_msg_frames *out, int timeout
         saved = errno;
         lora_msg_frames_release(out);
         if (r == READ_ERROR) {
-            set_err(err, err_len, "recv on '%s': %s", s->endpoint, zmq_strerror(saved));
+            lora_errf(err, err_len, "recv on '%s': %s", s->endpoint, zmq_strerror(saved));
             errno = saved;
             return -1;
         }
