@@ -21,22 +21,7 @@ import zmq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from client import Frontend, control, endpoint  # noqa: E402
-
-results = []
-
-
-def check(name, fn):
-    try:
-        fn()
-        results.append(True)
-        print("ok %d - %s" % (len(results), name))
-    except Exception as e:
-        results.append(False)
-        print("not ok %d - %s" % (len(results), name))
-        for line in repr(e).splitlines():
-            print("# " + line[:2000])
-    sys.stdout.flush()
-
+from tap import check, done  # noqa: E402
 
 class Stack:
     """An engine and its workers in a fresh run directory; always stopped by close()."""
@@ -373,8 +358,7 @@ def main():
           cpu_eviction_reloads)
     check("lifecycle events QUEUED, SCHEDULED, FINISHED with reasons; an abort frees its blocks",
           lifecycle_events)
-    print("1..%d" % len(results))
-    return 0 if all(results) else 1
+    return done()
 
 
 if __name__ == "__main__":

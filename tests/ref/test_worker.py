@@ -6,7 +6,6 @@ the notification channel, malformed traffic and a vanished engine. Prints TAP.
 """
 
 import os
-import subprocess
 import sys
 import time
 
@@ -14,26 +13,11 @@ import zmq
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from fake_engine import MAGIC, Engine  # noqa: E402
+from tap import check, done  # noqa: E402
 
 LIMITS = {"max_loras": 2, "max_cpu_loras": 3, "max_lora_rank": 64, "block_size": 16,
           "num_kv_blocks": 64, "max_model_len": 512, "max_num_batched_tokens": 256,
           "max_num_seqs": 16, "vocab_size": 0}
-
-results = []
-
-
-def check(name, fn):
-    try:
-        fn()
-        results.append(True)
-        print("ok %d - %s" % (len(results), name))
-    except Exception as e:  # a failed check, or the worker misbehaving
-        results.append(False)
-        print("not ok %d - %s" % (len(results), name))
-        for line in repr(e).splitlines():
-            print("# " + line)
-    sys.stdout.flush()
-
 
 def ok_all(replies):
     for r in replies:
@@ -130,8 +114,7 @@ def main():
     for name in os.listdir(eng.dir):
         os.unlink(os.path.join(eng.dir, name))
     os.rmdir(eng.dir)
-    print("1..%d" % len(results))
-    return 0 if all(results) else 1
+    return done()
 
 
 if __name__ == "__main__":
