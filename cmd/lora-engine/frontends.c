@@ -238,9 +238,8 @@ static void handle_request(struct engine *e, int fe, const struct lora_msg_frame
         r->prompt_lps[i] = NAN;
     struct lora_scheduler_request sr = {r->id, r->n_prompt, r->max_tokens, adapter_id, r->arrival};
     if (lora_scheduler_add(e->sched, &sr, err, sizeof(err)) < 0) {
-        struct lora_msg_request copy = m;
         request_release(e, r);
-        return refuse(e, fe, &copy, err);
+        return refuse(e, fe, &m, err);
     }
     publish_event(e, r, LORA_EVENT_QUEUED, NULL);
 }
