@@ -24,6 +24,7 @@ struct eng_peer {
     unsigned char rid[LORA_SOCK_MAX_RID];
     size_t rid_len;
     bool present;
+    int64_t pid; /* workers: from their hello, to tell a repeated hello from a restart */
     struct lora_peer_liveness live;
 };
 
@@ -129,6 +130,9 @@ int workers_adapter_op(struct engine *e, enum lora_adapter_op op, const char *na
 int workers_gather_notifications(struct engine *e);
 void workers_mark_dead(struct engine *e, const char *why);
 void workers_heard(struct engine *e, const struct lora_msg_frames *f);
+/* Whether f is a hello from a new process for a rank already set up. A worker repeats its hello
+ * until the engine answers, so a hello from the same process is not a restart. */
+bool workers_restarted(struct engine *e, const struct lora_msg_frames *f);
 /* Every rank's last gathered state, decoded into e->arena. */
 int engine_rank_states(struct engine *e, struct lora_msg_residency_reply *out);
 

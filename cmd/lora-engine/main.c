@@ -207,7 +207,7 @@ static void drain_workers(struct engine *e)
 
     while (lora_sock_recv(e->work, &f, 0, err, sizeof(err)) == 1) {
         workers_heard(e, &f);
-        if (lora_msg_peek_type(f.body, f.body_len, err, sizeof(err)) == LORA_MSG_HELLO)
+        if (workers_restarted(e, &f))
             workers_mark_dead(e, "a worker restarted");
         lora_msg_frames_release(&f);
     }

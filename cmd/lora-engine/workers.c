@@ -31,6 +31,20 @@ void workers_heard(struct engine *e, const struct lora_msg_frames *f)
     }
 }
 
+bool workers_restarted(struct engine *e, const struct lora_msg_frames *f)
+{
+    struct lora_msg_hello h;
+    char err[256];
+    int r = rank_of(e, f);
+
+    if (r < 0 || lora_msg_peek_type(f->body, f->body_len, err, sizeof(err)) != LORA_MSG_HELLO)
+        return false;
+    lora_msg_arena_reset(e->arena);
+    if (lora_msg_decode_hello(f->body, f->body_len, NULL, 0, e->arena, &h, err, sizeof(err)) < 0)
+        return false;
+    return h.pid != e->workers[r].pid;
+}
+
 void workers_mark_dead(struct engine *e, const char *why)
 {
     if (!e->healthy)
@@ -117,7 +131,7 @@ int workers_gather(struct engine *e, enum lora_msg_type type, struct lora_msg_fr
         int r = reply_rank(e, &f);
         int t = lora_msg_peek_type(f.body, f.body_len, rerr, sizeof(rerr));
         if (r < 0 || t != (int)type || got[r]) {
-            if (t == LORA_MSG_HELLO && r >= 0) {
+            if (workers_restarted(e, &f)) {
                 snprintf(err, err_len, "worker rank %d restarted", r);
                 lora_msg_frames_release(&f);
                 goto fail;
@@ -164,6 +178,7 @@ int workers_wait_setup(struct engine *e, char *err, size_t err_len)
             memcpy(w->rid, f.rid, f.rid_len);
             w->rid_len = f.rid_len;
             w->present = true;
+            w->pid = h.pid;
             lora_liveness_init(&w->live, lora_now_ms());
             n_present++;
         }
