@@ -117,7 +117,7 @@ double eng_now(void); /* Unix time with fractions */
 void engine_limits(const struct engine *e, struct lora_msg_limits *l);
 
 /* workers.c */
-/* 0 set up, 1 stopped by a signal, -1 failed (err). */
+/* 0 set up, 1 stopped by a signal, 2 a rank refused the model, -1 failed (err). */
 int workers_wait_setup(struct engine *e, char *err, size_t err_len);
 int workers_broadcast(struct engine *e, const struct lora_msg_bin *bins, int n_bins);
 /* Receives one reply of type from every rank into replies[rank] (frames the caller releases).

@@ -3,7 +3,7 @@
  * Binds four sockets: frontends (ROUTER), workers (ROUTER), control (ROUTER) and publish (PUB).
  * Start-up: wait for every worker rank's hello, send each its setup, load the --lora-modules
  * adapters on every rank, gather every rank's notifications, then report ready (a line on
- * stderr, and the ready file descriptor closed when --ready-fd is given). The loop: frontend
+ * stderr). The loop: frontend
  * requests and aborts, control commands, worker heartbeats; one scheduled step at a time while
  * there is work; the notifications of every rank gathered after any adapter change, after a step
  * whose reply rang the doorbell, and every --idle-notify-ms while idle. A dead worker fails every
@@ -101,6 +101,11 @@ static int check_options(const struct engine *e, const struct lora_model_config 
     if (e->max_num_batched_tokens < e->max_num_seqs || e->max_requests < e->max_num_seqs) {
         snprintf(err, len,
                  "--max-num-batched-tokens and --max-requests must be at least --max-num-seqs");
+        return -1;
+    }
+    if (e->max_model_len > cfg->max_position_embeddings) {
+        snprintf(err, len, "--max-model-len %d exceeds the model's max_position_embeddings %d",
+                 e->max_model_len, cfg->max_position_embeddings);
         return -1;
     }
     if (e->max_model_len < 2 || e->num_kv_blocks < 1) {
@@ -374,11 +379,12 @@ int main(int argc, char **argv)
     }
     int w = workers_wait_setup(&e, err, sizeof(err));
     if (w != 0) {
-        if (w > 0) {
+        if (w == 1) {
             rc = 0; /* stopped by a signal */
             goto out;
         }
         fprintf(stderr, "lora-engine: fatal: %s\n", err);
+        rc = w == 2 ? 1 : EXIT_SYSTEM; /* 2: a rank refused the model */
         goto out;
     }
     if (load_modules(&e, &mods, err, sizeof(err)) < 0) {

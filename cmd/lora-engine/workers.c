@@ -150,7 +150,7 @@ fail:
 }
 
 /* Waits for every rank's hello, sends setup and waits for setup_done from all. Returns 0, 1 when
- * a signal asked to stop meanwhile, or -1 with err. */
+ * a signal asked to stop meanwhile, 2 when a rank could not load the model, or -1 with err. */
 int workers_wait_setup(struct engine *e, char *err, size_t err_len)
 {
     uint64_t deadline = lora_now_ms() + (uint64_t)e->startup_timeout_ms;
@@ -213,7 +213,7 @@ int workers_wait_setup(struct engine *e, char *err, size_t err_len)
             rc = -1;
         } else if (!d.ok) {
             snprintf(err, err_len, "rank %d: %s", r, d.error.s ? d.error.s : "setup failed");
-            rc = -1;
+            rc = 2;
         }
     }
     workers_release(e, replies);

@@ -264,7 +264,9 @@ static int run(struct worker *w)
             w->engine_seen ? send_empty(w, LORA_MSG_HEARTBEAT) : send_hello(w);
         bool readable[2] = {false, false};
         struct lora_sock *socks[1] = {w->sock};
-        int timeout = lora_liveness_timeout_ms(&w->engine, now);
+        /* Until the engine answers, only the next hello is due (no death deadline). */
+        int timeout = w->engine_seen ? lora_liveness_timeout_ms(&w->engine, now)
+                                     : LORA_HEARTBEAT_INTERVAL_MS;
         /* poll watches the socket and the signals; while loads run, it wakes often enough to
          * answer a finished load within LOAD_POLL_MS. */
         if (w->n_loading > 0 && timeout > LOAD_POLL_MS)

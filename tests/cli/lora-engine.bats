@@ -54,6 +54,14 @@ expect_message() {
     fi
 }
 
+# Points RUN at a new, empty run directory. A worker started before its engine on a run directory
+# that holds the socket files of an engine that has exited sometimes never gets through its
+# hello (seen about once in 20 to 100 tries), so each engine of a test gets a directory of its own.
+fresh_run_dir() {
+    RUN=$(mktemp -d "$BATS_TEST_TMPDIR/run.XXXXXX")
+    chmod 700 "$RUN"
+}
+
 # Starts worker rank $1 (default 0) on the run directory's worker socket; its pid in WORKER_PID.
 start_worker() {
     local rank=${1:-0}
@@ -327,7 +335,11 @@ man_options() {
     [ ! -s "$BATS_TEST_TMPDIR/engine.out" ]
     # The engine tells its workers to shut down.
     wait_exit "$first" 5
-    [ "$rc" -eq 0 ] || { echo "worker exited $rc" >&2; cat "$BATS_TEST_TMPDIR/worker0.log" "$BATS_TEST_TMPDIR/engine.err" >&2; false; }
+    [ "$rc" -eq 0 ] || {
+        echo "worker exited $rc" >&2
+        cat "$BATS_TEST_TMPDIR/worker0.log" "$BATS_TEST_TMPDIR/engine.err" >&2
+        false
+    }
 }
 
 @test "two ranks, adapters from LORA_ENGINE_LORA_MODULES, and an engine index" {
@@ -351,6 +363,17 @@ man_options() {
     done
 }
 
+@test "a model whose weights a rank cannot read: exit 1 naming the file" {
+    mkdir "$BATS_TEST_TMPDIR/noweights"
+    cp "$D/m/config.json" "$BATS_TEST_TMPDIR/noweights/"
+    start_worker 0
+    run --separate-stderr timeout -s KILL 20 "$ENGINE" --model "$BATS_TEST_TMPDIR/noweights" \
+        --run-dir "$RUN" --startup-timeout-ms 10000
+    expect_status 1
+    expect_message "model.safetensors"
+    wait_exit "$WORKER_PID" 5
+}
+
 @test "an adapter that cannot be loaded, a name given twice, or no room: exit 1 naming it" {
     start_worker 0
     run --separate-stderr timeout -s KILL 20 "$ENGINE" --model "$D/m" --run-dir "$RUN" \
@@ -359,6 +382,7 @@ man_options() {
     expect_message "adapter 'x'"
     [[ "$stderr" == *adapter_config.json* ]]
     wait_exit "$WORKER_PID" 5
+    fresh_run_dir
     start_worker 0
     run --separate-stderr timeout -s KILL 20 "$ENGINE" --model "$D/m" --run-dir "$RUN" \
         --startup-timeout-ms 10000 --lora-modules "x=$D/a" --lora-modules "x=$D/a"
@@ -366,6 +390,7 @@ man_options() {
     expect_message "adapter 'x' is already loaded"
     wait_exit "$WORKER_PID" 5
     # With the default --max-cpu-loras, the CPU cache holds no more adapters than the slots.
+    fresh_run_dir
     start_worker 0
     run --separate-stderr timeout -s KILL 20 "$ENGINE" --model "$D/m" --run-dir "$RUN" \
         --startup-timeout-ms 10000 --max-loras 1 --lora-modules "x=$D/a" --lora-modules "y=$D/a"
