@@ -83,6 +83,7 @@ struct engine {
     struct eng_peer workers[ENGINE_MAX_WORLD];
     struct eng_peer frontends[ENGINE_MAX_FRONTENDS];
     bool healthy;
+    bool stopping; /* a signal asked to stop: exchanges end, nothing more is started */
     char unhealthy_reason[256];
 
     struct eng_adapter adapters[ENGINE_MAX_ADAPTERS];

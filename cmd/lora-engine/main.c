@@ -244,7 +244,7 @@ static int run(struct engine *e)
             fprintf(stderr, "lora-engine: fatal: poll: %s\n", strerror(errno));
             return EXIT_SYSTEM;
         }
-        if (readable[3] && lora_signal_pipe_drain(e->sig_fd) > 0)
+        if (e->stopping || (readable[3] && lora_signal_pipe_drain(e->sig_fd) > 0))
             return 0;
         struct lora_msg_frames f;
         char err[256];
@@ -262,6 +262,8 @@ static int run(struct engine *e)
             step_run(e);
         else if (e->healthy && lora_now_ms() - e->last_gather_ms >= (uint64_t)e->idle_ms)
             workers_gather_notifications(e);
+        if (e->stopping)
+            return 0;
     }
 }
 
@@ -388,6 +390,10 @@ int main(int argc, char **argv)
         goto out;
     }
     if (load_modules(&e, &mods, err, sizeof(err)) < 0) {
+        if (e.stopping) {
+            rc = 0;
+            goto out;
+        }
         fprintf(stderr, "lora-engine: fatal: %s\n", err);
         rc = 1;
         goto out;

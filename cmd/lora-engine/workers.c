@@ -47,7 +47,7 @@ bool workers_restarted(struct engine *e, const struct lora_msg_frames *f)
 
 void workers_mark_dead(struct engine *e, const char *why)
 {
-    if (!e->healthy)
+    if (!e->healthy || e->stopping)
         return;
     e->healthy = false;
     snprintf(e->unhealthy_reason, sizeof(e->unhealthy_reason), "%.200s", why);
@@ -97,6 +97,12 @@ int workers_gather(struct engine *e, enum lora_msg_type type, struct lora_msg_fr
     memset(replies, 0, sizeof(*replies) * (size_t)e->world);
     while (n_got < e->world) {
         uint64_t now = lora_now_ms();
+        /* A signal ends the exchange: the loop, or start-up, then stops cleanly. */
+        if (e->stopping || lora_signal_pipe_drain(e->sig_fd) > 0) {
+            e->stopping = true;
+            snprintf(err, err_len, "stopping on a signal");
+            goto fail;
+        }
         for (int r = 0; r < e->world; r++) {
             if (!got[r] && lora_liveness_is_dead(&e->workers[r].live, now)) {
                 snprintf(err, err_len, "worker rank %d is dead (silent for %d ms)", r,
@@ -157,8 +163,10 @@ int workers_wait_setup(struct engine *e, char *err, size_t err_len)
     int n_present = 0;
 
     while (n_present < e->world) {
-        if (lora_signal_pipe_drain(e->sig_fd) > 0)
+        if (lora_signal_pipe_drain(e->sig_fd) > 0) {
+            e->stopping = true;
             return 1;
+        }
         if (lora_now_ms() >= deadline) {
             snprintf(err, err_len, "only %d of %d workers said hello within %d ms", n_present,
                      e->world, e->startup_timeout_ms);
@@ -201,7 +209,7 @@ int workers_wait_setup(struct engine *e, char *err, size_t err_len)
     }
     struct lora_msg_frames replies[ENGINE_MAX_WORLD];
     if (workers_gather(e, LORA_MSG_SETUP_DONE, replies, e->startup_timeout_ms, err, err_len) < 0)
-        return -1;
+        return e->stopping ? 1 : -1;
     int rc = 0;
     for (int r = 0; r < e->world && rc == 0; r++) {
         struct lora_msg_setup_done d;
