@@ -16,3 +16,15 @@ expect_status() {
         return 1
     fi
 }
+
+# Fails unless the last `run --separate-stderr` printed nothing on stdout and named $1 on stderr.
+expect_message() {
+    if [ -n "$output" ]; then
+        echo "expected no stdout, got: $output" >&2
+        return 1
+    fi
+    if [[ "$stderr" != *"$1"* ]]; then
+        echo "expected stderr to name '$1', got: $stderr" >&2
+        return 1
+    fi
+}

@@ -19,23 +19,16 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import msgpack
-import zmq
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "ref"))
-from client import Frontend, endpoint  # noqa: E402
-from test_engine import Stack  # noqa: E402
+from client import Frontend  # noqa: E402
+from test_engine import Stack, subscribe  # noqa: E402
 
 
 def measure(stack, batch, tokens):
-    ctx = zmq.Context.instance()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.SUBSCRIBE, b"stats")
-    sub.setsockopt(zmq.LINGER, 0)
-    sub.connect(endpoint(stack.dir, "publish"))
-    time.sleep(0.3)
+    sub = subscribe(stack.dir, b"stats")
     fe = Frontend(stack.dir)
     rids = ["b%d-%d" % (batch, i) for i in range(batch)]
     for i, rid in enumerate(rids):

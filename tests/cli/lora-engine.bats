@@ -42,18 +42,6 @@ teardown() {
     done < "$PIDS"
 }
 
-# Fails unless the last `run --separate-stderr` printed nothing on stdout and named $1 on stderr.
-expect_message() {
-    if [ -n "$output" ]; then
-        echo "expected no stdout, got: $output" >&2
-        return 1
-    fi
-    if [[ "$stderr" != *"$1"* ]]; then
-        echo "expected stderr to name '$1', got: $stderr" >&2
-        return 1
-    fi
-}
-
 # Points RUN at a new, empty run directory. A worker started before its engine on a run directory
 # that holds the socket files of an engine that has exited sometimes never gets through its
 # hello (seen about once in 20 to 100 tries), so each engine of a test gets a directory of its own.

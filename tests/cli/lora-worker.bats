@@ -28,18 +28,6 @@ rs = [json.loads(line) for line in sys.stdin]
 $1"
 }
 
-# Fails unless the last `run --separate-stderr` printed nothing on stdout and named $1 on stderr.
-expect_message() {
-    if [ -n "$output" ]; then
-        echo "expected no stdout, got: $output" >&2
-        return 1
-    fi
-    if [[ "$stderr" != *"$1"* ]]; then
-        echo "expected stderr to name '$1', got: $stderr" >&2
-        return 1
-    fi
-}
-
 # The options a command lists in its --help, one per line, sorted.
 help_options() {
     "$WORKER" "$1" --help | sed -n 's/^  \(--[a-z][a-z-]*\).*/\1/p' | sort

@@ -79,6 +79,16 @@ class Stack:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
+def subscribe(run_dir, topic):
+    """A SUB socket on the engine's publish socket, for topic, given time to join."""
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, topic)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.connect(endpoint(run_dir, "publish"))
+    time.sleep(0.3)
+    return sub
+
+
 def load_jsonl(path):
     return [json.loads(line) for line in open(path) if line.strip()]
 
@@ -163,12 +173,7 @@ def main():
     def max_loras_per_step():
         st = Stack(bins, model, 1, ["--max-loras", "2", "--max-cpu-loras", "8"] + mods)
         try:
-            ctx = zmq.Context.instance()
-            sub = ctx.socket(zmq.SUB)
-            sub.setsockopt(zmq.SUBSCRIBE, b"stats")
-            sub.setsockopt(zmq.LINGER, 0)
-            sub.connect(endpoint(st.dir, "publish"))
-            time.sleep(0.3)
+            sub = subscribe(st.dir, b"stats")
             fe = Frontend(st.dir)
             rids = []
             # A queue for the resident adapters, then one for a non-resident adapter behind it.
@@ -231,12 +236,7 @@ def main():
     def idle_load_published():
         st = Stack(bins, model, 1, ["--max-loras", "2"])
         try:
-            ctx = zmq.Context.instance()
-            sub = ctx.socket(zmq.SUB)
-            sub.setsockopt(zmq.SUBSCRIBE, b"notifications")
-            sub.setsockopt(zmq.LINGER, 0)
-            sub.connect(endpoint(st.dir, "publish"))
-            time.sleep(0.3)
+            sub = subscribe(st.dir, b"notifications")
             t0 = time.time()
             r = st.control("load", "late", adapters[4])
             assert r["ok"], r
@@ -304,12 +304,7 @@ def main():
     def lifecycle_events():
         st = Stack(bins, model, 1, ["--max-loras", "2"] + mods[:2])
         try:
-            ctx = zmq.Context.instance()
-            sub = ctx.socket(zmq.SUB)
-            sub.setsockopt(zmq.SUBSCRIBE, b"event")
-            sub.setsockopt(zmq.LINGER, 0)
-            sub.connect(endpoint(st.dir, "publish"))
-            time.sleep(0.3)
+            sub = subscribe(st.dir, b"event")
             fe = Frontend(st.dir)
             fe.request("done", {"prompt_ids": [4, 5, 6], "max_tokens": 3, "lora": "a0"})
             fe.collect(["done"], 30)
