@@ -150,7 +150,10 @@ int control_handle(struct engine *e, const struct lora_msg_frames *f);
 
 /* frontends.c */
 int frontends_handle(struct engine *e, const struct lora_msg_frames *f);
+/* Forgets frontends silent for 3 s (aborting their requests), then sends heartbeats. */
 void frontends_heartbeat(struct engine *e);
+/* Only sends the heartbeats due: safe while a step is in flight and frontends are not read. */
+void frontends_send_heartbeats(struct engine *e);
 int frontends_send_output(struct engine *e, struct eng_request *r, int n_new, const float *lps,
                           const int32_t *top_ids, const float *top_lps, int top_n,
                           bool finished, const char *reason, const char *error);

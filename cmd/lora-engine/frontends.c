@@ -298,6 +298,20 @@ int frontends_handle(struct engine *e, const struct lora_msg_frames *f)
     return 0;
 }
 
+void frontends_send_heartbeats(struct engine *e)
+{
+    uint64_t now = lora_now_ms();
+
+    for (int i = 0; i < ENGINE_MAX_FRONTENDS; i++) {
+        struct eng_peer *p = &e->frontends[i];
+        if (p->present && lora_liveness_should_send(&p->live, now)) {
+            lora_msg_buf_reset(&e->out);
+            if (lora_msg_encode_empty(&e->out, LORA_MSG_HEARTBEAT) == 0)
+                send_to(e, i);
+        }
+    }
+}
+
 void frontends_heartbeat(struct engine *e)
 {
     uint64_t now = lora_now_ms();
@@ -312,12 +326,7 @@ void frontends_heartbeat(struct engine *e)
                 if (e->reqs[k].used && e->reqs[k].frontend == i)
                     fail_request(e, &e->reqs[k], "abort", "the frontend is gone");
             p->present = false;
-            continue;
-        }
-        if (lora_liveness_should_send(&p->live, now)) {
-            lora_msg_buf_reset(&e->out);
-            if (lora_msg_encode_empty(&e->out, LORA_MSG_HEARTBEAT) == 0)
-                send_to(e, i);
         }
     }
+    frontends_send_heartbeats(e);
 }

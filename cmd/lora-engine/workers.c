@@ -109,7 +109,7 @@ int workers_gather(struct engine *e, enum lora_msg_type type, struct lora_msg_fr
                          LORA_HEARTBEAT_DEAD_MS);
                 goto fail;
             }
-            /* Keep the ranks we wait for from declaring us dead. */
+            /* Keep the ranks we wait for from declaring us dead (the frontends too, below). */
             if (lora_liveness_should_send(&e->workers[r].live, now)) {
                 struct lora_msg_buf hb = {0};
                 if (lora_msg_encode_empty(&hb, LORA_MSG_HEARTBEAT) == 0)
@@ -119,6 +119,7 @@ int workers_gather(struct engine *e, enum lora_msg_type type, struct lora_msg_fr
                 lora_liveness_sent(&e->workers[r].live, now);
             }
         }
+        frontends_send_heartbeats(e);
         if (now >= deadline) {
             snprintf(err, err_len, "no %s from every worker within %d ms",
                      lora_msg_type_name(type), timeout_ms);
