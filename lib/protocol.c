@@ -1361,8 +1361,35 @@ int lora_msg_encode_step(struct lora_msg_buf *b, const struct lora_msg_step *m,
     return enc_end(&e);
 }
 
-static int step_seq_fields(struct dec *d, const msgpack_object_map *m, struct lora_msg_step_seq *s)
+/* Fields of one element of an array of maps: out is the element to fill. */
+typedef int (*elem_fields_fn)(struct dec *d, const msgpack_object_map *m, void *out);
+
+/* Decodes array a, the value of key, whose elements are maps, into a new arena array of
+ * a->size elements of size bytes, each filled by fields; errors name key[i]. */
+static int map_array(struct dec *d, const char *key, const msgpack_object_array *a, size_t size,
+                     elem_fields_fn fields, void **items)
 {
+    char *v = NULL;
+
+    if (a->size && !(v = arena_alloc(d->arena, a->size, size)))
+        return no_memory(d, key);
+    for (uint32_t i = 0; i < a->size; i++) {
+        const msgpack_object_map *em;
+        if (as_map(d, key, i, &a->ptr[i], &em) < 0)
+            return -1;
+        size_t mark = path_push(d, key, i);
+        int rc = fields(d, em, v + (size_t)i * size);
+        path_pop(d, mark);
+        if (rc < 0)
+            return -1;
+    }
+    *items = v;
+    return 0;
+}
+
+static int step_seq_fields(struct dec *d, const msgpack_object_map *m, void *p)
+{
+    struct lora_msg_step_seq *s = p;
     if (get_u64(d, m, "seq_id", &s->seq_id) < 0 ||
         get_int(d, m, "n_tokens", 0, INT_MAX, &s->n_tokens) < 0 ||
         get_int(d, m, "pos", 0, INT_MAX, &s->pos) < 0 ||
@@ -1385,25 +1412,19 @@ static int step_fields(struct dec *d, const msgpack_object_map *m, void *p)
 {
     struct lora_msg_step *o = p;
     const msgpack_object_array *a;
+    void *elems;
     struct lora_msg_step_seq *seqs = NULL;
     uint64_t n_tokens, n_blocks, sum_tokens = 0, sum_blocks = 0;
-    const msgpack_object_map *sm;
 
     if (get_u64(d, m, "step_id", &o->step_id) < 0 ||
         get_array(d, m, "seqs", LORA_MSG_MAX_SEQS, &a) < 0 ||
         get_u64(d, m, "n_tokens_total", &n_tokens) < 0 ||
         get_u64(d, m, "n_block_entries", &n_blocks) < 0)
         return -1;
-    if (a->size && !(seqs = arena_alloc(d->arena, a->size, sizeof(*seqs))))
-        return no_memory(d, "seqs");
+    if (map_array(d, "seqs", a, sizeof(*seqs), step_seq_fields, &elems) < 0)
+        return -1;
+    seqs = elems;
     for (uint32_t i = 0; i < a->size; i++) {
-        if (as_map(d, "seqs", i, &a->ptr[i], &sm) < 0)
-            return -1;
-        size_t mark = path_push(d, "seqs", i);
-        int rc = step_seq_fields(d, sm, &seqs[i]);
-        path_pop(d, mark);
-        if (rc < 0)
-            return -1;
         sum_tokens += (uint64_t)seqs[i].n_tokens;
         sum_blocks += (uint64_t)seqs[i].n_blocks;
     }
@@ -1454,8 +1475,9 @@ int lora_msg_encode_step_reply(struct lora_msg_buf *b, const struct lora_msg_ste
     return enc_end(&e);
 }
 
-static int step_out_fields(struct dec *d, const msgpack_object_map *m, struct lora_msg_step_out *s)
+static int step_out_fields(struct dec *d, const msgpack_object_map *m, void *p)
 {
+    struct lora_msg_step_out *s = p;
     const msgpack_object_array *ids, *lps, *plps;
 
     if (get_u64(d, m, "seq_id", &s->seq_id) < 0 ||
@@ -1481,7 +1503,7 @@ static int step_reply_fields(struct dec *d, const msgpack_object_map *m, void *p
 {
     struct lora_msg_step_reply *o = p;
     const msgpack_object_array *a;
-    const msgpack_object_map *om;
+    void *elems;
 
     if (get_u64(d, m, "step_id", &o->step_id) < 0 ||
         get_int(d, m, "rank", 0, INT_MAX, &o->rank) < 0 || get_bool(d, m, "ok", &o->ok) < 0 ||
@@ -1489,17 +1511,9 @@ static int step_reply_fields(struct dec *d, const msgpack_object_map *m, void *p
         get_f64(d, m, "step_seconds", &o->step_seconds) < 0 ||
         get_array(d, m, "outs", LORA_MSG_MAX_SEQS, &a) < 0)
         return -1;
-    if (a->size && !(o->outs = arena_alloc(d->arena, a->size, sizeof(*o->outs))))
-        return no_memory(d, "outs");
-    for (uint32_t i = 0; i < a->size; i++) {
-        if (as_map(d, "outs", i, &a->ptr[i], &om) < 0)
-            return -1;
-        size_t mark = path_push(d, "outs", i);
-        int rc = step_out_fields(d, om, &o->outs[i]);
-        path_pop(d, mark);
-        if (rc < 0)
-            return -1;
-    }
+    if (map_array(d, "outs", a, sizeof(*o->outs), step_out_fields, &elems) < 0)
+        return -1;
+    o->outs = elems;
     o->n_outs = (int)a->size;
     return 0;
 }
@@ -1651,8 +1665,9 @@ int lora_msg_encode_notifications(struct lora_msg_buf *b, const struct lora_msg_
     return enc_end(&e);
 }
 
-static int timing_fields(struct dec *d, const msgpack_object_map *m, struct lora_msg_timing *t)
+static int timing_fields(struct dec *d, const msgpack_object_map *m, void *p)
 {
+    struct lora_msg_timing *t = p;
     int tr;
 
     if (get_str(d, m, "name", &t->name) < 0 ||
@@ -1663,27 +1678,19 @@ static int timing_fields(struct dec *d, const msgpack_object_map *m, struct lora
     return 0;
 }
 
-static int notification_fields(struct dec *d, const msgpack_object_map *m,
-                               struct lora_msg_notification *n)
+static int notification_fields(struct dec *d, const msgpack_object_map *m, void *p)
 {
+    struct lora_msg_notification *n = p;
     const msgpack_object_array *a;
-    const msgpack_object_map *tm;
+    void *elems;
 
     if (get_str(d, m, "kind", &n->kind) < 0 || get_u64(d, m, "seq", &n->seq) < 0 ||
         get_f64(d, m, "time", &n->time) < 0 || state_fields(d, m, &n->state) < 0 ||
         get_array(d, m, "timings", MAX_LIST, &a) < 0)
         return -1;
-    if (a->size && !(n->timings = arena_alloc(d->arena, a->size, sizeof(*n->timings))))
-        return no_memory(d, "timings");
-    for (uint32_t i = 0; i < a->size; i++) {
-        if (as_map(d, "timings", i, &a->ptr[i], &tm) < 0)
-            return -1;
-        size_t mark = path_push(d, "timings", i);
-        int rc = timing_fields(d, tm, &n->timings[i]);
-        path_pop(d, mark);
-        if (rc < 0)
-            return -1;
-    }
+    if (map_array(d, "timings", a, sizeof(*n->timings), timing_fields, &elems) < 0)
+        return -1;
+    n->timings = elems;
     n->n_timings = (int)a->size;
     return 0;
 }
@@ -1692,7 +1699,7 @@ static int notifications_fields(struct dec *d, const msgpack_object_map *m, void
 {
     struct lora_msg_notifications *o = p;
     const msgpack_object_array *a;
-    const msgpack_object_map *im;
+    void *elems;
     bool present;
 
     o->engine = -1;
@@ -1700,17 +1707,9 @@ static int notifications_fields(struct dec *d, const msgpack_object_map *m, void
         get_int(d, m, "rank", 0, INT_MAX, &o->rank) < 0 ||
         get_u64(d, m, "dropped", &o->dropped) < 0 || get_array(d, m, "items", MAX_LIST, &a) < 0)
         return -1;
-    if (a->size && !(o->items = arena_alloc(d->arena, a->size, sizeof(*o->items))))
-        return no_memory(d, "items");
-    for (uint32_t i = 0; i < a->size; i++) {
-        if (as_map(d, "items", i, &a->ptr[i], &im) < 0)
-            return -1;
-        size_t mark = path_push(d, "items", i);
-        int rc = notification_fields(d, im, &o->items[i]);
-        path_pop(d, mark);
-        if (rc < 0)
-            return -1;
-    }
+    if (map_array(d, "items", a, sizeof(*o->items), notification_fields, &elems) < 0)
+        return -1;
+    o->items = elems;
     o->n_items = (int)a->size;
     return 0;
 }
@@ -1981,9 +1980,9 @@ int lora_msg_encode_stats(struct lora_msg_buf *b, const struct lora_msg_stats *m
     return enc_end(&e);
 }
 
-static int adapter_count_fields(struct dec *d, const msgpack_object_map *m,
-                                struct lora_msg_adapter_count *c)
+static int adapter_count_fields(struct dec *d, const msgpack_object_map *m, void *p)
 {
+    struct lora_msg_adapter_count *c = p;
     if (get_str(d, m, "name", &c->name) < 0 ||
         get_int(d, m, "running", 0, INT_MAX, &c->running) < 0 ||
         get_int(d, m, "waiting", 0, INT_MAX, &c->waiting) < 0)
@@ -1995,7 +1994,7 @@ static int stats_fields(struct dec *d, const msgpack_object_map *m, void *p)
 {
     struct lora_msg_stats *o = p;
     const msgpack_object_array *a;
-    const msgpack_object_map *am;
+    void *elems;
 
     if (get_int(d, m, "engine", 0, INT_MAX, &o->engine) < 0 ||
         get_f64(d, m, "time", &o->time) < 0 ||
@@ -2009,17 +2008,9 @@ static int stats_fields(struct dec *d, const msgpack_object_map *m, void *p)
         opt_f64(d, m, "model_seconds", &o->model_seconds) < 0 ||
         get_array(d, m, "adapters", LORA_MSG_MAX_ADAPTERS, &a) < 0)
         return -1;
-    if (a->size && !(o->adapters = arena_alloc(d->arena, a->size, sizeof(*o->adapters))))
-        return no_memory(d, "adapters");
-    for (uint32_t i = 0; i < a->size; i++) {
-        if (as_map(d, "adapters", i, &a->ptr[i], &am) < 0)
-            return -1;
-        size_t mark = path_push(d, "adapters", i);
-        int rc = adapter_count_fields(d, am, &o->adapters[i]);
-        path_pop(d, mark);
-        if (rc < 0)
-            return -1;
-    }
+    if (map_array(d, "adapters", a, sizeof(*o->adapters), adapter_count_fields, &elems) < 0)
+        return -1;
+    o->adapters = elems;
     o->n_adapters = (int)a->size;
     return 0;
 }
@@ -2150,9 +2141,9 @@ int lora_msg_encode_registry(struct lora_msg_buf *b, const struct lora_msg_regis
     return enc_end(&e);
 }
 
-static int registry_entry_fields(struct dec *d, const msgpack_object_map *m,
-                                 struct lora_msg_registry_entry *r)
+static int registry_entry_fields(struct dec *d, const msgpack_object_map *m, void *p)
 {
+    struct lora_msg_registry_entry *r = p;
     if (get_str(d, m, "name", &r->name) < 0 || get_str(d, m, "path", &r->path) < 0 ||
         get_u64(d, m, "id", &r->id) < 0)
         return -1;
@@ -2163,22 +2154,14 @@ static int registry_fields(struct dec *d, const msgpack_object_map *m, void *p)
 {
     struct lora_msg_registry *o = p;
     const msgpack_object_array *a;
-    const msgpack_object_map *am;
+    void *elems;
 
     if (get_int(d, m, "engine", 0, INT_MAX, &o->engine) < 0 ||
         get_array(d, m, "adapters", LORA_MSG_MAX_ADAPTERS, &a) < 0)
         return -1;
-    if (a->size && !(o->adapters = arena_alloc(d->arena, a->size, sizeof(*o->adapters))))
-        return no_memory(d, "adapters");
-    for (uint32_t i = 0; i < a->size; i++) {
-        if (as_map(d, "adapters", i, &a->ptr[i], &am) < 0)
-            return -1;
-        size_t mark = path_push(d, "adapters", i);
-        int rc = registry_entry_fields(d, am, &o->adapters[i]);
-        path_pop(d, mark);
-        if (rc < 0)
-            return -1;
-    }
+    if (map_array(d, "adapters", a, sizeof(*o->adapters), registry_entry_fields, &elems) < 0)
+        return -1;
+    o->adapters = elems;
     o->n_adapters = (int)a->size;
     return 0;
 }
