@@ -31,7 +31,7 @@ WARN := -Wall -Wextra -Wshadow -Wvla -Wpointer-arith -Wstrict-prototypes -Wmissi
 CFLAGS ?= -O2 -g
 CFLAGS += -std=c11 -D_GNU_SOURCE -march=x86-64-v2 -mavx2 -mfma -fopenmp $(WARN) -MMD -MP \
           -Ilib -Ikernels
-LDLIBS += -lopenblas -ljansson -lmsgpackc -lzmq -lm -lpthread
+LDLIBS += -lopenblas -ljansson -lmsgpackc -lzmq -lmicrohttpd -lpcre2-8 -lutf8proc -lm -lpthread
 LDFLAGS += -fopenmp
 ifneq ($(SANITIZE),)
 CFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=undefined
@@ -39,8 +39,16 @@ LDFLAGS += -fsanitize=$(SANITIZE)
 endif
 
 NVCCFLAGS ?= -O2 -std=c++17 -Ilib -Ikernels
-CUDA_LIBDIR ?= $(dir $(shell command -v $(NVCC) 2>/dev/null))../lib64
 ifeq ($(CUDA_ON),1)
+# nvcc may be a wrapper script on the PATH: ask it where its own runtime libraries are.
+ifeq ($(origin CUDA_LIBDIR),undefined)
+CUDA_LIBDIR := $(shell $(NVCC) --dryrun -c -x cu /dev/null -o /dev/null 2>&1 | \
+                 sed -n 's/^\#\$$ LIBRARIES=//p' | grep -o '"-L[^"]*"' | grep -v stubs | tail -n 1 | \
+                 tr -d '"' | cut -c3-)
+endif
+ifeq ($(CUDA_LIBDIR),)
+$(error unable to find the CUDA runtime libraries through '$(NVCC) --dryrun'; set CUDA_LIBDIR)
+endif
 CFLAGS += -DLORA_CUDA=1
 LDLIBS += -L$(CUDA_LIBDIR) -lcudart_static -ldl -lrt -lstdc++
 endif
@@ -54,17 +62,20 @@ UNITS    := $(UNIT_SRC:%.c=$(BUILD)/%)
 FIXTURE_OBJ := $(BUILD)/tests/unit/fixture.o
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
 BENCHES  := $(BENCH_SRC:%.c=$(BUILD)/%)
+TOOL_SRC := $(wildcard tests/tools/*.c)
+TOOLS    := $(TOOL_SRC:%.c=$(BUILD)/%)
 BINS     := $(PROGRAMS:%=$(BUILD)/bin/%)
 
 DEB_PACKAGES := build-essential pkg-config libmsgpack-dev libzmq3-dev libjansson-dev \
-                libopenblas-dev bats python3 python3-numpy python3-msgpack python3-zmq
+                libopenblas-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev bats python3 \
+                python3-numpy python3-msgpack python3-zmq
 
 .DELETE_ON_ERROR:
 .SECONDARY:
 .PHONY: all deps test demo bench clean format
 .DEFAULT_GOAL := all
 
-all: $(BINS) $(UNITS) $(BENCHES)
+all: $(BINS) $(UNITS) $(BENCHES) $(TOOLS)
 
 $(BUILD)/liblora.a: $(LIB_OBJ)
 	@mkdir -p $(@D)
@@ -85,7 +96,8 @@ $(BUILD)/bin/%: $$(call prog_objs,$$*) $(BUILD)/liblora.a
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
-# A unit test also links the shared fixtures of tests/unit/fixture.c; a bench, the library only.
+# A unit test also links the shared fixtures of tests/unit/fixture.c; a bench or a test tool
+# (tests/tools/: small drivers the end-to-end tests call), the library only.
 $(UNITS): $(BUILD)/tests/unit/test_%: $(BUILD)/tests/unit/test_%.o $(FIXTURE_OBJ) $(BUILD)/liblora.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
@@ -126,4 +138,4 @@ format:
 clean:
 	rm -rf build
 
--include $(LIB_OBJ:.o=.d) $(UNITS:=.d) $(FIXTURE_OBJ:.o=.d) $(BENCHES:=.d) $(patsubst %.c,$(BUILD)/%.d,$(wildcard cmd/*/*.c))
+-include $(LIB_OBJ:.o=.d) $(UNITS:=.d) $(FIXTURE_OBJ:.o=.d) $(BENCHES:=.d) $(TOOLS:=.d) $(patsubst %.c,$(BUILD)/%.d,$(wildcard cmd/*/*.c))

@@ -14,12 +14,26 @@ load ../helpers
 }
 
 @test "CUDA=1 compiles kernels/cuda with nvcc and links the CUDA runtime" {
+    command -v nvcc >/dev/null || skip "nvcc is not installed"
     run make -C "$ROOT" -n -B CUDA=1 BUILD="$BATS_TEST_TMPDIR/b" all
     expect_status 0
     [[ "$output" == *"CUDA=1 -> cuda kernels on"* ]]
     [[ "$output" == *"nvcc"*"kernels/cuda/cuda_device.cu"* ]]
     [[ "$output" == *"-DLORA_CUDA=1"* ]]
     [[ "$output" == *"-lcudart_static"* ]]
+}
+
+@test "CUDA=1 links from the directory that holds nvcc's own runtime, even through a wrapper" {
+    command -v nvcc >/dev/null || skip "nvcc is not installed"
+    # A wrapper script elsewhere on the PATH, as distributions install nvcc.
+    mkdir -p "$BATS_TEST_TMPDIR/wrap"
+    printf '#!/bin/sh\nexec %s "$@"\n' "$(command -v nvcc)" > "$BATS_TEST_TMPDIR/wrap/nvcc"
+    chmod +x "$BATS_TEST_TMPDIR/wrap/nvcc"
+    run env PATH="$BATS_TEST_TMPDIR/wrap:/usr/bin:/bin" make -C "$ROOT" -n -B CUDA=1 \
+        BUILD="$BATS_TEST_TMPDIR/b" "$BATS_TEST_TMPDIR/b/bin/lora-engine"
+    expect_status 0
+    libdir=$(grep -o -- '-L[^ ]*' <<< "$output" | tail -n 1 | cut -c3-)
+    [ -f "$libdir/libcudart_static.a" ]
 }
 
 @test "CUDA=auto follows whether nvcc is on the PATH" {
