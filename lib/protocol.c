@@ -1817,6 +1817,9 @@ static int abort_fields(struct dec *d, const msgpack_object_map *m, void *p)
 }
 DEFINE_DECODER(abort, LORA_MSG_ABORT)
 
+static const char *const output_time_keys[4] = {"queued_time", "scheduled_time",
+                                                "first_token_time", "finished_time"};
+
 int lora_msg_encode_output(struct lora_msg_buf *b, const struct lora_msg_output *m,
                            struct lora_msg_bin *bins, int *n_bins)
 {
@@ -1826,8 +1829,14 @@ int lora_msg_encode_output(struct lora_msg_buf *b, const struct lora_msg_output 
 
     if (n_bins)
         *n_bins = 0;
+    const double times[4] = {m->queued_time, m->scheduled_time, m->first_token_time,
+                             m->finished_time};
+    size_t n_times = 0;
+    for (int i = 0; i < 4; i++)
+        n_times += times[i] != 0;
     enc_begin(&e, b, LORA_MSG_OUTPUT,
-              5 + 3 * has_top + has_plp + HAS(m->finish_reason) + HAS(m->error));
+              5 + 3 * has_top + has_plp + HAS(m->finish_reason) + HAS(m->error) +
+                  HAS(m->error_code) + n_times);
     if (m->n_tokens < 0 || m->top_n < 0 || m->top_n > LORA_MSG_MAX_TOP)
         invalid(&e);
     else
@@ -1846,6 +1855,10 @@ int lora_msg_encode_output(struct lora_msg_buf *b, const struct lora_msg_output 
     kv_ostr(&e, "finish_reason", m->finish_reason);
     kv_int(&e, "num_prompt_tokens", m->num_prompt_tokens);
     kv_ostr(&e, "error", m->error);
+    kv_ostr(&e, "error_code", m->error_code);
+    for (int i = 0; i < 4; i++)
+        if (times[i] != 0)
+            kv_f64(&e, output_time_keys[i], times[i]);
     return enc_end(&e);
 }
 
@@ -1907,8 +1920,13 @@ static int output_fields(struct dec *d, const msgpack_object_map *m, void *p)
     if (get_bool(d, m, "finished", &o->finished) < 0 ||
         opt_str(d, m, "finish_reason", &o->finish_reason) < 0 ||
         get_int(d, m, "num_prompt_tokens", 0, INT_MAX, &o->num_prompt_tokens) < 0 ||
-        opt_str(d, m, "error", &o->error) < 0)
+        opt_str(d, m, "error", &o->error) < 0 || opt_str(d, m, "error_code", &o->error_code) < 0)
         return -1;
+    double *times[4] = {&o->queued_time, &o->scheduled_time, &o->first_token_time,
+                        &o->finished_time};
+    for (int i = 0; i < 4; i++)
+        if (opt_f64(d, m, output_time_keys[i], times[i]) < 0)
+            return -1;
     return 0;
 }
 DEFINE_DECODER(output, LORA_MSG_OUTPUT)

@@ -40,6 +40,10 @@
  *  output               engine -> frontend         request_id tokens[] logprobs[]  -
  *                                                  top[]? finished finish_reason?
  *                                                  num_prompt_tokens error?
+ *                                                  error_code? queued_time?
+ *                                                  scheduled_time?
+ *                                                  first_token_time?
+ *                                                  finished_time?
  *  event                engine -> PUB "event"      engine request_id event time    -
  *                                                  lora? finish_reason?
  *  stats                engine -> PUB "stats"      engine time running waiting     -
@@ -345,6 +349,12 @@ struct lora_msg_output {
     struct lora_str finish_reason; /* "stop", "length", "abort", "error" */
     int num_prompt_tokens;
     struct lora_str error;
+    /* With error: why, for the frontend's status code: "not_found" (unknown adapter),
+     * "invalid" (the request breaks a limit), "unavailable" (unhealthy, full, shutting down). */
+    struct lora_str error_code;
+    /* The final output of a request that was queued: the engine's times (Unix, with fractions)
+     * of its lifecycle events; 0 when it never got there (absent on the wire). */
+    double queued_time, scheduled_time, first_token_time, finished_time;
 };
 
 enum lora_event_kind {

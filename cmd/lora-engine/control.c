@@ -156,6 +156,7 @@ int adapters_unload(struct engine *e, const char *name, char *err, size_t len)
         struct eng_request *r = &e->reqs[failed[i] % (uint64_t)e->max_requests];
         if (!r->used || r->id != failed[i])
             continue;
+        r->error_code = "not_found";
         frontends_send_output(e, r, 0, NULL, NULL, NULL, 0, true, "error",
                               "the adapter was unloaded");
         publish_event(e, r, LORA_EVENT_FINISHED, "error");

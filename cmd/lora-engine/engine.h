@@ -56,7 +56,10 @@ struct eng_request {
     bool ignore_eos;
     int32_t stop_ids[16];
     int n_stop;
-    double arrival;
+    double arrival;        /* QUEUED, Unix time */
+    double scheduled_at;   /* the first SCHEDULED, 0 before */
+    double first_token_at; /* 0 before the first token */
+    const char *error_code; /* with an error output: "not_found", "invalid" or "unavailable" */
     float *prompt_lps; /* (n_prompt), filled as prefill chunks run */
     bool sent_first;
 };
@@ -159,7 +162,8 @@ int frontends_send_output(struct engine *e, struct eng_request *r, int n_new, co
                           bool finished, const char *reason, const char *error);
 void requests_fail_all(struct engine *e, const char *why);
 void request_release(struct engine *e, struct eng_request *r);
-void publish_event(struct engine *e, const struct eng_request *r, enum lora_event_kind kind,
+/* Publishes a lifecycle event and records its time in r (the first SCHEDULED). */
+void publish_event(struct engine *e, struct eng_request *r, enum lora_event_kind kind,
                    const char *reason);
 void publish_body(struct engine *e, const char *topic);
 void registry_broadcast(struct engine *e);

@@ -41,15 +41,18 @@ static void send_to(struct engine *e, int fe)
         lora_liveness_sent(&p->live, lora_now_ms());
 }
 
-void publish_event(struct engine *e, const struct eng_request *r, enum lora_event_kind kind,
+void publish_event(struct engine *e, struct eng_request *r, enum lora_event_kind kind,
                    const char *reason)
 {
     const struct eng_adapter *ad = r->adapter_id ? &e->adapters[r->adapter_id - 1] : NULL;
+    double now = eng_now();
+    if (kind == LORA_EVENT_SCHEDULED && r->scheduled_at == 0)
+        r->scheduled_at = now;
     struct lora_msg_event ev = {
         .engine = e->engine_index,
         .request_id = {r->request_id, strlen(r->request_id)},
         .event = kind,
-        .time = eng_now(),
+        .time = now,
         .num_prompt_tokens = r->n_prompt,
         .num_generation_tokens = r->n_generated,
     };
@@ -107,8 +110,17 @@ int frontends_send_output(struct engine *e, struct eng_request *r, int n_new, co
     }
     if (reason)
         o.finish_reason = (struct lora_str){reason, strlen(reason)};
-    if (error)
+    if (error) {
         o.error = (struct lora_str){error, strlen(error)};
+        if (r->error_code)
+            o.error_code = (struct lora_str){r->error_code, strlen(r->error_code)};
+    }
+    if (finished && r->arrival > 0) {
+        o.queued_time = r->arrival;
+        o.scheduled_time = r->scheduled_at;
+        o.first_token_time = r->first_token_at;
+        o.finished_time = eng_now();
+    }
     r->sent_first = true;
     lora_msg_buf_reset(&e->out);
     if (lora_msg_encode_output(&e->out, &o, NULL, NULL) < 0)
@@ -131,6 +143,7 @@ void request_release(struct engine *e, struct eng_request *r)
 static void fail_request(struct engine *e, struct eng_request *r, const char *reason,
                          const char *why)
 {
+    r->error_code = "unavailable";
     frontends_send_output(e, r, 0, NULL, NULL, NULL, 0, true, reason, why);
     publish_event(e, r, LORA_EVENT_FINISHED, reason);
     lora_scheduler_abort(e->sched, r->id);
@@ -144,10 +157,11 @@ void requests_fail_all(struct engine *e, const char *why)
             fail_request(e, &e->reqs[i], "error", why);
 }
 
-/* Answers a request that was refused before it was queued. */
-static void refuse(struct engine *e, int fe, const struct lora_msg_request *m, const char *why)
+/* Answers a request that was refused before it was queued; code is the output's error_code. */
+static void refuse(struct engine *e, int fe, const struct lora_msg_request *m, const char *code,
+                   const char *why)
 {
-    struct eng_request tmp = {.frontend = fe};
+    struct eng_request tmp = {.frontend = fe, .error_code = code};
     snprintf(tmp.request_id, sizeof(tmp.request_id), "%s", m->request_id.s);
     frontends_send_output(e, &tmp, 0, NULL, NULL, NULL, 0, true, "error", why);
 }
@@ -183,13 +197,13 @@ static void handle_request(struct engine *e, int fe, const struct lora_msg_frame
     int adapter_id = 0;
     if (!e->healthy) {
         snprintf(err, sizeof(err), "the engine is unhealthy: %s", e->unhealthy_reason);
-        return refuse(e, fe, &m, err);
+        return refuse(e, fe, &m, "unavailable", err);
     }
     if (m.lora.s) {
         const struct eng_adapter *ad = adapters_find(e, m.lora.s);
         if (!ad) {
             snprintf(err, sizeof(err), "adapter '%s' not found", m.lora.s);
-            return refuse(e, fe, &m, err);
+            return refuse(e, fe, &m, "not_found", err);
         }
         adapter_id = ad->id;
     }
@@ -197,7 +211,7 @@ static void handle_request(struct engine *e, int fe, const struct lora_msg_frame
         if (m.prompt[i] < 0 || m.prompt[i] >= e->vocab_size) {
             snprintf(err, sizeof(err), "prompt token %d is outside the vocabulary (%d)",
                      m.prompt[i], e->vocab_size);
-            return refuse(e, fe, &m, err);
+            return refuse(e, fe, &m, "invalid", err);
         }
     }
     if (m.n_prompt < 1 || m.max_tokens < 1 || m.n_stop_token_ids > 16 ||
@@ -205,11 +219,11 @@ static void handle_request(struct engine *e, int fe, const struct lora_msg_frame
         snprintf(err, sizeof(err),
                  "the prompt (%zu tokens) plus max_tokens (%d) must fit the context (%d)",
                  m.n_prompt, m.max_tokens, e->max_model_len);
-        return refuse(e, fe, &m, err);
+        return refuse(e, fe, &m, "invalid", err);
     }
     struct eng_request *r = alloc_request(e);
     if (!r)
-        return refuse(e, fe, &m, "the engine is full");
+        return refuse(e, fe, &m, "unavailable", "the engine is full");
     snprintf(r->request_id, sizeof(r->request_id), "%s", m.request_id.s);
     r->frontend = fe;
     r->adapter_id = adapter_id;
@@ -231,7 +245,7 @@ static void handle_request(struct engine *e, int fe, const struct lora_msg_frame
     r->prompt_lps = malloc(sizeof(float) * m.n_prompt);
     if (!r->tokens || !r->prompt_lps) {
         request_release(e, r);
-        return refuse(e, fe, &m, "out of memory");
+        return refuse(e, fe, &m, "unavailable", "out of memory");
     }
     memcpy(r->tokens, m.prompt, sizeof(int32_t) * m.n_prompt);
     for (size_t i = 0; i < m.n_prompt; i++)
@@ -239,7 +253,7 @@ static void handle_request(struct engine *e, int fe, const struct lora_msg_frame
     struct lora_scheduler_request sr = {r->id, r->n_prompt, r->max_tokens, adapter_id, r->arrival};
     if (lora_scheduler_add(e->sched, &sr, err, sizeof(err)) < 0) {
         request_release(e, r);
-        return refuse(e, fe, &m, err);
+        return refuse(e, fe, &m, "invalid", err);
     }
     publish_event(e, r, LORA_EVENT_QUEUED, NULL);
 }

@@ -154,7 +154,8 @@ static int absorb(struct engine *e, const struct lora_msg_step_reply *rep)
         if (o->token < 0)
             continue;
         r->tokens[r->n_prompt + r->n_generated] = o->token;
-        r->n_generated++;
+        if (r->n_generated++ == 0)
+            r->first_token_at = eng_now();
         const char *reason = finish_reason(e, r, o->token);
         frontends_send_output(e, r, 1, &o->logprob, o->top_ids, o->top_logprobs, o->n_top,
                               reason != NULL, reason, NULL);

@@ -255,7 +255,12 @@ static const struct lora_msg_output output_full = {.request_id = STR("req-1"),
                                                    .finished = true,
                                                    .finish_reason = STR("length"),
                                                    .num_prompt_tokens = 4,
-                                                   .error = STR("boom")};
+                                                   .error = STR("boom"),
+                                                   .error_code = STR("invalid"),
+                                                   .queued_time = 1700000000.25,
+                                                   .scheduled_time = 1700000000.5,
+                                                   .first_token_time = 1700000000.75,
+                                                   .finished_time = 1700000001.125};
 static const int32_t output_min_tokens[] = {5};
 static const float output_min_lps[] = {-0.125f};
 static const struct lora_msg_output output_min = {.request_id = STR("req-2"),
@@ -617,6 +622,11 @@ static json_t *dump_output(const void *p)
     set(o, "finish_reason", j_str(m->finish_reason));
     set(o, "num_prompt_tokens", json_integer(m->num_prompt_tokens));
     set(o, "error", j_str(m->error));
+    set(o, "error_code", j_str(m->error_code));
+    set(o, "queued_time", json_real(m->queued_time));
+    set(o, "scheduled_time", json_real(m->scheduled_time));
+    set(o, "first_token_time", json_real(m->first_token_time));
+    set(o, "finished_time", json_real(m->finished_time));
     return o;
 }
 
@@ -797,7 +807,10 @@ static const struct codec codecs[LORA_MSG_TYPE_COUNT] = {
     [LORA_MSG_RESIDENCY_REPLY] = ROW(residency_reply, &residency_reply_min, {NULL}),
     [LORA_MSG_REQUEST] = ROW(request, &request_min, {"lora", "seed"}),
     [LORA_MSG_ABORT] = ROW(abort, NULL, {NULL}),
-    [LORA_MSG_OUTPUT] = ROW(output, &output_min, {"prompt_logprobs", "finish_reason", "error"}),
+    [LORA_MSG_OUTPUT] = ROW(output, &output_min,
+                                 {"prompt_logprobs", "finish_reason", "error", "error_code",
+                                  "queued_time", "scheduled_time", "first_token_time",
+                                  "finished_time"}),
     [LORA_MSG_EVENT] = ROW(event, &event_min, {"lora", "finish_reason"}),
     [LORA_MSG_STATS] = ROW(stats, &stats_min, {"model_seconds", NULL}),
     [LORA_MSG_CONTROL] = ROW(control, &control_min, {NULL}),
