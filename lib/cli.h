@@ -20,6 +20,8 @@ enum lora_opt_kind {
     LORA_OPT_LIST,   /* struct lora_opt_list, repeatable */
 };
 
+#define LORA_VERSION "0.1.0" /* of every program */
+
 #define LORA_OPT_LIST_MAX 64
 
 struct lora_opt_list {

@@ -67,6 +67,7 @@ static const char *const type_names[LORA_MSG_TYPE_COUNT] = {
     [LORA_MSG_CONTROL_REPLY] = "control_reply",
     [LORA_MSG_REGISTRY] = "registry",
     [LORA_MSG_SHUTDOWN] = "shutdown",
+    [LORA_MSG_REQUEST_STATS] = "request_stats",
 };
 
 /* Enum values travel as these strings; tables only grow at the end, like the enums. */
@@ -1969,6 +1970,62 @@ static int event_fields(struct dec *d, const msgpack_object_map *m, void *p)
     return 0;
 }
 DEFINE_DECODER(event, LORA_MSG_EVENT)
+
+static const char *const stats_time_keys[4] = {"first_token_time", "queued_time",
+                                               "scheduled_time", "engine_first_token_time"};
+
+int lora_msg_encode_request_stats(struct lora_msg_buf *b, const struct lora_msg_request_stats *m,
+                                  struct lora_msg_bin *bins, int *n_bins)
+{
+    struct enc e;
+    const double opt[5] = {m->first_token_time, m->queued_time, m->scheduled_time,
+                           m->engine_first_token_time, m->engine_finished_time};
+    size_t n_opt = 0;
+
+    if (n_bins)
+        *n_bins = 0;
+    for (int i = 0; i < 5; i++)
+        n_opt += opt[i] != 0;
+    enc_begin(&e, b, LORA_MSG_REQUEST_STATS, 8 + HAS(m->lora) + n_opt);
+    kv_int(&e, "engine", m->engine);
+    kv_str(&e, "request_id", m->request_id);
+    kv_ostr(&e, "lora", m->lora);
+    kv_str(&e, "finish_reason", m->finish_reason);
+    kv_f64(&e, "arrival_time", m->arrival_time);
+    kv_f64(&e, "finished_time", m->finished_time);
+    for (int i = 0; i < 4; i++)
+        if (opt[i] != 0)
+            kv_f64(&e, stats_time_keys[i], opt[i]);
+    if (opt[4] != 0)
+        kv_f64(&e, "engine_finished_time", opt[4]);
+    kv_int(&e, "num_prompt_tokens", m->num_prompt_tokens);
+    kv_int(&e, "num_generation_tokens", m->num_generation_tokens);
+    kv_int(&e, "max_tokens", m->max_tokens);
+    return enc_end(&e);
+}
+
+static int request_stats_fields(struct dec *d, const msgpack_object_map *m, void *p)
+{
+    struct lora_msg_request_stats *o = p;
+    double *opt[4] = {&o->first_token_time, &o->queued_time, &o->scheduled_time,
+                      &o->engine_first_token_time};
+
+    if (get_int(d, m, "engine", 0, INT_MAX, &o->engine) < 0 ||
+        get_str(d, m, "request_id", &o->request_id) < 0 || opt_str(d, m, "lora", &o->lora) < 0 ||
+        get_str(d, m, "finish_reason", &o->finish_reason) < 0 ||
+        get_f64(d, m, "arrival_time", &o->arrival_time) < 0 ||
+        get_f64(d, m, "finished_time", &o->finished_time) < 0 ||
+        opt_f64(d, m, "engine_finished_time", &o->engine_finished_time) < 0 ||
+        get_int(d, m, "num_prompt_tokens", 0, INT_MAX, &o->num_prompt_tokens) < 0 ||
+        get_int(d, m, "num_generation_tokens", 0, INT_MAX, &o->num_generation_tokens) < 0 ||
+        get_int(d, m, "max_tokens", -1, INT_MAX, &o->max_tokens) < 0)
+        return -1;
+    for (int i = 0; i < 4; i++)
+        if (opt_f64(d, m, stats_time_keys[i], opt[i]) < 0)
+            return -1;
+    return 0;
+}
+DEFINE_DECODER(request_stats, LORA_MSG_REQUEST_STATS)
 
 int lora_msg_encode_stats(struct lora_msg_buf *b, const struct lora_msg_stats *m,
                           struct lora_msg_bin *bins, int *n_bins)

@@ -55,6 +55,14 @@
  *  control_reply        engine -> asker            id ok error? data?              -
  *  registry             engine -> frontend, PUB    engine adapters[]               -
  *  shutdown             engine -> worker           -                               -
+ *  request_stats        frontend -> PUB "request"  engine request_id lora?         -
+ *                                                  finish_reason arrival_time
+ *                                                  first_token_time? finished_time
+ *                                                  queued_time? scheduled_time?
+ *                                                  engine_first_token_time?
+ *                                                  engine_finished_time?
+ *                                                  num_prompt_tokens
+ *                                                  num_generation_tokens max_tokens
  */
 #ifndef LORA_PROTOCOL_H
 #define LORA_PROTOCOL_H
@@ -97,6 +105,7 @@ enum lora_msg_type {
     LORA_MSG_CONTROL_REPLY,
     LORA_MSG_REGISTRY,
     LORA_MSG_SHUTDOWN,
+    LORA_MSG_REQUEST_STATS,
     LORA_MSG_TYPE_COUNT,
 };
 
@@ -435,6 +444,22 @@ struct lora_msg_registry {
     struct lora_msg_registry_entry *adapters;
 };
 
+/* One finished request as a frontend saw it, for the exporter. arrival_time, first_token_time
+ * and finished_time are the frontend's clock (the request received, its first token received
+ * from the engine, its response over); the four others are the engine's lifecycle times from
+ * the final output. Optional times are 0 when absent (never reached). */
+struct lora_msg_request_stats {
+    int engine;
+    struct lora_str request_id;
+    struct lora_str lora;
+    struct lora_str finish_reason; /* "stop", "length", "abort", "error" */
+    double arrival_time, first_token_time, finished_time;
+    double queued_time, scheduled_time, engine_first_token_time, engine_finished_time;
+    int num_prompt_tokens;
+    int num_generation_tokens;
+    int max_tokens; /* as asked, -1 when the client left it to the context length */
+};
+
 /* ---- codec -------------------------------------------------------------------------------
  * lora_msg_encode_<type>(buf, msg, ...) appends one msgpack map to buf (after reset by the
  * caller) and returns 0, or -1 with errno ENOMEM, or EINVAL when msg breaks a rule its decoder
@@ -473,6 +498,7 @@ LORA_MSG_CODEC(stats)
 LORA_MSG_CODEC(control)
 LORA_MSG_CODEC(control_reply)
 LORA_MSG_CODEC(registry)
+LORA_MSG_CODEC(request_stats)
 
 #undef LORA_MSG_CODEC
 

@@ -8,17 +8,20 @@
 
 #include "engine.h"
 
+bool adapters_is_removing(struct engine *e, const struct eng_adapter *ad)
+{
+    struct lora_scheduler_adapter_info info;
+    return lora_scheduler_adapter_info(e->sched, ad->id, &info) == 0 && info.removing;
+}
+
 struct eng_adapter *adapters_find(struct engine *e, const char *name)
 {
     for (int i = 0; i < ENGINE_MAX_ADAPTERS; i++) {
         struct eng_adapter *ad = &e->adapters[i];
-        struct lora_scheduler_adapter_info info;
         if (!ad->used || strcmp(ad->name, name) != 0)
             continue;
         /* An adapter being unloaded is gone for new requests from the moment of the call. */
-        if (lora_scheduler_adapter_info(e->sched, ad->id, &info) == 0 && info.removing)
-            return NULL;
-        return ad;
+        return adapters_is_removing(e, ad) ? NULL : ad;
     }
     return NULL;
 }
@@ -170,7 +173,7 @@ int adapters_unload(struct engine *e, const char *name, char *err, size_t len)
     /* Otherwise a later plan lists it as unloaded once its running requests finish. */
     workers_gather_notifications(e);
     registry_broadcast(e);
-    return 0;
+    return in_use ? 1 : 0;
 }
 
 int adapters_pin(struct engine *e, const char *name, bool pin, char *err, size_t len)
@@ -390,23 +393,45 @@ int control_handle(struct engine *e, const struct lora_msg_frames *f)
         break;
     case LORA_CTL_UNLOAD:
         rc = adapters_unload(e, name, err, sizeof(err));
+        if (rc == 1) {
+            /* Answered when the plan that removes it has run (step.c). */
+            struct eng_adapter *ad = NULL;
+            for (int i = 0; i < ENGINE_MAX_ADAPTERS && !ad; i++)
+                if (e->adapters[i].used && strcmp(e->adapters[i].name, name) == 0)
+                    ad = &e->adapters[i];
+            if (ad) {
+                ad->unload_reply_due = true;
+                ad->unload_ctl_id = m.id;
+                memcpy(ad->unload_rid, f->rid, f->rid_len);
+                ad->unload_rid_len = f->rid_len;
+                lora_msg_buf_release(&data);
+                return 0;
+            }
+            rc = 0;
+        }
         break;
     case LORA_CTL_PIN:
     case LORA_CTL_UNPIN:
         rc = adapters_pin(e, name, m.op == LORA_CTL_PIN, err, sizeof(err));
         break;
     }
-    struct lora_msg_control_reply r = {.id = m.id, .ok = rc == 0};
-    if (rc)
+    control_reply_send(e, f->rid, f->rid_len, m.id, rc ? err : NULL, data.data, data.len);
+    lora_msg_buf_release(&data);
+    return 0;
+}
+
+void control_reply_send(struct engine *e, const void *rid, size_t rid_len, uint64_t id,
+                        const char *err, const void *data, size_t data_len)
+{
+    struct lora_msg_control_reply r = {.id = id, .ok = err == NULL};
+    if (err)
         r.error = (struct lora_str){err, strlen(err)};
-    if (data.len) {
-        r.data = data.data;
-        r.data_len = data.len;
+    if (data_len) {
+        r.data = data;
+        r.data_len = data_len;
     }
     lora_msg_buf_reset(&e->out);
     if (lora_msg_encode_control_reply(&e->out, &r, NULL, NULL) == 0)
-        lora_sock_send(e->ctl, f->rid, f->rid_len, NULL, e->out.data, e->out.len, NULL, 0,
+        lora_sock_send(e->ctl, rid, rid_len, NULL, e->out.data, e->out.len, NULL, 0,
                        ZMQ_DONTWAIT);
-    lora_msg_buf_release(&data);
-    return 0;
 }

@@ -35,6 +35,12 @@ struct eng_adapter {
     char path[4096];
     bool pinned;
     bool cached; /* every rank holds it in its CPU cache (from the last gathered states) */
+    /* An unload that waits for running requests: the asker's control reply is sent once the
+     * adapter is gone from every rank. */
+    bool unload_reply_due;
+    uint64_t unload_ctl_id;
+    unsigned char unload_rid[LORA_SOCK_MAX_RID];
+    size_t unload_rid_len;
 };
 
 struct eng_request {
@@ -142,7 +148,13 @@ int engine_rank_states(struct engine *e, struct lora_msg_residency_reply *out);
 
 /* adapters (control.c) */
 int adapters_load(struct engine *e, const char *name, const char *path, char *err, size_t len);
+/* 0 unloaded, 1 unloading once its running requests finish, -1 failed (err). */
 int adapters_unload(struct engine *e, const char *name, char *err, size_t len);
+/* Whether the adapter is being unloaded (gone for new requests, still on the ranks). */
+bool adapters_is_removing(struct engine *e, const struct eng_adapter *ad);
+/* Sends a control reply to the asker rid. */
+void control_reply_send(struct engine *e, const void *rid, size_t rid_len, uint64_t id,
+                        const char *err, const void *data, size_t data_len);
 int adapters_pin(struct engine *e, const char *name, bool pin, char *err, size_t len);
 struct eng_adapter *adapters_find(struct engine *e, const char *name);
 /* Follows the gathered states: an adapter a rank dropped from its CPU cache waits for a reload. */

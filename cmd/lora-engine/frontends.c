@@ -74,7 +74,7 @@ void registry_broadcast(struct engine *e)
         return;
     for (int i = 0; i < ENGINE_MAX_ADAPTERS; i++) {
         const struct eng_adapter *ad = &e->adapters[i];
-        if (ad->used)
+        if (ad->used && !adapters_is_removing(e, ad))
             list[n++] = (struct lora_msg_registry_entry){
                 {ad->name, strlen(ad->name)}, {ad->path, strlen(ad->path)}, (uint64_t)ad->id};
     }

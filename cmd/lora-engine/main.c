@@ -328,7 +328,7 @@ int main(int argc, char **argv)
         return 0;
     }
     if (version) {
-        puts("lora-engine 0.1.0");
+        puts("lora-engine " LORA_VERSION);
         return 0;
     }
     struct lora_model_config cfg;

@@ -63,9 +63,14 @@ static int apply_adapters(struct engine *e)
     }
     for (int i = 0; i < e->plan.n_unloaded; i++) {
         struct eng_adapter *ad = &e->adapters[e->plan.unloaded[i] - 1];
-        if (workers_adapter_op(e, LORA_OP_REMOVE, ad->name, NULL, -1, err, sizeof(err)) < 0)
+        int rc = workers_adapter_op(e, LORA_OP_REMOVE, ad->name, NULL, -1, err, sizeof(err));
+        if (rc < 0)
             fprintf(stderr, "lora-engine: warning: unloading '%s': %s\n", ad->name, err);
+        if (ad->unload_reply_due)
+            control_reply_send(e, ad->unload_rid, ad->unload_rid_len, ad->unload_ctl_id,
+                               rc < 0 ? err : NULL, NULL, 0);
         ad->used = false;
+        ad->unload_reply_due = false;
         changed = true;
     }
     if (e->plan.n_unloaded)

@@ -4,15 +4,13 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli.h"
 #include "worker.h"
 
 #ifdef LORA_CUDA
 #include "cuda_device.h"
 #endif
 
-#ifndef LORA_VERSION
-#define LORA_VERSION "0.1.0"
-#endif
 
 static const struct {
     const char *name;

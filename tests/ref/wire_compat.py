@@ -140,6 +140,17 @@ EMITTED = {
         {"name": "chat", "path": "/adapters/chat", "id": 2}]}, []),
     "registry.min": ({"type": "registry", "engine": 3, "adapters": []}, []),
     "shutdown": ({"type": "shutdown"}, []),
+    "request_stats": ({"type": "request_stats", "engine": 2, "request_id": "cmpl-1-0",
+                       "lora": "sql", "finish_reason": "length", "arrival_time": 1700000000.0,
+                       "finished_time": 1700000002.0, "first_token_time": 1700000000.5,
+                       "queued_time": 1700000000.125, "scheduled_time": 1700000000.25,
+                       "engine_first_token_time": 1700000000.375,
+                       "engine_finished_time": 1700000001.875, "num_prompt_tokens": 7,
+                       "num_generation_tokens": 16, "max_tokens": 16}, []),
+    "request_stats.min": ({"type": "request_stats", "engine": 0, "request_id": "cmpl-2-0",
+                           "finish_reason": "error", "arrival_time": 1700000003.0,
+                           "finished_time": 1700000003.5, "num_prompt_tokens": 1,
+                           "num_generation_tokens": 0, "max_tokens": -1}, []),
 }
 
 
@@ -211,6 +222,9 @@ DEFAULTS = {
     "event": {"lora": None, "finish_reason": None},
     "control": {"name": None, "path": None},
     "control_reply": {"error": None, "data": None},
+    "request_stats": {"lora": None, "first_token_time": 0.0, "queued_time": 0.0,
+                      "scheduled_time": 0.0, "engine_first_token_time": 0.0,
+                      "engine_finished_time": 0.0},
 }
 
 # Fields the C structs hold as float32 (the rest of the numbers are float64 or integers).
@@ -293,6 +307,10 @@ WRITTEN = {
     "registry": ({"type": "registry", "engine": 1, "adapters": [
         {"name": "a", "path": "/x/a", "id": 2**64 - 1, "x_owner": "me"}]}, [], False),
     "shutdown": ({"type": "shutdown"}, [], False),
+    "request_stats": ({"type": "request_stats", "engine": 0, "request_id": "chatcmpl-9-1",
+                       "finish_reason": "stop", "arrival_time": 1700000010.25,
+                       "finished_time": 1700000011.0, "num_prompt_tokens": 12,
+                       "num_generation_tokens": 3, "max_tokens": -1, "x_extra": 1}, [], False),
 }
 
 

@@ -58,6 +58,7 @@ static const char *const type_s[LORA_MSG_TYPE_COUNT] = {
     "control_reply",
     "registry",
     "shutdown",
+    "request_stats",
 };
 
 #define STR(lit) ((struct lora_str){lit, sizeof(lit) - 1})
@@ -326,6 +327,30 @@ static const struct lora_msg_registry_entry registry_entries[] = {
 static const struct lora_msg_registry registry_full = {
     .engine = 0, .n_adapters = 2, .adapters = (struct lora_msg_registry_entry *)registry_entries};
 static const struct lora_msg_registry registry_min = {.engine = 3};
+
+static const struct lora_msg_request_stats request_stats_full = {
+    .engine = 2,
+    .request_id = STR("cmpl-1-0"),
+    .lora = STR("sql"),
+    .finish_reason = STR("length"),
+    .arrival_time = 1700000000.0,
+    .first_token_time = 1700000000.5,
+    .finished_time = 1700000002.0,
+    .queued_time = 1700000000.125,
+    .scheduled_time = 1700000000.25,
+    .engine_first_token_time = 1700000000.375,
+    .engine_finished_time = 1700000001.875,
+    .num_prompt_tokens = 7,
+    .num_generation_tokens = 16,
+    .max_tokens = 16};
+static const struct lora_msg_request_stats request_stats_min = {
+    .engine = 0,
+    .request_id = STR("cmpl-2-0"),
+    .finish_reason = STR("error"),
+    .arrival_time = 1700000003.0,
+    .finished_time = 1700000003.5,
+    .num_prompt_tokens = 1,
+    .max_tokens = -1};
 
 /* ---- dumps: a decoded struct as JSON, keyed by wire names ---- */
 
@@ -720,6 +745,27 @@ static json_t *dump_registry(const void *p)
     return o;
 }
 
+static json_t *dump_request_stats(const void *p)
+{
+    const struct lora_msg_request_stats *m = p;
+    json_t *o = json_object();
+    set(o, "engine", json_integer(m->engine));
+    set(o, "request_id", j_str(m->request_id));
+    set(o, "lora", j_str(m->lora));
+    set(o, "finish_reason", j_str(m->finish_reason));
+    set(o, "arrival_time", json_real(m->arrival_time));
+    set(o, "first_token_time", json_real(m->first_token_time));
+    set(o, "finished_time", json_real(m->finished_time));
+    set(o, "queued_time", json_real(m->queued_time));
+    set(o, "scheduled_time", json_real(m->scheduled_time));
+    set(o, "engine_first_token_time", json_real(m->engine_first_token_time));
+    set(o, "engine_finished_time", json_real(m->engine_finished_time));
+    set(o, "num_prompt_tokens", json_integer(m->num_prompt_tokens));
+    set(o, "num_generation_tokens", json_integer(m->num_generation_tokens));
+    set(o, "max_tokens", json_integer(m->max_tokens));
+    return o;
+}
+
 /* ---- one table over all types ---- */
 
 typedef int (*enc_fn)(struct lora_msg_buf *b, const void *m, struct lora_msg_bin *bins,
@@ -759,6 +805,7 @@ WRAP(stats)
 WRAP(control)
 WRAP(control_reply)
 WRAP(registry)
+WRAP(request_stats)
 
 union any_msg {
     struct lora_msg_hello hello;
@@ -779,6 +826,7 @@ union any_msg {
     struct lora_msg_control control;
     struct lora_msg_control_reply control_reply;
     struct lora_msg_registry registry;
+    struct lora_msg_request_stats request_stats;
 };
 
 struct codec {
@@ -816,6 +864,9 @@ static const struct codec codecs[LORA_MSG_TYPE_COUNT] = {
     [LORA_MSG_CONTROL] = ROW(control, &control_min, {NULL}),
     [LORA_MSG_CONTROL_REPLY] = ROW(control_reply, &control_reply_min, {"error", "data"}),
     [LORA_MSG_REGISTRY] = ROW(registry, &registry_min, {NULL}),
+    [LORA_MSG_REQUEST_STATS] = ROW(request_stats, &request_stats_min,
+                                   {"lora", "first_token_time", "queued_time", "scheduled_time",
+                                    "engine_first_token_time", "engine_finished_time"}),
 };
 
 static bool is_optional(const struct codec *c, const char *key)

@@ -1,0 +1,106 @@
+/* path_confine: every escape is refused with its reason; paths inside come back resolved. */
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "fs.h"
+#include "path_confine.h"
+
+static char base[PATH_MAX], root[PATH_MAX + 8];
+
+static void setup(void)
+{
+    char tmpl[] = "/tmp/test_path_confine.XXXXXX";
+    char *d = mkdtemp(tmpl);
+    char *r = d ? realpath(d, NULL) : NULL;
+    snprintf(base, sizeof(base), "%s", r ? r : "/nonexistent");
+    free(r);
+    snprintf(root, sizeof(root), "%s/root", base);
+    char p[PATH_MAX + 64];
+    snprintf(p, sizeof(p), "%s/a/sub", root);
+    lora_fs_mkdir_p(p, NULL, 0);
+    snprintf(p, sizeof(p), "%s/outside", base);
+    lora_fs_mkdir_p(p, NULL, 0);
+    snprintf(p, sizeof(p), "%s/file", root);
+    FILE *f = fopen(p, "w");
+    if (f)
+        fclose(f);
+    char target[PATH_MAX + 64];
+    snprintf(target, sizeof(target), "%s/outside", base);
+    snprintf(p, sizeof(p), "%s/out-link", root);
+    if (symlink(target, p) < 0)
+        perror("symlink");
+    snprintf(p, sizeof(p), "%s/in-link", root);
+    if (symlink("a", p) < 0)
+        perror("symlink");
+}
+
+static enum lora_confine_error try(const char *path, char **out)
+{
+    enum lora_confine_error why;
+    char err[512];
+    *out = lora_path_confine(root, path, &why, err, sizeof(err));
+    if (!*out)
+        printf("# %s: %s\n", path, err);
+    return why;
+}
+
+static void test_inside(void)
+{
+    char *r, want[PATH_MAX + 16];
+    snprintf(want, sizeof(want), "%s/a", root);
+    CHECK(try("a", &r) == LORA_CONFINE_OK && r && strcmp(r, want) == 0);
+    free(r);
+    CHECK(try(want, &r) == LORA_CONFINE_OK && r && strcmp(r, want) == 0);
+    free(r);
+    CHECK(try("in-link", &r) == LORA_CONFINE_OK && r && strcmp(r, want) == 0);
+    free(r);
+    CHECK(try("./a/sub/", &r) == LORA_CONFINE_OK && r);
+    free(r);
+}
+
+static void test_escapes(void)
+{
+    char *r, p[PATH_MAX + 32];
+    CHECK(try("../outside", &r) == LORA_CONFINE_ESCAPE && !r);
+    CHECK(try("a/../a", &r) == LORA_CONFINE_ESCAPE && !r);
+    CHECK(try("a/..", &r) == LORA_CONFINE_ESCAPE && !r);
+    snprintf(p, sizeof(p), "%s/outside", base);
+    CHECK(try(p, &r) == LORA_CONFINE_ESCAPE && !r);
+    CHECK(try("/etc", &r) == LORA_CONFINE_ESCAPE && !r);
+    CHECK(try("out-link", &r) == LORA_CONFINE_ESCAPE && !r);
+    snprintf(p, sizeof(p), "%sx/a", root); /* a sibling whose name starts like the root */
+    CHECK(try(p, &r) == LORA_CONFINE_ESCAPE && !r);
+    CHECK(try(root, &r) == LORA_CONFINE_ESCAPE && !r); /* the root itself is no adapter */
+    CHECK(try("", &r) == LORA_CONFINE_ESCAPE && !r);
+}
+
+static void test_missing_and_files(void)
+{
+    char *r;
+    enum lora_confine_error why;
+    char err[512];
+    CHECK(try("nope", &r) == LORA_CONFINE_MISSING && !r);
+    CHECK(try("file", &r) == LORA_CONFINE_NOT_DIR && !r);
+    CHECK(try("file/x", &r) == LORA_CONFINE_MISSING && !r);
+    r = lora_path_confine(root, "../x", &why, err, sizeof(err));
+    CHECK_CONTAINS(err, "'../x': a path with '..' is not accepted");
+    r = lora_path_confine(root, "out-link", &why, err, sizeof(err));
+    CHECK_CONTAINS(err, "leads outside the adapter root");
+    r = lora_path_confine(root, "nope", &why, err, sizeof(err));
+    CHECK_CONTAINS(err, "no such adapter directory");
+}
+
+int main(void)
+{
+    setup();
+    RUN(test_inside);
+    RUN(test_escapes);
+    RUN(test_missing_and_files);
+    lora_fs_remove_tree(base);
+    return check_done();
+}
