@@ -11,7 +11,7 @@
 #include "fs.h"
 #include "model_gen.h"
 
-#define DEMO_NAME "demo-v1"
+#define DEMO_NAME "demo-v2"
 
 static int demo_dir(char *dir, size_t len, char *err, size_t err_len)
 {

@@ -2,8 +2,8 @@
  *
  * A small generated Llama (model_gen.h) with a byte-level tokenizer and three adapters under
  * DIR/adapters/ (demo-sql rank 8, demo-chat rank 16, demo-code rank 8 on q,v only). It is written
- * once into a cache directory and reused: $LORA_DEMO_DIR, else $XDG_CACHE_HOME/lora-stack/demo-v1,
- * else $HOME/.cache/lora-stack/demo-v1. Written under a temporary name and renamed, so concurrent
+ * once into a cache directory and reused: $LORA_DEMO_DIR, else $XDG_CACHE_HOME/lora-stack/demo-v2,
+ * else $HOME/.cache/lora-stack/demo-v2. Written under a temporary name and renamed, so concurrent
  * first runs do not see half a model.
  */
 #ifndef LORA_DEMO_MODEL_H

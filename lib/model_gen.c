@@ -56,8 +56,12 @@ static const char *const model_types[] = {
     [LORA_ARCH_QWEN2] = "qwen2",
 };
 
+/* ChatML, which lora-frontend recognises and renders. */
 static const char chat_template[] =
-    "{% for m in messages %}<|{{ m.role }}|>{{ m.content }}\n{% endfor %}<|assistant|>";
+    "{%- for message in messages -%}"
+    "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' -}}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{- '<|im_start|>assistant\\n' -}}{%- endif -%}";
 
 /* One tensor to generate: values are center + amp * uniform(-1, 1). */
 struct gen_tensor {

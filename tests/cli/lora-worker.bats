@@ -433,12 +433,12 @@ for r in rs[1:]:
     run env -u LORA_DEMO_DIR XDG_CACHE_HOME="$t/xdg" HOME="$t/home" \
         "$WORKER" generate --prompt-ids 1 --max-tokens 1
     expect_status 0
-    [ -f "$t/xdg/lora-stack/demo-v1/config.json" ]
+    [ -f "$t/xdg/lora-stack/demo-v2/config.json" ]
     [ ! -e "$t/home/.cache" ]
     run env -u LORA_DEMO_DIR -u XDG_CACHE_HOME HOME="$t/home" \
         "$WORKER" generate --prompt-ids 1 --max-tokens 1
     expect_status 0
-    [ -f "$t/home/.cache/lora-stack/demo-v1/config.json" ]
+    [ -f "$t/home/.cache/lora-stack/demo-v2/config.json" ]
 }
 
 @test "a demo model that cannot be written is a system failure (111)" {
