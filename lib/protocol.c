@@ -1724,7 +1724,9 @@ int lora_msg_encode_residency_reply(struct lora_msg_buf *b,
 
     if (n_bins)
         *n_bins = 0;
-    enc_begin(&e, b, LORA_MSG_RESIDENCY_REPLY, 2);
+    enc_begin(&e, b, LORA_MSG_RESIDENCY_REPLY, 2 + (m->engine >= 0));
+    if (m->engine >= 0)
+        kv_int(&e, "engine", m->engine);
     kv_int(&e, "rank", m->rank);
     kv_state(&e, &m->state);
     return enc_end(&e);
@@ -1733,8 +1735,11 @@ int lora_msg_encode_residency_reply(struct lora_msg_buf *b,
 static int residency_reply_fields(struct dec *d, const msgpack_object_map *m, void *p)
 {
     struct lora_msg_residency_reply *o = p;
+    bool present;
 
-    if (get_int(d, m, "rank", 0, INT_MAX, &o->rank) < 0 || state_fields(d, m, &o->state) < 0)
+    o->engine = -1;
+    if (opt_int(d, m, "engine", 0, INT_MAX, &o->engine, &present) < 0 ||
+        get_int(d, m, "rank", 0, INT_MAX, &o->rank) < 0 || state_fields(d, m, &o->state) < 0)
         return -1;
     return 0;
 }
@@ -1978,13 +1983,15 @@ int lora_msg_encode_request_stats(struct lora_msg_buf *b, const struct lora_msg_
                                   struct lora_msg_bin *bins, int *n_bins)
 {
     struct enc e;
-    const double opt[5] = {m->first_token_time, m->queued_time, m->scheduled_time,
-                           m->engine_first_token_time, m->engine_finished_time};
+    const double opt[7] = {m->first_token_time,        m->queued_time,
+                           m->scheduled_time,          m->engine_first_token_time,
+                           m->engine_finished_time,    m->submit_seconds,
+                           m->output_seconds};
     size_t n_opt = 0;
 
     if (n_bins)
         *n_bins = 0;
-    for (int i = 0; i < 5; i++)
+    for (int i = 0; i < 7; i++)
         n_opt += opt[i] != 0;
     enc_begin(&e, b, LORA_MSG_REQUEST_STATS, 8 + HAS(m->lora) + n_opt);
     kv_int(&e, "engine", m->engine);
@@ -2001,6 +2008,10 @@ int lora_msg_encode_request_stats(struct lora_msg_buf *b, const struct lora_msg_
     kv_int(&e, "num_prompt_tokens", m->num_prompt_tokens);
     kv_int(&e, "num_generation_tokens", m->num_generation_tokens);
     kv_int(&e, "max_tokens", m->max_tokens);
+    if (opt[5] != 0)
+        kv_f64(&e, "submit_seconds", opt[5]);
+    if (opt[6] != 0)
+        kv_f64(&e, "output_seconds", opt[6]);
     return enc_end(&e);
 }
 
@@ -2018,7 +2029,9 @@ static int request_stats_fields(struct dec *d, const msgpack_object_map *m, void
         opt_f64(d, m, "engine_finished_time", &o->engine_finished_time) < 0 ||
         get_int(d, m, "num_prompt_tokens", 0, INT_MAX, &o->num_prompt_tokens) < 0 ||
         get_int(d, m, "num_generation_tokens", 0, INT_MAX, &o->num_generation_tokens) < 0 ||
-        get_int(d, m, "max_tokens", -1, INT_MAX, &o->max_tokens) < 0)
+        get_int(d, m, "max_tokens", -1, INT_MAX, &o->max_tokens) < 0 ||
+        opt_f64(d, m, "submit_seconds", &o->submit_seconds) < 0 ||
+        opt_f64(d, m, "output_seconds", &o->output_seconds) < 0)
         return -1;
     for (int i = 0; i < 4; i++)
         if (opt_f64(d, m, stats_time_keys[i], opt[i]) < 0)

@@ -15,7 +15,8 @@
  *  type                 from -> to                 fields (? = optional)           bin frames
  *  hello                worker|frontend|inspect    version role rank? world_size?  -
  *                       -> engine                  pid name?
- *  ready                engine -> peer             version engine_index model      -
+ *  ready                engine -> peer, and PUB    version engine_index model      -
+ *                       "config" periodically
  *                                                  max_loras max_cpu_loras
  *                                                  max_lora_rank block_size
  *                                                  num_kv_blocks world_size
@@ -34,7 +35,8 @@
  *  notifications        worker -> engine,          engine? rank dropped items[]    -
  *                       engine -> frontend, PUB
  *  residency            engine -> worker           -                               -
- *  residency_reply      worker -> engine           rank state                      -
+ *  residency_reply      worker -> engine,          engine? rank state              -
+ *                       engine -> PUB "residency"
  *  request              frontend -> engine         request_id lora? sampling       prompt
  *  abort                frontend -> engine         request_id                      -
  *  output               engine -> frontend         request_id tokens[] logprobs[]  -
@@ -63,6 +65,7 @@
  *                                                  engine_finished_time?
  *                                                  num_prompt_tokens
  *                                                  num_generation_tokens max_tokens
+ *                                                  submit_seconds? output_seconds?
  */
 #ifndef LORA_PROTOCOL_H
 #define LORA_PROTOCOL_H
@@ -316,7 +319,10 @@ struct lora_msg_notifications {
     struct lora_msg_notification *items;
 };
 
+/* A rank's state, as a worker answers residency, and as the engine publishes every rank's last
+ * gathered state on topic "residency" (with engine set; -1 when absent). */
 struct lora_msg_residency_reply {
+    int engine;
     int rank;
     struct lora_msg_state state;
 };
@@ -458,6 +464,10 @@ struct lora_msg_request_stats {
     int num_prompt_tokens;
     int num_generation_tokens;
     int max_tokens; /* as asked, -1 when the client left it to the context length */
+    /* The frontend's own overhead (0 when not measured): from the request received to its
+     * message sent to the engine, and the mean time from an output received from the engine
+     * to its bytes handed to the HTTP server. */
+    double submit_seconds, output_seconds;
 };
 
 /* ---- codec -------------------------------------------------------------------------------

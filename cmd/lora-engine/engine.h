@@ -113,6 +113,9 @@ struct engine {
     int disagreement; /* adapters whose level differs between ranks */
     uint64_t rank_dropped[ENGINE_MAX_WORLD];
     uint64_t last_gather_ms;
+    int publish_interval_ms;
+    uint64_t last_publish_ms;
+    bool was_busy; /* a step ran since the last idle publication */
 
     struct lora_msg_buf out;
     struct lora_msg_arena *arena;
@@ -179,6 +182,10 @@ void publish_event(struct engine *e, struct eng_request *r, enum lora_event_kind
                    const char *reason);
 void publish_body(struct engine *e, const char *topic);
 void registry_broadcast(struct engine *e);
+/* The registry on the publish socket, and to every frontend when to_frontends. */
+void registry_broadcast_to(struct engine *e, bool to_frontends);
+/* publish.c: limits, registry, every rank's state and, when idle, the request counts. */
+void publish_state(struct engine *e, bool idle);
 
 /* step.c */
 bool step_has_work(const struct engine *e);

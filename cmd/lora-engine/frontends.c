@@ -67,6 +67,11 @@ void publish_event(struct engine *e, struct eng_request *r, enum lora_event_kind
 
 void registry_broadcast(struct engine *e)
 {
+    registry_broadcast_to(e, true);
+}
+
+void registry_broadcast_to(struct engine *e, bool to_frontends)
+{
     struct lora_msg_registry_entry *list = calloc(ENGINE_MAX_ADAPTERS, sizeof(*list));
     int n = 0;
 
@@ -82,7 +87,7 @@ void registry_broadcast(struct engine *e)
     lora_msg_buf_reset(&e->out);
     if (lora_msg_encode_registry(&e->out, &m, NULL, NULL) == 0) {
         publish_body(e, "registry");
-        for (int i = 0; i < ENGINE_MAX_FRONTENDS; i++)
+        for (int i = 0; i < ENGINE_MAX_FRONTENDS && to_frontends; i++)
             if (e->frontends[i].present)
                 send_to(e, i);
     }

@@ -258,10 +258,18 @@ static int run(struct engine *e)
         }
         drain_workers(e);
         frontends_heartbeat(e);
-        if (step_has_work(e))
+        if (step_has_work(e)) {
             step_run(e);
-        else if (e->healthy && lora_now_ms() - e->last_gather_ms >= (uint64_t)e->idle_ms)
+            e->was_busy = true;
+        } else if (e->healthy && lora_now_ms() - e->last_gather_ms >= (uint64_t)e->idle_ms) {
             workers_gather_notifications(e);
+        }
+        bool idle = !step_has_work(e);
+        if ((idle && e->was_busy) ||
+            lora_now_ms() - e->last_publish_ms >= (uint64_t)e->publish_interval_ms) {
+            publish_state(e, idle);
+            e->was_busy = e->was_busy && !idle;
+        }
         if (e->stopping)
             return 0;
     }
@@ -274,6 +282,7 @@ int main(int argc, char **argv)
     struct lora_opt_list mods = {0};
     long tp = 1, idx = 0, max_loras = 4, max_cpu = 0, max_rank = 64, bs = 16, blocks = 0;
     long kv_bytes = 256L << 20, mbt = 512, mns = 64, mml = 0, idle = 100, startup = 120000, maxreq = 1024;
+    long publish_ms = 1000;
     double kv_fraction = 0;
     bool help = false, version = false;
     const struct lora_opt options[] = {
@@ -308,6 +317,8 @@ int main(int argc, char **argv)
          1 << 20},
         {"idle-notify-ms", LORA_OPT_INT, &idle, "MS", "gather notifications when idle (100)", 1,
          60000},
+        {"publish-interval-ms", LORA_OPT_INT, &publish_ms, "MS",
+         "publish the whole state this often (1000)", 10, 600000},
         {"startup-timeout-ms", LORA_OPT_INT, &startup, "MS", "wait for workers (default 120000)",
          100, 1e8},
         {"help", LORA_OPT_FLAG, &help, NULL, "show this help"},
@@ -348,6 +359,7 @@ int main(int argc, char **argv)
     e.max_num_seqs = (int)mns;
     e.max_requests = (int)maxreq;
     e.idle_ms = (int)idle;
+    e.publish_interval_ms = (int)publish_ms;
     e.startup_timeout_ms = (int)startup;
     e.vocab_size = cfg.vocab_size;
     e.n_eos = cfg.n_eos;
@@ -399,6 +411,7 @@ int main(int argc, char **argv)
         goto out;
     }
     workers_gather_notifications(&e);
+    publish_state(&e, true);
     fprintf(stderr, "lora-engine: ready: engine %d, %d rank%s, %d KV blocks of %d\n",
             e.engine_index, e.world, e.world == 1 ? "" : "s", e.num_kv_blocks, e.block_size);
     rc = run(&e);

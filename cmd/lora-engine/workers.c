@@ -273,7 +273,7 @@ int workers_adapter_op(struct engine *e, enum lora_adapter_op op, const char *na
 /* Keeps rank r's state as the bytes of a residency_reply, for residency queries. */
 static void store_state(struct engine *e, int r, const struct lora_msg_state *st)
 {
-    struct lora_msg_residency_reply rr = {.rank = r, .state = *st};
+    struct lora_msg_residency_reply rr = {.engine = e->engine_index, .rank = r, .state = *st};
     struct lora_msg_buf b = {0};
 
     if (lora_msg_encode_residency_reply(&b, &rr, NULL, NULL) < 0) {

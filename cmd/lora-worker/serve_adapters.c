@@ -309,7 +309,7 @@ int worker_handle_take_notifications(struct worker *w)
 int worker_handle_residency(struct worker *w)
 {
     char err[256];
-    struct lora_msg_residency_reply r = {.rank = w->rank};
+    struct lora_msg_residency_reply r = {.engine = -1, .rank = w->rank};
 
     if (w->set_up) {
         if (lora_adapter_cache_snapshot(w->cache, &w->snap, false, err, sizeof(err)) < 0)

@@ -94,7 +94,8 @@ EMITTED = {
             {"name": "chat", "transition": "evict", "seconds": 0.001}]}]}, []),
     "notifications.min": ({"type": "notifications", "rank": 0, "dropped": 0, "items": []}, []),
     "residency": ({"type": "residency"}, []),
-    "residency_reply": ({"type": "residency_reply", "rank": 1, "state": STATE}, []),
+    "residency_reply": ({"type": "residency_reply", "engine": 2, "rank": 1, "state": STATE},
+                        []),
     "residency_reply.min": ({"type": "residency_reply", "rank": 0,
                              "state": {"slots": [], "cpu": [], "pinned": []}}, []),
     "request": ({"type": "request", "request_id": "req-1", "lora": "sql", "n_prompt": 4,
@@ -146,7 +147,8 @@ EMITTED = {
                        "queued_time": 1700000000.125, "scheduled_time": 1700000000.25,
                        "engine_first_token_time": 1700000000.375,
                        "engine_finished_time": 1700000001.875, "num_prompt_tokens": 7,
-                       "num_generation_tokens": 16, "max_tokens": 16}, []),
+                       "num_generation_tokens": 16, "max_tokens": 16,
+                       "submit_seconds": 0.0009765625, "output_seconds": 0.00048828125}, []),
     "request_stats.min": ({"type": "request_stats", "engine": 0, "request_id": "cmpl-2-0",
                            "finish_reason": "error", "arrival_time": 1700000003.0,
                            "finished_time": 1700000003.5, "num_prompt_tokens": 1,
@@ -215,6 +217,7 @@ DEFAULTS = {
     "adapter_op": {"path": None, "slot": -1},
     "adapter_op_reply": {"error": None},
     "notifications": {"engine": -1},
+    "residency_reply": {"engine": -1},
     "request": {"lora": None, "seed": None},
     "output": {"top_n": 0, "top_ids": [], "top_logprobs": [], "prompt_logprobs": [],
                "finish_reason": None, "error": None, "error_code": None, "queued_time": 0.0,
@@ -224,7 +227,8 @@ DEFAULTS = {
     "control_reply": {"error": None, "data": None},
     "request_stats": {"lora": None, "first_token_time": 0.0, "queued_time": 0.0,
                       "scheduled_time": 0.0, "engine_first_token_time": 0.0,
-                      "engine_finished_time": 0.0},
+                      "engine_finished_time": 0.0, "submit_seconds": 0.0,
+                      "output_seconds": 0.0},
 }
 
 # Fields the C structs hold as float32 (the rest of the numbers are float64 or integers).

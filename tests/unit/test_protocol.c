@@ -207,9 +207,9 @@ static const struct lora_msg_notifications notifications_full = {
     .items = (struct lora_msg_notification *)items};
 static const struct lora_msg_notifications notifications_min = {.engine = -1, .rank = 0};
 
-static const struct lora_msg_residency_reply residency_reply_full = {.rank = 1,
-                                                                     .state = FULL_STATE};
-static const struct lora_msg_residency_reply residency_reply_min = {.rank = 0};
+static const struct lora_msg_residency_reply residency_reply_full = {
+    .engine = 2, .rank = 1, .state = FULL_STATE};
+static const struct lora_msg_residency_reply residency_reply_min = {.engine = -1, .rank = 0};
 
 static const int32_t request_prompt[] = {1, 15043, 3186, 2};
 static const int32_t request_stop[] = {2, 32000};
@@ -342,7 +342,9 @@ static const struct lora_msg_request_stats request_stats_full = {
     .engine_finished_time = 1700000001.875,
     .num_prompt_tokens = 7,
     .num_generation_tokens = 16,
-    .max_tokens = 16};
+    .max_tokens = 16,
+    .submit_seconds = 0.0009765625,
+    .output_seconds = 0.00048828125};
 static const struct lora_msg_request_stats request_stats_min = {
     .engine = 0,
     .request_id = STR("cmpl-2-0"),
@@ -597,6 +599,7 @@ static json_t *dump_residency_reply(const void *p)
 {
     const struct lora_msg_residency_reply *m = p;
     json_t *o = json_object();
+    set(o, "engine", json_integer(m->engine));
     set(o, "rank", json_integer(m->rank));
     set(o, "state", dump_state(&m->state));
     return o;
@@ -763,6 +766,8 @@ static json_t *dump_request_stats(const void *p)
     set(o, "num_prompt_tokens", json_integer(m->num_prompt_tokens));
     set(o, "num_generation_tokens", json_integer(m->num_generation_tokens));
     set(o, "max_tokens", json_integer(m->max_tokens));
+    set(o, "submit_seconds", json_real(m->submit_seconds));
+    set(o, "output_seconds", json_real(m->output_seconds));
     return o;
 }
 
@@ -852,7 +857,7 @@ static const struct codec codecs[LORA_MSG_TYPE_COUNT] = {
     [LORA_MSG_ADAPTER_OP] = ROW(adapter_op, &adapter_op_min, {"slot"}),
     [LORA_MSG_ADAPTER_OP_REPLY] = ROW(adapter_op_reply, &adapter_op_reply_min, {"error"}),
     [LORA_MSG_NOTIFICATIONS] = ROW(notifications, &notifications_min, {"engine"}),
-    [LORA_MSG_RESIDENCY_REPLY] = ROW(residency_reply, &residency_reply_min, {NULL}),
+    [LORA_MSG_RESIDENCY_REPLY] = ROW(residency_reply, &residency_reply_min, {"engine"}),
     [LORA_MSG_REQUEST] = ROW(request, &request_min, {"lora", "seed"}),
     [LORA_MSG_ABORT] = ROW(abort, NULL, {NULL}),
     [LORA_MSG_OUTPUT] = ROW(output, &output_min,
@@ -866,7 +871,8 @@ static const struct codec codecs[LORA_MSG_TYPE_COUNT] = {
     [LORA_MSG_REGISTRY] = ROW(registry, &registry_min, {NULL}),
     [LORA_MSG_REQUEST_STATS] = ROW(request_stats, &request_stats_min,
                                    {"lora", "first_token_time", "queued_time", "scheduled_time",
-                                    "engine_first_token_time", "engine_finished_time"}),
+                                    "engine_first_token_time", "engine_finished_time",
+                                    "submit_seconds", "output_seconds"}),
 };
 
 static bool is_optional(const struct codec *c, const char *key)
