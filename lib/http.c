@@ -15,6 +15,7 @@
 #include "errbuf.h"
 
 #define MAX_HEADERS 8
+#define DISCARD_MAX (64u << 20) /* bytes of an oversized body read past the limit, then cut */
 
 struct lora_http_server {
     struct MHD_Daemon *d;
@@ -30,6 +31,7 @@ struct lora_http_request {
     const char *method, *url;
     char *body; /* NUL-terminated, len bytes */
     size_t len, cap;
+    size_t seen; /* body bytes received, kept or not */
     bool too_large;
     bool responded; /* a response was queued */
     struct MHD_Response *resp;
@@ -143,16 +145,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         return MHD_YES;
     }
     if (*upload_data_size) {
-        if (!r->too_large && !append(r, upload_data, *upload_data_size)) {
+        /* libmicrohttpd takes a response only once the body is in, so the rest of a body
+         * found too large on the way is read and dropped, up to a bound past which the
+         * connection is cut. */
+        r->seen += *upload_data_size;
+        if (!r->too_large && !append(r, upload_data, *upload_data_size))
             r->too_large = true;
-            *upload_data_size = 0;
-            return queue_simple(r, MHD_HTTP_CONTENT_TOO_LARGE, body_too_large);
-        }
         *upload_data_size = 0;
-        return MHD_YES;
+        return r->too_large && r->seen > s->o.max_body_bytes + DISCARD_MAX ? MHD_NO : MHD_YES;
     }
     if (r->responded)
         return MHD_YES;
+    if (r->too_large)
+        return queue_simple(r, MHD_HTTP_CONTENT_TOO_LARGE, body_too_large);
     if (!r->body && !append(r, "", 0))
         return MHD_NO;
     s->fn(s->ctx, r);
@@ -214,11 +219,11 @@ struct lora_http_server *lora_http_start(const struct lora_http_options *o, lora
     snprintf(s->log_prefix, sizeof(s->log_prefix), "%s", o->log_prefix ? o->log_prefix : "http");
     errno = 0;
     s->d = MHD_start_daemon(flags, (uint16_t)o->port, NULL, NULL, on_request, s,
-                            MHD_OPTION_SOCK_ADDR, addr, MHD_OPTION_CONNECTION_LIMIT,
-                            o->max_connections, MHD_OPTION_CONNECTION_TIMEOUT, o->timeout_s,
+                            MHD_OPTION_EXTERNAL_LOGGER, log_mhd, s, MHD_OPTION_SOCK_ADDR, addr,
+                            MHD_OPTION_CONNECTION_LIMIT, o->max_connections,
+                            MHD_OPTION_CONNECTION_TIMEOUT, o->timeout_s,
                             MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
-                            MHD_OPTION_EXTERNAL_LOGGER, log_mhd, s, MHD_OPTION_LISTEN_BACKLOG_SIZE,
-                            1024u, MHD_OPTION_END);
+                            MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u, MHD_OPTION_END);
     if (!s->d) {
         lora_errf(err, err_len, "unable to listen on %s:%d: %s", o->host, o->port,
                   errno ? strerror(errno) : "libmicrohttpd refused to start");

@@ -6,9 +6,10 @@
  * so handlers of different connections run concurrently and must be thread-safe.
  *
  * Invariants a caller can rely on:
- * - The handler sees a complete body of at most max_body_bytes. A larger one (by Content-Length
- *   or as it arrives, chunked or not) is answered 413 by this module without calling the
- *   handler, and the connection is closed.
+ * - The handler sees a complete body of at most max_body_bytes. A larger one is answered 413
+ *   by this module without calling the handler, and the connection is closed: at once when
+ *   Content-Length says so, else (chunked) once the body ends; a body still going 64 MiB past
+ *   the limit has its connection cut without an answer.
  * - A client that stays silent for timeout_s in the middle of a request is disconnected.
  * - Every request gets exactly one response: a handler that sets none yields a 500.
  * - Stream readers run on the connection's thread and may block; lora_http_client_gone() tells

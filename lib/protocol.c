@@ -1337,7 +1337,9 @@ int lora_msg_encode_step(struct lora_msg_buf *b, const struct lora_msg_step *m,
             invalid(&e);
         sum_tokens += (uint64_t)s->n_tokens;
         sum_blocks += (uint64_t)s->n_blocks;
-        map_(&e, N_STEP_SEQ_KEYS);
+        if (s->n_banned < 0 || s->n_banned > LORA_MSG_MAX_BANNED)
+            invalid(&e);
+        map_(&e, N_STEP_SEQ_KEYS + (s->n_banned > 0));
         kv_u64(&e, "seq_id", s->seq_id);
         kv_int(&e, "n_tokens", s->n_tokens);
         kv_int(&e, "pos", s->pos);
@@ -1352,6 +1354,8 @@ int lora_msg_encode_step(struct lora_msg_buf *b, const struct lora_msg_step *m,
         kv_int(&e, "n_generated", s->n_generated);
         kv_int(&e, "top_n", s->top_n);
         kv_int(&e, "next_token", s->next_token);
+        if (s->n_banned > 0)
+            kv_i32s(&e, "banned", s->banned, s->n_banned);
     }
     if (sum_tokens != m->n_tokens_total || sum_blocks != m->n_block_entries)
         invalid(&e);
@@ -1391,6 +1395,9 @@ static int map_array(struct dec *d, const char *key, const msgpack_object_array 
 static int step_seq_fields(struct dec *d, const msgpack_object_map *m, void *p)
 {
     struct lora_msg_step_seq *s = p;
+
+    s->n_banned = 0; /* arena memory is not zeroed */
+    s->banned = NULL;
     if (get_u64(d, m, "seq_id", &s->seq_id) < 0 ||
         get_int(d, m, "n_tokens", 0, INT_MAX, &s->n_tokens) < 0 ||
         get_int(d, m, "pos", 0, INT_MAX, &s->pos) < 0 ||
@@ -1406,6 +1413,16 @@ static int step_seq_fields(struct dec *d, const msgpack_object_map *m, void *p)
         get_int(d, m, "top_n", 0, LORA_MSG_MAX_TOP, &s->top_n) < 0 ||
         get_int(d, m, "next_token", -1, INT32_MAX, &s->next_token) < 0)
         return -1;
+    const msgpack_object *v;
+    const msgpack_object_array *banned;
+    if (find(d, m, "banned", &v) < 0)
+        return -1;
+    if (v) {
+        if (as_array(d, "banned", v, LORA_MSG_MAX_BANNED, &banned) < 0 ||
+            i32_list(d, "banned", banned, &s->banned) < 0)
+            return -1;
+        s->n_banned = (int)banned->size;
+    }
     return 0;
 }
 

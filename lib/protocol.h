@@ -83,6 +83,7 @@
 #define LORA_MSG_MAX_SEQS     4096        /* sequences in one step */
 #define LORA_MSG_MAX_ADAPTERS 65536       /* adapters in one list */
 #define LORA_MSG_MAX_TOP      1024        /* top log-probabilities per token */
+#define LORA_MSG_MAX_BANNED   64          /* banned tokens of one sequence in a step */
 
 /* Values only grow at the end. */
 enum lora_msg_type {
@@ -217,6 +218,10 @@ struct lora_msg_step_seq {
     int n_generated; /* tokens generated so far: with seed, picks the random draw */
     int top_n;       /* log-probabilities of the top_n tokens */
     int next_token;  /* with all_logits: the prompt token after this chunk, or -1 */
+    /* Tokens that must not be sampled this step (min_tokens not reached: EOS and the stop
+     * ids, as vLLM masks them); log-probabilities stay those of the raw distribution. */
+    int n_banned;
+    const int32_t *banned; /* arena, at most LORA_MSG_MAX_BANNED */
 };
 
 struct lora_msg_step {

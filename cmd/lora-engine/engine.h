@@ -62,6 +62,8 @@ struct eng_request {
     bool ignore_eos;
     int32_t stop_ids[16];
     int n_stop;
+    int32_t banned[24]; /* EOS (unless ignore_eos) and stop ids: masked before min_tokens */
+    int n_banned;
     double arrival;        /* QUEUED, Unix time */
     double scheduled_at;   /* the first SCHEDULED, 0 before */
     double first_token_at; /* 0 before the first token */

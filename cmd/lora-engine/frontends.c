@@ -245,6 +245,10 @@ static void handle_request(struct engine *e, int fe, const struct lora_msg_frame
     r->n_stop = m.n_stop_token_ids;
     if (r->n_stop)
         memcpy(r->stop_ids, m.stop_token_ids, sizeof(int32_t) * (size_t)r->n_stop);
+    for (int i = 0; i < e->n_eos && !r->ignore_eos; i++)
+        r->banned[r->n_banned++] = e->eos_ids[i];
+    for (int i = 0; i < r->n_stop; i++)
+        r->banned[r->n_banned++] = r->stop_ids[i];
     r->arrival = eng_now();
     r->tokens = malloc(sizeof(int32_t) * (m.n_prompt + (size_t)m.max_tokens));
     r->prompt_lps = malloc(sizeof(float) * m.n_prompt);

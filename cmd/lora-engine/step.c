@@ -122,6 +122,10 @@ static int send_step(struct engine *e)
             .top_n = r->logprobs,
             .next_token = end < r->n_prompt ? r->tokens[end] : -1,
         };
+        if (sq->samples && r->n_generated < r->min_tokens) {
+            e->step_seqs[i].n_banned = r->n_banned;
+            e->step_seqs[i].banned = r->banned;
+        }
         tok_at += (size_t)sq->n_tokens;
         blk_at += (size_t)sq->n_table_blocks;
     }

@@ -59,6 +59,7 @@ struct worker {
     int32_t *top_ids;
     float *top_lps;
     float *prompt_lps;
+    float *masked; /* (vocab) one row of logits with a sequence's banned tokens at -inf */
 };
 
 /* Sends the body in w->out (plus bins) to the engine. Returns 0 or -1 (logged). */

@@ -30,8 +30,9 @@ int worker_step_alloc(struct worker *w, char *err, size_t err_len)
     w->top_ids = calloc(top, sizeof(int32_t));
     w->top_lps = calloc(top, sizeof(float));
     w->prompt_lps = calloc(toks, sizeof(float));
+    w->masked = calloc((size_t)w->model->cfg.vocab_size, sizeof(float));
     if (!w->steps || !w->first_row || !w->tokens || !w->tables || !w->outs || !w->top_ids ||
-        !w->top_lps || !w->prompt_lps) {
+        !w->top_lps || !w->prompt_lps || !w->masked) {
         snprintf(err, err_len, "out of memory for step buffers");
         return -1;
     }
@@ -48,6 +49,7 @@ void worker_step_free(struct worker *w)
     free(w->top_ids);
     free(w->top_lps);
     free(w->prompt_lps);
+    free(w->masked);
 }
 
 /* Checks the step against this worker's limits and copies its frames into aligned buffers. */
@@ -120,7 +122,17 @@ static void emit(struct worker *w, const struct lora_msg_step *m, int i, const f
     int top_n = q->top_n < vocab ? q->top_n : vocab;
 
     lora_rng_seed_draw(&rng, q->seed, (uint64_t)q->n_generated);
-    o->token = lora_sampler_sample(w->sampler, last, &sp, &rng);
+    const float *pick = last;
+    if (q->n_banned > 0) {
+        /* min_tokens not reached: these tokens cannot be drawn, the log-probabilities stay
+         * those of the model. */
+        memcpy(w->masked, last, sizeof(float) * (size_t)vocab);
+        for (int b = 0; b < q->n_banned; b++)
+            if (q->banned[b] >= 0 && q->banned[b] < vocab)
+                w->masked[q->banned[b]] = -INFINITY;
+        pick = w->masked;
+    }
+    o->token = lora_sampler_sample(w->sampler, pick, &sp, &rng);
     o->top_ids = w->top_ids + *top_at;
     o->top_logprobs = w->top_lps + *top_at;
     o->n_top = top_n;

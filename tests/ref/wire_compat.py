@@ -64,7 +64,8 @@ EMITTED = {
     "step": ({"type": "step", "step_id": U64_MAX, "seqs": [
         {"seq_id": 11, "n_tokens": 3, "pos": 0, "n_blocks": 1, "slot": 2, "all_logits": True,
          "sample": True, "temperature": f32(0.7), "top_p": f32(0.9), "top_k": 40,
-         "seed": 9007199254740993, "n_generated": 0, "top_n": 2, "next_token": 5},
+         "seed": 9007199254740993, "n_generated": 0, "top_n": 2, "next_token": 5,
+         "banned": [257, 2]},
         {"seq_id": 12, "n_tokens": 1, "pos": 20, "n_blocks": 2, "slot": -1, "all_logits": False,
          "sample": True, "temperature": 0.0, "top_p": 1.0, "top_k": -1, "seed": 0,
          "n_generated": 5, "top_n": 0, "next_token": -1}],
@@ -255,7 +256,7 @@ WRITTEN = {
     "step": ({"type": "step", "step_id": 77, "x_hint": "fast", "seqs": [
         {"seq_id": 2**64 - 2, "n_tokens": 2, "pos": 3, "n_blocks": 1, "slot": 0,
          "all_logits": False, "sample": True, "temperature": 0.3, "top_p": 1, "top_k": 0,
-         "seed": 42, "n_generated": 1, "top_n": 3, "next_token": -1,
+         "seed": 42, "n_generated": 1, "top_n": 3, "next_token": -1, "banned": [2, 32000],
          "x_extra": [1, {"y": 2}]},
         {"seq_id": 3, "n_tokens": 0, "pos": 0, "n_blocks": 0, "slot": -1, "all_logits": True,
          "sample": False, "temperature": 1.5, "top_p": 0.25, "top_k": 5, "seed": 0,

@@ -1,0 +1,192 @@
+/* lora-frontend: runtime adapter load and unload (DESIGN sections 6 and 12), as vLLM's
+ * /v1/load_lora_adapter and /v1/unload_lora_adapter, with what vLLM does not do: the engine
+ * loads the adapter on every rank before the answer, unload removes it from every rank (the
+ * engine answers once no running request uses it), and every frontend on the engine sees the
+ * change through the engine's registry. Client paths are confined to --lora-root. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "frontend.h"
+#include "path_confine.h"
+
+#define LOAD_TIMEOUT_MS   120000 /* reading an adapter from a slow disk on every rank */
+#define UNLOAD_TIMEOUT_MS 600000 /* waits for the requests that still run on it */
+
+static bool runtime_allowed(struct frontend *fe, struct lora_http_request *req)
+{
+    if (fe->runtime_lora)
+        return true;
+    reply_error(req, 404, NULL,
+                "runtime adapter loading is off: start lora-frontend with "
+                "--enable-runtime-lora (or VLLM_ALLOW_RUNTIME_LORA_UPDATING=true)");
+    return false;
+}
+
+static const char *name_field(struct lora_http_request *req, json_t *body)
+{
+    json_t *n = json_object_get(body, "lora_name");
+    if (!json_is_string(n) || json_string_length(n) == 0 ||
+        json_string_length(n) > FE_NAME_MAX) {
+        reply_error(req, 400, "lora_name", "'lora_name' must be a string of 1 to %d bytes",
+                    FE_NAME_MAX);
+        return NULL;
+    }
+    if (strchr(json_string_value(n), ',')) {
+        /* Metrics join adapter names with commas. */
+        reply_error(req, 400, "lora_name", "'lora_name' must not contain a comma");
+        return NULL;
+    }
+    return json_string_value(n);
+}
+
+/* The status of a failed control command: the engine or the link down is 503, an unknown
+ * adapter (unload) 404, anything else about the adapter (corrupt, another base model, rank
+ * too high, already loaded) 400. */
+static unsigned control_status(const char *err, bool unload)
+{
+    if (strstr(err, "did not answer") || strstr(err, "not reachable") ||
+        strstr(err, "registry is full") || strstr(err, "unhealthy"))
+        return 503;
+    if (unload && strstr(err, "not found"))
+        return 404;
+    return 400;
+}
+
+void adapters_load(struct frontend *fe, struct lora_http_request *req, json_t *body)
+{
+    char err[2048];
+
+    if (!runtime_allowed(fe, req))
+        return;
+    const char *name = name_field(req, body);
+    if (!name)
+        return;
+    json_t *p = json_object_get(body, "lora_path");
+    if (!json_is_string(p) || json_string_length(p) == 0) {
+        reply_error(req, 400, "lora_path", "'lora_path' must be a non-empty string");
+        return;
+    }
+    if (strcmp(name, fe->served_name) == 0) {
+        reply_error(req, 400, "lora_name", "'%s' is the base model's name", name);
+        return;
+    }
+    if (!fe->lora_root) {
+        reply_error(req, 400, "lora_path",
+                    "runtime adapter loading needs --lora-root: adapters load only from there");
+        return;
+    }
+    enum lora_confine_error why;
+    char *real = lora_path_confine(fe->lora_root, json_string_value(p), &why, err, sizeof(err));
+    if (!real) {
+        reply_error(req, why == LORA_CONFINE_MISSING ? 404 : 400, "lora_path", "%s", err);
+        return;
+    }
+    int rc = link_control(&fe->link, LORA_CTL_LOAD, name, real, LOAD_TIMEOUT_MS, NULL, NULL, err,
+                          sizeof(err));
+    free(real);
+    if (rc < 0) {
+        reply_error(req, control_status(err, false), "lora_path", "unable to load adapter '%s': %s",
+                    name, err);
+        return;
+    }
+    /* The engine broadcast the registry before it answered: wait until ours has it too, so
+     * /v1/models right after this answer lists the adapter. */
+    link_registry_wait(&fe->link, name, true, 2000);
+    char msg[512];
+    snprintf(msg, sizeof(msg), "Success: LoRA adapter '%s' added successfully.", name);
+    lora_http_respond(req, 200, "text/plain; charset=utf-8", msg, strlen(msg));
+}
+
+void adapters_unload(struct frontend *fe, struct lora_http_request *req, json_t *body)
+{
+    char err[2048];
+
+    if (!runtime_allowed(fe, req))
+        return;
+    const char *name = name_field(req, body);
+    if (!name)
+        return;
+    if (link_control(&fe->link, LORA_CTL_UNLOAD, name, NULL, UNLOAD_TIMEOUT_MS, NULL, NULL, err,
+                     sizeof(err)) < 0) {
+        reply_error(req, control_status(err, true), "lora_name", "unable to unload adapter '%s': %s",
+                    name, err);
+        return;
+    }
+    link_registry_wait(&fe->link, name, false, 2000);
+    char msg[512];
+    snprintf(msg, sizeof(msg), "Success: LoRA adapter '%s' removed successfully.", name);
+    lora_http_respond(req, 200, "text/plain; charset=utf-8", msg, strlen(msg));
+}
+
+/* NAME=PATH or {"name": ..., "path": ..., "base_model_name": ...}. */
+static int parse_module(const char *spec, char *name, char *path, char *base, char *err,
+                        size_t err_len)
+{
+    if (spec[0] == '{') {
+        json_error_t je;
+        json_t *j = json_loads(spec, 0, &je);
+        json_t *n = json_object_get(j, "name"), *p = json_object_get(j, "path"),
+               *b = json_object_get(j, "base_model_name");
+        int rc = -1;
+        if (json_is_string(n) && json_is_string(p) && (!b || json_is_string(b)) &&
+            json_string_length(n) > 0 && json_string_length(n) <= FE_NAME_MAX &&
+            json_string_length(p) < 4096 && (!b || json_string_length(b) <= FE_NAME_MAX)) {
+            snprintf(name, FE_NAME_MAX + 1, "%s", json_string_value(n));
+            snprintf(path, 4096, "%s", json_string_value(p));
+            snprintf(base, FE_NAME_MAX + 1, "%s", b ? json_string_value(b) : "");
+            rc = 0;
+        }
+        json_decref(j);
+        if (rc < 0)
+            snprintf(err, err_len,
+                     "--lora-modules '%s' must be NAME=PATH or {\"name\":...,\"path\":...,"
+                     "\"base_model_name\":...}",
+                     spec);
+        return rc;
+    }
+    const char *eq = strchr(spec, '=');
+    if (!eq || eq == spec || (size_t)(eq - spec) > FE_NAME_MAX || !eq[1] ||
+        strlen(eq + 1) >= 4096) {
+        snprintf(err, err_len, "--lora-modules '%s' must be NAME=PATH", spec);
+        return -1;
+    }
+    snprintf(name, FE_NAME_MAX + 1, "%.*s", (int)(eq - spec), spec);
+    snprintf(path, 4096, "%s", eq + 1);
+    base[0] = 0;
+    return 0;
+}
+
+int adapters_load_modules(struct frontend *fe, const struct lora_opt_list *mods, char *err,
+                          size_t err_len)
+{
+    for (int i = 0; i < mods->n; i++) {
+        char name[FE_NAME_MAX + 1], path[4096], base[FE_NAME_MAX + 1], why[2048];
+        if (parse_module(mods->items[i], name, path, base, err, err_len) < 0)
+            return -1;
+        if (base[0] && fe->n_module_base < 64) {
+            snprintf(fe->module_base[fe->n_module_base].name, FE_NAME_MAX + 1, "%s", name);
+            snprintf(fe->module_base[fe->n_module_base].base, FE_NAME_MAX + 1, "%s", base);
+            fe->n_module_base++;
+        }
+        pthread_mutex_lock(&fe->link.mu);
+        bool known = link_registry_has_locked(&fe->link, name);
+        pthread_mutex_unlock(&fe->link.mu);
+        if (known)
+            continue; /* the engine, or another frontend, has it */
+        char *real = realpath(path, NULL);
+        if (!real) {
+            snprintf(err, err_len, "--lora-modules '%s': unable to resolve '%s'", name, path);
+            return -1;
+        }
+        int rc = link_control(&fe->link, LORA_CTL_LOAD, name, real, LOAD_TIMEOUT_MS, NULL, NULL,
+                              why, sizeof(why));
+        free(real);
+        if (rc < 0 && !strstr(why, "already loaded")) {
+            snprintf(err, err_len, "--lora-modules '%s': %s", name, why);
+            return -1;
+        }
+        link_registry_wait(&fe->link, name, true, 2000);
+    }
+    return 0;
+}

@@ -1,0 +1,174 @@
+/* The state of lora-frontend, shared by its files: main.c (options, start-up, the loop),
+ * link.c (the engine connection: one thread owns every ZeroMQ socket; HTTP threads hand it
+ * messages and wait on condition variables), routes.c (HTTP dispatch, authentication, models,
+ * tokenize, health, version), generate.c (completions and chat: validation, choices, stop
+ * strings, responses and server-sent events), adapters.c (runtime load and unload under
+ * --lora-root), reply.c (JSON responses and OpenAI-style errors), stats.c (per-request stats). */
+#ifndef LORA_FRONTEND_H
+#define LORA_FRONTEND_H
+
+#include <jansson.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "chat_template.h"
+#include "cli.h"
+#include "http.h"
+#include "protocol.h"
+#include "tokenizer.h"
+
+#define EXIT_USAGE  100
+#define EXIT_SYSTEM 111
+
+#define FE_ID_MAX     96   /* bytes of an engine request id */
+#define FE_NAME_MAX   255  /* adapter and model names */
+#define FE_MAX_N      128  /* choices per request (n), times prompts */
+#define FE_MAX_STOP   16   /* stop strings */
+#define FE_STOP_BYTES 1024 /* bytes of one stop string */
+#define FE_MAX_LOGPROBS 20 /* top log-probabilities per token */
+
+/* One engine request (one choice). The link thread appends to it under link->mu; the HTTP
+ * thread that made it reads it under the same lock. */
+struct fe_seq {
+    char id[FE_ID_MAX];
+    pthread_cond_t *cond; /* the waiting HTTP thread's, signalled on every change */
+    struct fe_seq *next; /* hash chain */
+    int32_t *tokens;     /* (n) generated tokens */
+    float *lps;          /* (n) their log-probabilities */
+    int32_t *top_ids;    /* (n * top_n) */
+    float *top_lps;      /* (n * top_n) */
+    int top_n;
+    size_t n, cap;
+    float *prompt_lps; /* (n_prompt_lps), [0] NaN */
+    int n_prompt_lps;
+    bool finished;
+    char finish_reason[16];
+    char error[512];
+    char error_code[16];
+    int num_prompt_tokens;
+    double queued, scheduled, first_token, finished_at; /* engine times, 0 when unknown */
+    double first_seen; /* our wall time of the first token */
+    double last_recv;  /* our wall time of the latest output */
+    double sent_at;    /* our wall time of the request sent to the engine, 0 before */
+};
+
+struct fe_registry_entry {
+    char name[FE_NAME_MAX + 1];
+    char path[4096];
+};
+
+/* The engine connection. Fields under mu unless noted. */
+struct fe_link {
+    pthread_mutex_t mu;
+    void *zctx;
+    struct lora_sock *front, *ctl, *pub; /* link thread only */
+    int wake_fd;                         /* eventfd: HTTP threads -> link thread */
+    struct fe_out *out_head, *out_tail;  /* messages to send */
+    struct fe_seq *table[1024];          /* in-flight requests by id */
+    int n_inflight;
+    struct fe_ctl_wait *ctl_waits;
+    uint64_t next_ctl_id;
+    bool connected; /* ready received and the engine alive */
+    struct lora_msg_limits limits;
+    int engine_index;
+    char model[4096];
+    struct fe_registry_entry *registry;
+    int n_registry;
+    uint64_t registry_version; /* bumped on every registry message */
+    pthread_cond_t registry_cond;
+};
+
+struct frontend {
+    /* Options. */
+    const char *served_name; /* the base model's name in the API */
+    const char *model_dir;
+    const char *api_key;
+    const char *lora_root; /* realpath of --lora-root, or NULL */
+    bool runtime_lora;
+    int max_pending; /* engine requests in flight before 503 */
+    const char *version;
+    /* Start-up adapters' base_model_name (JSON form of --lora-modules), for /v1/models. */
+    struct {
+        char name[FE_NAME_MAX + 1];
+        char base[FE_NAME_MAX + 1];
+    } module_base[64];
+    int n_module_base;
+    struct lora_tokenizer *tok; /* NULL: token-id prompts only */
+    struct lora_chat_template chat;
+    bool has_chat;
+    char chat_error[1024]; /* why there is no chat template */
+    char bos[64], eos[64];
+    int32_t eos_id; /* the tokenizer's EOS, added to the stop ids; -1 when none */
+    struct fe_link link;
+    uint64_t id_prefix; /* random, per process: request ids are unique across frontends */
+    uint64_t next_id;   /* atomic */
+    double start_time;
+};
+
+/* link.c */
+int link_init(struct fe_link *l, void *zctx, const char *frontend_ep, const char *control_ep,
+              const char *publish_ep, char *err, size_t err_len);
+void link_release(struct fe_link *l);
+/* Runs the link until a signal arrives on sig_fd; returns the signal. */
+int link_run(struct fe_link *l, int sig_fd);
+/* Waits until the engine answered hello, at most timeout_ms. */
+bool link_wait_ready(struct fe_link *l, int timeout_ms);
+/* Registers seq and queues the request for the engine (m->request_id must be seq->id).
+ * Returns 0, or -1 with err when the engine is not connected or too much is in flight. */
+int link_submit(struct fe_link *l, struct fe_seq *seq, const struct lora_msg_request *m,
+                int max_pending, char *err, size_t err_len);
+/* Forgets seq (aborting it in the engine when it has not finished) and frees it. */
+void link_forget(struct fe_link *l, struct fe_seq **seq);
+struct fe_seq *seq_new(const char *id);
+/* Waits on cond under l->mu (held by the caller) for a change, at most timeout_ms. */
+void link_wait_locked(struct fe_link *l, pthread_cond_t *cond, int timeout_ms);
+/* One control command; blocks for the reply up to timeout_ms. Returns 0 ok, -1 failed with
+ * the engine's message (or a timeout) in err. data (msgpack, caller frees) may be NULL. */
+int link_control(struct fe_link *l, enum lora_control_op op, const char *name, const char *path,
+                 int timeout_ms, char **data, size_t *data_len, char *err, size_t err_len);
+/* Queues one message for the publish socket under topic (copied). */
+void link_publish(struct fe_link *l, const char *topic, const void *body, size_t len);
+/* Whether the registry names the adapter (under mu). */
+bool link_registry_has_locked(struct fe_link *l, const char *name);
+/* Waits until the registry has (or has not) name, at most timeout_ms. */
+bool link_registry_wait(struct fe_link *l, const char *name, bool present, int timeout_ms);
+
+/* routes.c */
+void routes_handle(void *ctx, struct lora_http_request *req);
+
+/* generate.c */
+void generate_completions(struct frontend *fe, struct lora_http_request *req, json_t *body);
+void generate_chat(struct frontend *fe, struct lora_http_request *req, json_t *body);
+
+/* adapters.c */
+void adapters_load(struct frontend *fe, struct lora_http_request *req, json_t *body);
+void adapters_unload(struct frontend *fe, struct lora_http_request *req, json_t *body);
+/* Loads the --lora-modules adapters the engine does not hold yet. */
+int adapters_load_modules(struct frontend *fe, const struct lora_opt_list *mods, char *err,
+                          size_t err_len);
+
+/* reply.c */
+/* An OpenAI-style error: {"error":{"message","type","param","code"}}. */
+void reply_error(struct lora_http_request *req, unsigned status, const char *param,
+                 const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* Sends j (stolen) as the JSON body. */
+void reply_json(struct lora_http_request *req, unsigned status, json_t *j);
+/* The HTTP status for an engine error_code. */
+unsigned reply_status_of(const char *error_code);
+
+/* stats.c: publishes one request_stats message (man/lora-protocol.7) for an engine request. */
+struct fe_stats {
+    const char *request_id;
+    const char *lora; /* NULL: the base model */
+    const char *finish_reason;
+    double arrival, first_token, finished;                             /* our clock */
+    double queued, scheduled, engine_first_token, engine_finished; /* the engine's */
+    int prompt_tokens, generation_tokens, max_tokens;
+    double submit_seconds, output_seconds; /* our overhead, 0 when unknown */
+};
+void stats_publish(struct frontend *fe, const struct fe_stats *s);
+
+double fe_now(void); /* Unix time with fractions */
+
+#endif

@@ -1,0 +1,1145 @@
+/* lora-frontend: /v1/completions and /v1/chat/completions (DESIGN section 8).
+ *
+ * A request becomes one engine request per prompt and choice (n). Each choice keeps its own
+ * copy of what the engine sent, a streaming detokenizer and its text; stop strings are found in
+ * that text (the text ends before the stop string, and the engine request is aborted), held
+ * back while streaming so a stop string that arrives in pieces is never sent. Non-streaming
+ * requests wait on the connection's thread; streaming ones hand a reader to the HTTP server
+ * that produces server-sent events as outputs arrive. A client that goes away aborts its
+ * engine requests.
+ */
+#include <inttypes.h>
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "errbuf.h"
+#include "frontend.h"
+#include "params.h"
+
+#define WAIT_SLICE_MS 50 /* how often a waiting thread checks that its client is still there */
+
+struct sbuf {
+    char *s;
+    size_t len, cap;
+};
+
+static int sbuf_add(struct sbuf *b, const char *s, size_t n)
+{
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1)
+            cap *= 2;
+        char *p = realloc(b->s, cap);
+        if (!p)
+            return -1;
+        b->s = p;
+        b->cap = cap;
+    }
+    memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = 0;
+    return 0;
+}
+
+struct choice {
+    int index;
+    int prompt_index;
+    struct fe_seq *seq; /* NULL once forgotten */
+    struct lora_detok *detok;
+    struct sbuf text;   /* generated text, ending before a stop string */
+    size_t streamed;    /* bytes of text already sent */
+    /* What was consumed from the engine, copied. */
+    int32_t *ids;
+    float *lps;
+    int32_t *top_ids;
+    float *top_lps;
+    int top_n;
+    size_t n, cap;
+    size_t lp_streamed; /* tokens whose log-probabilities were sent */
+    float *prompt_lps;
+    int n_prompt_lps;
+    bool heard;         /* the engine said something about it */
+    bool done;
+    bool final_sent;    /* streaming: the chunk with the finish reason went out */
+    char finish_reason[16];
+    const char *stop_reason; /* the stop string that ended it, borrowed from params */
+    char error[512];
+    char error_code[16];
+    double queued, scheduled, first_token, finished_at, first_seen, done_at;
+    double sent_at;      /* the request sent to the engine */
+    double pending_recv; /* when the engine's output not yet handed on was received, or 0 */
+};
+
+struct gen {
+    struct frontend *fe;
+    struct gen_params p;
+    json_t *body; /* owned: p's strings point into it */
+    char id[64];
+    long long created;
+    double arrival;
+    double submitted;
+    pthread_cond_t cond;
+    int n_prompts;
+    int32_t **prompts;
+    size_t *n_prompt;
+    char **prompt_text; /* for echo: the prompt as text */
+    int n_choices;
+    struct choice *choices;
+    /* Streaming. */
+    struct sbuf out;
+    size_t out_at;
+    double out_recv; /* the oldest engine output in out, for the overhead measure */
+    double delay_sum; /* engine output received -> bytes handed to the HTTP server */
+    int delay_n;
+    bool role_sent, finished, failed;
+};
+
+/* ---- set-up ----------------------------------------------------------------------------- */
+
+static void gen_free(struct gen *g)
+{
+    if (!g)
+        return;
+    for (int i = 0; i < g->n_choices; i++) {
+        struct choice *c = &g->choices[i];
+        link_forget(&g->fe->link, &c->seq);
+        lora_detok_destroy(&c->detok);
+        free(c->text.s);
+        free(c->ids);
+        free(c->lps);
+        free(c->top_ids);
+        free(c->top_lps);
+        free(c->prompt_lps);
+    }
+    for (int i = 0; i < g->n_prompts; i++) {
+        free(g->prompts[i]);
+        free(g->prompt_text[i]);
+    }
+    free(g->prompts);
+    free(g->n_prompt);
+    free(g->prompt_text);
+    free(g->choices);
+    free(g->out.s);
+    json_decref(g->body);
+    pthread_cond_destroy(&g->cond);
+    free(g);
+}
+
+static int add_prompt(struct gen *g, int32_t *ids, size_t n, char *text)
+{
+    int k = g->n_prompts;
+    int32_t **p = realloc(g->prompts, sizeof(*p) * (size_t)(k + 1));
+    if (p)
+        g->prompts = p;
+    size_t *np = realloc(g->n_prompt, sizeof(*np) * (size_t)(k + 1));
+    if (np)
+        g->n_prompt = np;
+    char **t = realloc(g->prompt_text, sizeof(*t) * (size_t)(k + 1));
+    if (t)
+        g->prompt_text = t;
+    if (!p || !np || !t) {
+        free(ids);
+        free(text);
+        return -1;
+    }
+    g->prompts[k] = ids;
+    g->n_prompt[k] = n;
+    g->prompt_text[k] = text;
+    g->n_prompts++;
+    return 0;
+}
+
+static int encode_text(struct gen *g, const char *s, size_t len, bool add_special, char *err,
+                       size_t err_len)
+{
+    int32_t *ids = NULL;
+    size_t n = 0;
+
+    if (!g->fe->tok) {
+        lora_errf(err, err_len, "this model has no tokenizer: give the prompt as token ids");
+        return -1;
+    }
+    if (lora_tokenizer_encode(g->fe->tok, s, len, add_special, &ids, &n, err, err_len) < 0)
+        return -1;
+    char *text = strndup(s, len);
+    return add_prompt(g, ids, n, text);
+}
+
+static int ids_from_json(struct gen *g, json_t *a, const char *field, char *err, size_t err_len)
+{
+    size_t n = json_array_size(a), i;
+    int vocab = g->fe->link.limits.vocab_size;
+    json_t *v;
+
+    if (n == 0) {
+        lora_errf(err, err_len, "'%s' must not be empty", field);
+        return -1;
+    }
+    int32_t *ids = malloc(sizeof(int32_t) * n);
+    if (!ids) {
+        lora_errf(err, err_len, "out of memory");
+        return -1;
+    }
+    json_array_foreach(a, i, v) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab) {
+            lora_errf(err, err_len, "'%s' must hold token ids from 0 to %d", field, vocab - 1);
+            free(ids);
+            return -1;
+        }
+        ids[i] = (int32_t)json_integer_value(v);
+    }
+    return add_prompt(g, ids, n, NULL);
+}
+
+/* prompt: a string, a list of strings, a list of token ids or a list of such lists. */
+static int read_prompts(struct gen *g, char *err, size_t err_len)
+{
+    json_t *pr = json_object_get(g->body, "prompt");
+    bool add_special = true;
+
+    if (params_bool(g->body, "add_special_tokens", &add_special, err, err_len) < 0)
+        return -1;
+    if (!pr || json_is_null(pr)) {
+        lora_errf(err, err_len, "'prompt' is required");
+        return -1;
+    }
+    if (json_is_string(pr)) {
+        if (json_string_length(pr) == 0) {
+            lora_errf(err, err_len, "'prompt' must not be empty");
+            return -1;
+        }
+        return encode_text(g, json_string_value(pr), json_string_length(pr), add_special, err,
+                           err_len);
+    }
+    if (!json_is_array(pr) || json_array_size(pr) == 0) {
+        lora_errf(err, err_len, "'prompt' must be a string, a list of strings, a list of token "
+                                "ids or a list of lists of token ids, and not empty");
+        return -1;
+    }
+    json_t *first = json_array_get(pr, 0);
+    if (json_is_integer(first))
+        return ids_from_json(g, pr, "prompt", err, err_len);
+    if (json_array_size(pr) > FE_MAX_N) {
+        lora_errf(err, err_len, "'prompt' holds at most %d prompts", FE_MAX_N);
+        return -1;
+    }
+    size_t i;
+    json_t *v;
+    json_array_foreach(pr, i, v) {
+        int rc;
+        if (json_is_string(v) && json_string_length(v) > 0)
+            rc = encode_text(g, json_string_value(v), json_string_length(v), add_special, err,
+                             err_len);
+        else if (json_is_array(v))
+            rc = ids_from_json(g, v, "prompt", err, err_len);
+        else {
+            lora_errf(err, err_len, "'prompt[%zu]' must be a non-empty string or a list of "
+                                    "token ids", i);
+            rc = -1;
+        }
+        if (rc < 0)
+            return -1;
+    }
+    return 0;
+}
+
+/* The text of one message's content: a string or a list of {"type":"text","text":...} parts. */
+static const char *message_text(json_t *content, size_t i, struct sbuf *tmp, char *err,
+                                size_t err_len)
+{
+    if (json_is_string(content))
+        return json_string_value(content);
+    if (json_is_null(content))
+        return "";
+    if (!json_is_array(content)) {
+        lora_errf(err, err_len, "'messages[%zu].content' must be a string or a list of parts", i);
+        return NULL;
+    }
+    size_t k;
+    json_t *part;
+    tmp->len = 0;
+    sbuf_add(tmp, "", 0);
+    json_array_foreach(content, k, part) {
+        json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
+        if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0 ||
+            !json_is_string(text)) {
+            lora_errf(err, err_len, "'messages[%zu].content[%zu]' must be a text part", i, k);
+            return NULL;
+        }
+        if (k > 0)
+            sbuf_add(tmp, "\n", 1);
+        sbuf_add(tmp, json_string_value(text), json_string_length(text));
+    }
+    return tmp->s;
+}
+
+static int read_messages(struct gen *g, char *err, size_t err_len)
+{
+    struct frontend *fe = g->fe;
+    json_t *msgs = json_object_get(g->body, "messages");
+    bool add_gen = true;
+
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0) {
+        lora_errf(err, err_len, "'messages' must be a non-empty list");
+        return -1;
+    }
+    if (json_array_size(msgs) > 4096) {
+        lora_errf(err, err_len, "'messages' holds at most 4096 messages");
+        return -1;
+    }
+    if (params_bool(g->body, "add_generation_prompt", &add_gen, err, err_len) < 0)
+        return -1;
+    if (!fe->has_chat) {
+        lora_errf(err, err_len, "%s", fe->chat_error);
+        return -1;
+    }
+    size_t n = json_array_size(msgs), i;
+    struct lora_chat_message *cm = calloc(n, sizeof(*cm));
+    struct sbuf *parts = calloc(n, sizeof(*parts));
+    json_t *m;
+    int rc = cm && parts ? 0 : -1;
+    if (rc)
+        lora_errf(err, err_len, "out of memory");
+    json_array_foreach(msgs, i, m) {
+        if (rc)
+            break;
+        json_t *role = json_object_get(m, "role");
+        if (!json_is_object(m) || !json_is_string(role)) {
+            lora_errf(err, err_len, "'messages[%zu]' must be an object with a 'role'", i);
+            rc = -1;
+            break;
+        }
+        cm[i].role = json_string_value(role);
+        cm[i].content = message_text(json_object_get(m, "content"), i, &parts[i], err, err_len);
+        if (!cm[i].content)
+            rc = -1;
+    }
+    char *prompt = NULL;
+    size_t len = 0;
+    if (rc == 0)
+        rc = lora_chat_render(&fe->chat, cm, n, add_gen, &prompt, &len, err, err_len);
+    for (i = 0; parts && i < n; i++)
+        free(parts[i].s);
+    free(parts);
+    free(cm);
+    if (rc < 0)
+        return -1;
+    /* The template writes the special tokens itself (BOS included), as vLLM renders chat. */
+    rc = encode_text(g, prompt, len, false, err, err_len);
+    free(prompt);
+    return rc;
+}
+
+static void new_id(struct frontend *fe, const char *prefix, char *out, size_t len)
+{
+    uint64_t n = atomic_fetch_add((_Atomic uint64_t *)&fe->next_id, 1);
+    snprintf(out, len, "%s%016" PRIx64 "%08" PRIx64, prefix, fe->id_prefix, n);
+}
+
+/* Checks lengths, makes the choices and submits them. 0, or -1 with status and err. */
+static int submit(struct gen *g, unsigned *status, const char **param, char *err, size_t len)
+{
+    struct frontend *fe = g->fe;
+    int max_len = fe->link.limits.max_model_len;
+
+    for (int i = 0; i < g->n_prompts; i++) {
+        size_t np = g->n_prompt[i];
+        int want = g->p.max_tokens > 0 ? g->p.max_tokens : 1;
+        if (np == 0 || (long long)np + want > max_len) {
+            *param = g->p.chat ? "messages" : "prompt";
+            lora_errf(err, len,
+                      "this model's maximum context length is %d tokens, but the request "
+                      "asks for %zu tokens (%zu in the %s, %d to generate); reduce the length "
+                      "of the %s or of max_tokens",
+                      max_len, np + (size_t)want, np, g->p.chat ? "messages" : "prompt", want,
+                      g->p.chat ? "messages" : "prompt");
+            *status = 400;
+            return -1;
+        }
+    }
+    g->n_choices = g->n_prompts * g->p.n;
+    if (g->n_choices > FE_MAX_N) {
+        *param = "n";
+        lora_errf(err, len, "prompts times n is %d, more than %d", g->n_choices, FE_MAX_N);
+        *status = 400;
+        return -1;
+    }
+    g->choices = calloc((size_t)g->n_choices, sizeof(*g->choices));
+    if (!g->choices) {
+        lora_errf(err, len, "out of memory");
+        *status = 503;
+        return -1;
+    }
+    g->submitted = fe_now();
+    for (int k = 0; k < g->n_choices; k++) {
+        struct choice *c = &g->choices[k];
+        int pi = k / g->p.n;
+        char rid[FE_ID_MAX];
+        snprintf(rid, sizeof(rid), "%s-%d", g->id, k);
+        c->index = k;
+        c->prompt_index = pi;
+        c->seq = seq_new(rid);
+        if (fe->tok)
+            c->detok = lora_detok_new(fe->tok, g->p.skip_special_tokens);
+        if (!c->seq || (fe->tok && !c->detok)) {
+            lora_errf(err, len, "out of memory");
+            *status = 503;
+            return -1;
+        }
+        c->seq->cond = &g->cond;
+        size_t np = g->n_prompt[pi];
+        int max_tokens = g->p.max_tokens > 0 ? g->p.max_tokens : max_len - (int)np;
+        struct lora_msg_request m = {
+            .request_id = {rid, strlen(rid)},
+            .prompt = g->prompts[pi],
+            .n_prompt = np,
+            .max_tokens = max_tokens,
+            .min_tokens = g->p.min_tokens < max_tokens ? g->p.min_tokens : max_tokens,
+            .temperature = g->p.temperature,
+            .top_p = g->p.top_p,
+            .top_k = g->p.top_k,
+            .has_seed = g->p.has_seed,
+            .seed = g->p.seed + (uint64_t)(k % g->p.n),
+            .logprobs = g->p.logprobs > 0 ? g->p.logprobs : 0,
+            .prompt_logprobs = g->p.echo && g->p.logprobs >= 0,
+            .ignore_eos = g->p.ignore_eos,
+            .n_stop_token_ids = g->p.n_stop_ids,
+            .stop_token_ids = g->p.stop_ids,
+        };
+        int32_t stops[17];
+        if (fe->eos_id >= 0 && !g->p.ignore_eos) {
+            /* The tokenizer's end of turn stops too, as vLLM adds it to the stop ids. */
+            memcpy(stops, g->p.stop_ids, sizeof(int32_t) * (size_t)g->p.n_stop_ids);
+            stops[g->p.n_stop_ids] = fe->eos_id;
+            m.stop_token_ids = stops;
+            m.n_stop_token_ids = g->p.n_stop_ids + 1;
+        }
+        if (g->p.lora)
+            m.lora = (struct lora_str){g->p.lora, strlen(g->p.lora)};
+        if (link_submit(&fe->link, c->seq, &m, fe->max_pending, err, len) < 0) {
+            link_forget(&fe->link, &c->seq);
+            *status = 503;
+            return -1;
+        }
+    }
+    return 0;
+}
+
+/* ---- consuming outputs ------------------------------------------------------------------ */
+
+static int grow_choice(struct choice *c, size_t need, int top_n)
+{
+    if (need <= c->cap && (top_n == 0 || c->top_ids))
+        return 0;
+    size_t cap = c->cap ? c->cap : 32;
+    while (cap < need)
+        cap *= 2;
+    int32_t *ids = realloc(c->ids, cap * sizeof(*ids));
+    if (ids)
+        c->ids = ids;
+    float *lps = realloc(c->lps, cap * sizeof(*lps));
+    if (lps)
+        c->lps = lps;
+    if (!ids || !lps)
+        return -1;
+    if (top_n) {
+        int32_t *ti = realloc(c->top_ids, cap * (size_t)top_n * sizeof(*ti));
+        if (ti)
+            c->top_ids = ti;
+        float *tl = realloc(c->top_lps, cap * (size_t)top_n * sizeof(*tl));
+        if (tl)
+            c->top_lps = tl;
+        if (!ti || !tl)
+            return -1;
+    }
+    c->cap = cap;
+    return 0;
+}
+
+static void finish_choice(struct choice *c, const char *reason)
+{
+    c->done = true;
+    c->done_at = fe_now();
+    snprintf(c->finish_reason, sizeof(c->finish_reason), "%s", reason);
+}
+
+/* Looks for a stop string in the text added since old_len; cuts the text before it. */
+static bool find_stop(const struct gen_params *p, struct choice *c, size_t old_len)
+{
+    size_t from = old_len + 1 > p->max_stop_len ? old_len + 1 - p->max_stop_len : 0;
+    size_t best = SIZE_MAX;
+    const char *which = NULL;
+
+    for (int i = 0; i < p->n_stop; i++) {
+        const char *hit = memmem(c->text.s + from, c->text.len - from, p->stop[i],
+                                 strlen(p->stop[i]));
+        if (hit && (size_t)(hit - c->text.s) < best) {
+            best = (size_t)(hit - c->text.s);
+            which = p->stop[i];
+        }
+    }
+    if (!which)
+        return false;
+    c->text.len = best;
+    c->text.s[best] = 0;
+    c->stop_reason = which;
+    return true;
+}
+
+static void add_text(struct choice *c, char *piece, size_t n)
+{
+    if (piece && n)
+        sbuf_add(&c->text, piece, n);
+    else if (!c->text.s)
+        sbuf_add(&c->text, "", 0);
+    free(piece);
+}
+
+/* Takes one token into the choice: detokenizes it and checks the stop strings (after
+ * min_tokens, as vLLM does). Returns true when a stop string ended the choice. */
+static bool take_token(struct gen *g, struct choice *c)
+{
+    char *piece = NULL;
+    size_t n = 0, old = c->text.len;
+
+    if (c->detok && lora_detok_push(c->detok, &c->ids[c->n - 1], 1, &piece, &n, NULL, 0) < 0)
+        piece = NULL;
+    add_text(c, piece, n);
+    if (g->p.n_stop && (int)c->n > g->p.min_tokens && find_stop(&g->p, c, old)) {
+        finish_choice(c, "stop");
+        return true;
+    }
+    return false;
+}
+
+/* Copies what the engine sent since last time into the choice, under the link's lock. */
+static void advance(struct gen *g, struct choice *c)
+{
+    struct fe_link *l = &g->fe->link;
+    struct fe_seq *s = c->seq;
+    bool stopped = false;
+
+    if (c->done || !s)
+        return;
+    pthread_mutex_lock(&l->mu);
+    size_t upto = s->n;
+    if (upto > c->n || s->finished)
+        c->heard = true;
+    if (grow_choice(c, upto, s->top_n) < 0) {
+        pthread_mutex_unlock(&l->mu);
+        snprintf(c->error, sizeof(c->error), "out of memory");
+        snprintf(c->error_code, sizeof(c->error_code), "unavailable");
+        finish_choice(c, "error");
+        return;
+    }
+    c->top_n = s->top_n;
+    if (s->n_prompt_lps && !c->prompt_lps) {
+        c->prompt_lps = malloc(sizeof(float) * (size_t)s->n_prompt_lps);
+        if (c->prompt_lps) {
+            memcpy(c->prompt_lps, s->prompt_lps, sizeof(float) * (size_t)s->n_prompt_lps);
+            c->n_prompt_lps = s->n_prompt_lps;
+        }
+    }
+    size_t from = c->n;
+    for (size_t i = from; i < upto && !stopped; i++) {
+        c->ids[i] = s->tokens[i];
+        c->lps[i] = s->lps[i];
+        if (c->top_n) {
+            memcpy(c->top_ids + i * (size_t)c->top_n, s->top_ids + i * (size_t)c->top_n,
+                   sizeof(int32_t) * (size_t)c->top_n);
+            memcpy(c->top_lps + i * (size_t)c->top_n, s->top_lps + i * (size_t)c->top_n,
+                   sizeof(float) * (size_t)c->top_n);
+        }
+        c->n = i + 1;
+        pthread_mutex_unlock(&l->mu);
+        stopped = take_token(g, c);
+        pthread_mutex_lock(&l->mu);
+    }
+    bool finished = s->finished && c->n == s->n;
+    if (finished && !stopped) {
+        snprintf(c->error, sizeof(c->error), "%s", s->error);
+        snprintf(c->error_code, sizeof(c->error_code), "%s", s->error_code);
+        snprintf(c->finish_reason, sizeof(c->finish_reason), "%s", s->finish_reason);
+    }
+    c->queued = s->queued;
+    c->scheduled = s->scheduled;
+    c->first_token = s->first_token;
+    c->finished_at = s->finished_at;
+    c->first_seen = s->first_seen;
+    c->sent_at = s->sent_at;
+    if ((c->n > from || finished) && !c->pending_recv)
+        c->pending_recv = s->last_recv;
+    pthread_mutex_unlock(&l->mu);
+    if (stopped) {
+        link_forget(l, &c->seq); /* aborts it in the engine */
+        return;
+    }
+    if (finished) {
+        char *rest = NULL;
+        size_t n = 0, old = c->text.len;
+        if (c->detok && lora_detok_finish(c->detok, &rest, &n, NULL, 0) < 0)
+            rest = NULL;
+        add_text(c, rest, n);
+        char reason[sizeof(c->finish_reason)];
+        snprintf(reason, sizeof(reason), "%s", c->finish_reason);
+        if (g->p.n_stop && (int)c->n > g->p.min_tokens && find_stop(&g->p, c, old))
+            snprintf(reason, sizeof(reason), "stop");
+        finish_choice(c, reason);
+    }
+}
+
+static bool all_done(const struct gen *g)
+{
+    for (int i = 0; i < g->n_choices; i++)
+        if (!g->choices[i].done)
+            return false;
+    return true;
+}
+
+/* Whether a choice has something new to consume. Under the link's lock. */
+static bool news_locked(const struct gen *g)
+{
+    for (int i = 0; i < g->n_choices; i++) {
+        const struct choice *c = &g->choices[i];
+        if (!c->done && c->seq && (c->seq->n > c->n || c->seq->finished))
+            return true;
+    }
+    return false;
+}
+
+static void wait_news(struct gen *g)
+{
+    struct fe_link *l = &g->fe->link;
+    pthread_mutex_lock(&l->mu);
+    if (!news_locked(g))
+        link_wait_locked(l, &g->cond, WAIT_SLICE_MS);
+    pthread_mutex_unlock(&l->mu);
+}
+
+static void advance_all(struct gen *g)
+{
+    for (int i = 0; i < g->n_choices; i++)
+        advance(g, &g->choices[i]);
+}
+
+static void abort_all(struct gen *g)
+{
+    for (int i = 0; i < g->n_choices; i++)
+        link_forget(&g->fe->link, &g->choices[i].seq);
+}
+
+/* The first choice that failed with an engine error, or NULL. */
+static const struct choice *failed_choice(const struct gen *g)
+{
+    for (int i = 0; i < g->n_choices; i++)
+        if (g->choices[i].done && strcmp(g->choices[i].finish_reason, "error") == 0)
+            return &g->choices[i];
+    return NULL;
+}
+
+/* ---- JSON pieces ------------------------------------------------------------------------ */
+
+static json_t *jstr(const char *s, size_t n)
+{
+    json_t *j = json_stringn(s, n);
+    return j ? j : json_string("\xef\xbf\xbd"); /* never reached: pieces are valid UTF-8 */
+}
+
+/* The text of one token, as vLLM shows it in log-probabilities. */
+static json_t *token_json(struct frontend *fe, int32_t id)
+{
+    char buf[32];
+    if (!fe->tok) {
+        snprintf(buf, sizeof(buf), "token_id:%d", id);
+        return json_string(buf);
+    }
+    char *s = NULL;
+    size_t n = 0;
+    if (lora_tokenizer_decode(fe->tok, &id, 1, false, &s, &n, NULL, 0) < 0) {
+        snprintf(buf, sizeof(buf), "token_id:%d", id);
+        return json_string(buf);
+    }
+    json_t *j = jstr(s, n);
+    free(s);
+    return j;
+}
+
+static json_t *bytes_json(json_t *tok)
+{
+    json_t *a = json_array();
+    const unsigned char *s = (const unsigned char *)json_string_value(tok);
+    for (size_t i = 0; s && i < json_string_length(tok); i++)
+        json_array_append_new(a, json_integer(s[i]));
+    return a;
+}
+
+static double lp_value(float lp)
+{
+    return isfinite(lp) ? (double)lp : -9999.0; /* JSON has no -inf; OpenAI clamps the same */
+}
+
+/* Chat log-probabilities of tokens [from, to) of a choice: {"content":[...]}. */
+static json_t *chat_logprobs(struct gen *g, const struct choice *c, size_t from, size_t to)
+{
+    json_t *content = json_array();
+    for (size_t i = from; i < to; i++) {
+        json_t *t = token_json(g->fe, c->ids[i]);
+        json_t *tops = json_array();
+        for (int k = 0; k < g->p.logprobs && k < c->top_n; k++) {
+            int32_t id = c->top_ids[i * (size_t)c->top_n + (size_t)k];
+            json_t *tt = token_json(g->fe, id);
+            json_array_append_new(
+                tops, json_pack("{s:O, s:f, s:o}", "token", tt, "logprob",
+                                lp_value(c->top_lps[i * (size_t)c->top_n + (size_t)k]), "bytes",
+                                bytes_json(tt)));
+            json_decref(tt);
+        }
+        json_array_append_new(content, json_pack("{s:O, s:f, s:o, s:o}", "token", t, "logprob",
+                                                 lp_value(c->lps[i]), "bytes", bytes_json(t),
+                                                 "top_logprobs", tops));
+        json_decref(t);
+    }
+    return json_pack("{s:o}", "content", content);
+}
+
+/* Completions log-probabilities (the legacy format) of tokens [from, to), with the prompt's
+ * tokens first when echo is set; offset is the text offset of the first token. */
+static json_t *completion_logprobs(struct gen *g, const struct choice *c, bool with_prompt,
+                                   size_t from, size_t to, size_t offset)
+{
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(),
+           *offs = json_array();
+    size_t np = g->n_prompt[c->prompt_index];
+    const int32_t *prompt = g->prompts[c->prompt_index];
+
+    for (size_t i = 0; with_prompt && i < np; i++) {
+        json_t *t = token_json(g->fe, prompt[i]);
+        bool known = i > 0 && (int)i < c->n_prompt_lps && isfinite(c->prompt_lps[i]);
+        json_array_append(tokens, t);
+        json_array_append_new(lps, known ? json_real(c->prompt_lps[i]) : json_null());
+        json_array_append_new(tops, known ? json_pack("{s:f}", json_string_value(t),
+                                                      (double)c->prompt_lps[i])
+                                          : json_null());
+        json_array_append_new(offs, json_integer((json_int_t)offset));
+        offset += json_string_length(t);
+        json_decref(t);
+    }
+    for (size_t i = from; i < to; i++) {
+        json_t *t = token_json(g->fe, c->ids[i]);
+        json_t *top = json_object();
+        for (int k = 0; k < g->p.logprobs && k < c->top_n; k++) {
+            json_t *tt = token_json(g->fe, c->top_ids[i * (size_t)c->top_n + (size_t)k]);
+            json_object_set_new(top, json_string_value(tt),
+                                json_real(lp_value(c->top_lps[i * (size_t)c->top_n + (size_t)k])));
+            json_decref(tt);
+        }
+        /* The chosen token is always there, as vLLM reports it. */
+        json_object_set_new(top, json_string_value(t), json_real(lp_value(c->lps[i])));
+        json_array_append(tokens, t);
+        json_array_append_new(lps, json_real(lp_value(c->lps[i])));
+        json_array_append_new(tops, top);
+        json_array_append_new(offs, json_integer((json_int_t)offset));
+        offset += json_string_length(t);
+        json_decref(t);
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "text_offset", offs, "token_logprobs", lps, "tokens",
+                     tokens, "top_logprobs", tops);
+}
+
+static json_t *ids_json(const int32_t *ids, size_t n)
+{
+    json_t *a = json_array();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(a, json_integer(ids[i]));
+    return a;
+}
+
+static json_t *usage_json(const struct gen *g)
+{
+    long long prompt = 0, completion = 0;
+    for (int i = 0; i < g->n_prompts; i++)
+        prompt += (long long)g->n_prompt[i];
+    for (int i = 0; i < g->n_choices; i++)
+        completion += (long long)g->choices[i].n;
+    return json_pack("{s:I, s:I, s:I}", "prompt_tokens", prompt, "completion_tokens", completion,
+                     "total_tokens", prompt + completion);
+}
+
+static json_t *stop_reason_json(const struct choice *c)
+{
+    return c->stop_reason ? json_string(c->stop_reason) : json_null();
+}
+
+static json_t *head_json(const struct gen *g, const char *object)
+{
+    return json_pack("{s:s, s:s, s:I, s:s}", "id", g->id, "object", object, "created",
+                     g->created, "model", g->p.model);
+}
+
+/* ---- per-request stats ------------------------------------------------------------------ */
+
+static void publish_stats(struct gen *g)
+{
+    for (int i = 0; i < g->n_choices; i++) {
+        const struct choice *c = &g->choices[i];
+        char rid[FE_ID_MAX];
+        snprintf(rid, sizeof(rid), "%s-%d", g->id, i);
+        struct fe_stats st = {
+            .request_id = rid,
+            .lora = g->p.lora,
+            .finish_reason = c->done ? c->finish_reason : "abort",
+            .arrival = g->arrival,
+            .first_token = c->first_seen,
+            .finished = c->done_at ? c->done_at : fe_now(),
+            .queued = c->queued,
+            .scheduled = c->scheduled,
+            .engine_first_token = c->first_token,
+            .engine_finished = c->finished_at,
+            .prompt_tokens = (int)g->n_prompt[c->prompt_index],
+            .generation_tokens = (int)c->n,
+            .max_tokens = g->p.max_tokens,
+            .submit_seconds = c->sent_at > 0 ? c->sent_at - g->arrival : 0,
+            .output_seconds = g->delay_n ? g->delay_sum / g->delay_n : 0,
+        };
+        stats_publish(g->fe, &st);
+    }
+}
+
+/* ---- whole responses -------------------------------------------------------------------- */
+
+static void reply_engine_error(struct lora_http_request *req, const struct choice *c)
+{
+    reply_error(req, reply_status_of(c->error_code), c->error_code[0] == 'n' ? "model" : NULL,
+                "%s", c->error[0] ? c->error : "the request failed in the engine");
+}
+
+static json_t *completion_choice(struct gen *g, struct choice *c)
+{
+    const char *echo = g->p.echo ? g->prompt_text[c->prompt_index] : NULL;
+    char *decoded = NULL;
+    size_t echo_len = 0;
+
+    if (g->p.echo && !echo && g->fe->tok &&
+        lora_tokenizer_decode(g->fe->tok, g->prompts[c->prompt_index],
+                              g->n_prompt[c->prompt_index], false, &decoded, &echo_len, NULL,
+                              0) == 0)
+        echo = decoded;
+    if (echo)
+        echo_len = strlen(echo);
+    struct sbuf text = {0};
+    sbuf_add(&text, echo ? echo : "", echo_len);
+    sbuf_add(&text, c->text.s ? c->text.s : "", c->text.len);
+    json_t *ch = json_pack("{s:i, s:o, s:o, s:s, s:o}", "index", c->index, "text",
+                           jstr(text.s, text.len), "logprobs",
+                           g->p.logprobs >= 0 ? completion_logprobs(g, c, g->p.echo, 0, c->n, 0)
+                                              : json_null(),
+                           "finish_reason", c->finish_reason, "stop_reason",
+                           stop_reason_json(c));
+    if (g->p.return_token_ids || !g->fe->tok) {
+        json_object_set_new(ch, "prompt_token_ids",
+                            ids_json(g->prompts[c->prompt_index], g->n_prompt[c->prompt_index]));
+        json_object_set_new(ch, "token_ids", ids_json(c->ids, c->n));
+    }
+    free(text.s);
+    free(decoded);
+    return ch;
+}
+
+static json_t *chat_choice(struct gen *g, struct choice *c)
+{
+    json_t *ch = json_pack(
+        "{s:i, s:{s:s, s:o}, s:o, s:s, s:o}", "index", c->index, "message", "role", "assistant",
+        "content", jstr(c->text.s ? c->text.s : "", c->text.len), "logprobs",
+        g->p.logprobs >= 0 ? chat_logprobs(g, c, 0, c->n) : json_null(), "finish_reason",
+        c->finish_reason, "stop_reason", stop_reason_json(c));
+    if (g->p.return_token_ids || !g->fe->tok)
+        json_object_set_new(ch, "token_ids", ids_json(c->ids, c->n));
+    return ch;
+}
+
+static void respond_whole(struct gen *g, struct lora_http_request *req)
+{
+    while (!all_done(g)) {
+        advance_all(g);
+        if (all_done(g))
+            break;
+        if (lora_http_client_gone(req)) {
+            abort_all(g);
+            reply_error(req, 499, NULL, "the client closed the connection");
+            return;
+        }
+        wait_news(g);
+    }
+    const struct choice *bad = failed_choice(g);
+    if (bad) {
+        reply_engine_error(req, bad);
+        return;
+    }
+    json_t *choices = json_array();
+    for (int i = 0; i < g->n_choices; i++)
+        json_array_append_new(choices, g->p.chat ? chat_choice(g, &g->choices[i])
+                                                 : completion_choice(g, &g->choices[i]));
+    json_t *r = head_json(g, g->p.chat ? "chat.completion" : "text_completion");
+    json_object_set_new(r, "choices", choices);
+    json_object_set_new(r, "usage", usage_json(g));
+    reply_json(req, 200, r);
+    double last = 0;
+    for (int i = 0; i < g->n_choices; i++)
+        if (g->choices[i].pending_recv > last)
+            last = g->choices[i].pending_recv;
+    if (last > 0) {
+        g->delay_sum += fe_now() - last;
+        g->delay_n++;
+    }
+}
+
+/* ---- server-sent events ----------------------------------------------------------------- */
+
+static void sse_event(struct gen *g, json_t *chunk)
+{
+    char *s = json_dumps(chunk, JSON_COMPACT | JSON_ENSURE_ASCII);
+    json_decref(chunk);
+    if (!s)
+        return;
+    sbuf_add(&g->out, "data: ", 6);
+    sbuf_add(&g->out, s, strlen(s));
+    sbuf_add(&g->out, "\n\n", 2);
+    free(s);
+}
+
+static json_t *stream_chunk(struct gen *g, json_t *choice)
+{
+    json_t *r = head_json(g, g->p.chat ? "chat.completion.chunk" : "text_completion");
+    json_object_set_new(r, "choices", choice ? json_pack("[o]", choice) : json_array());
+    if (g->p.include_usage)
+        json_object_set_new(r, "usage", json_null());
+    return r;
+}
+
+/* How much of the text may be sent: all of it once done, else all but what could still be
+ * the start of a stop string, cut back to a UTF-8 character boundary. */
+static size_t sendable(const struct gen *g, const struct choice *c)
+{
+    if (c->done || !g->p.n_stop)
+        return c->text.len;
+    size_t hold = g->p.max_stop_len - 1;
+    size_t n = c->text.len > hold ? c->text.len - hold : 0;
+    while (n > 0 && n < c->text.len && ((unsigned char)c->text.s[n] & 0xC0) == 0x80)
+        n--;
+    return n < c->streamed ? c->streamed : n;
+}
+
+/* Events for what changed in one choice since the last call. */
+static void stream_choice(struct gen *g, struct choice *c)
+{
+    size_t upto = sendable(g, c);
+    bool text_news = upto > c->streamed, lp_news = g->p.logprobs >= 0 && c->n > c->lp_streamed;
+    bool final = c->done && !c->final_sent;
+
+    if (!text_news && !lp_news && !final)
+        return;
+    json_t *text = jstr(c->text.s ? c->text.s + c->streamed : "", upto - c->streamed);
+    json_t *lps = json_null();
+    if (lp_news)
+        lps = g->p.chat ? chat_logprobs(g, c, c->lp_streamed, c->n)
+                        : completion_logprobs(g, c, false, c->lp_streamed, c->n, c->streamed);
+    json_t *fin = final ? json_string(c->finish_reason) : json_null();
+    json_t *ch;
+    if (g->p.chat)
+        ch = json_pack("{s:i, s:{s:o}, s:o, s:o}", "index", c->index, "delta", "content", text,
+                       "logprobs", lps, "finish_reason", fin);
+    else
+        ch = json_pack("{s:i, s:o, s:o, s:o}", "index", c->index, "text", text, "logprobs", lps,
+                       "finish_reason", fin);
+    if (final) {
+        json_object_set_new(ch, "stop_reason", stop_reason_json(c));
+        if (g->p.return_token_ids)
+            json_object_set_new(ch, "token_ids", ids_json(c->ids, c->n));
+    }
+    sse_event(g, stream_chunk(g, ch));
+    if (c->pending_recv && (!g->out_recv || c->pending_recv < g->out_recv))
+        g->out_recv = c->pending_recv;
+    c->pending_recv = 0;
+    c->streamed = upto;
+    c->lp_streamed = c->n;
+    c->final_sent = final || c->final_sent;
+}
+
+static void stream_step(struct gen *g)
+{
+    if (g->p.chat && !g->role_sent) {
+        for (int i = 0; i < g->n_choices; i++)
+            sse_event(g, stream_chunk(g, json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", i,
+                                                   "delta", "role", "assistant", "content", "",
+                                                   "logprobs", "finish_reason")));
+        g->role_sent = true;
+    }
+    if (g->p.echo && !g->role_sent) {
+        for (int i = 0; i < g->n_choices; i++) {
+            struct choice *c = &g->choices[i];
+            const char *t = g->prompt_text[c->prompt_index];
+            char *dec = NULL;
+            size_t n = 0;
+            if (!t && g->fe->tok &&
+                lora_tokenizer_decode(g->fe->tok, g->prompts[c->prompt_index],
+                                      g->n_prompt[c->prompt_index], false, &dec, &n, NULL,
+                                      0) == 0)
+                t = dec;
+            sse_event(g, stream_chunk(g, json_pack("{s:i, s:o, s:n, s:n}", "index", i, "text",
+                                                   jstr(t ? t : "", t ? strlen(t) : 0),
+                                                   "logprobs", "finish_reason")));
+            free(dec);
+        }
+        g->role_sent = true;
+    }
+    advance_all(g);
+    const struct choice *bad = failed_choice(g);
+    if (bad && !g->failed) {
+        /* An error after the stream started: one error event, as vLLM sends it. */
+        json_t *e = json_pack("{s:{s:s, s:s, s:n, s:i}}", "error", "message",
+                              bad->error[0] ? bad->error : "the request failed in the engine",
+                              "type", "ServiceUnavailableError", "param", "code",
+                              (int)reply_status_of(bad->error_code));
+        sse_event(g, e);
+        g->failed = true;
+        abort_all(g);
+        for (int i = 0; i < g->n_choices; i++)
+            if (!g->choices[i].done)
+                finish_choice(&g->choices[i], "abort");
+    }
+    if (!g->failed)
+        for (int i = 0; i < g->n_choices; i++)
+            stream_choice(g, &g->choices[i]);
+    if (all_done(g) && !g->finished) {
+        if (g->p.include_usage && !g->failed) {
+            json_t *r = head_json(g, g->p.chat ? "chat.completion.chunk" : "text_completion");
+            json_object_set_new(r, "choices", json_array());
+            json_object_set_new(r, "usage", usage_json(g));
+            sse_event(g, r);
+        }
+        sbuf_add(&g->out, "data: [DONE]\n\n", 14);
+        g->finished = true;
+    }
+}
+
+static ssize_t stream_read(void *ctx, const struct lora_http_request *req, char *buf, size_t max)
+{
+    struct gen *g = ctx;
+
+    for (;;) {
+        if (g->out_at < g->out.len) {
+            if (g->out_recv) {
+                g->delay_sum += fe_now() - g->out_recv;
+                g->delay_n++;
+                g->out_recv = 0;
+            }
+            size_t n = g->out.len - g->out_at;
+            if (n > max)
+                n = max;
+            memcpy(buf, g->out.s + g->out_at, n);
+            g->out_at += n;
+            if (g->out_at == g->out.len)
+                g->out.len = g->out_at = 0;
+            return (ssize_t)n;
+        }
+        if (g->finished)
+            return LORA_HTTP_STREAM_END;
+        stream_step(g);
+        if (g->out.len)
+            continue;
+        if (lora_http_client_gone(req))
+            return LORA_HTTP_STREAM_ERROR;
+        wait_news(g);
+    }
+}
+
+static void stream_done(void *ctx, bool completed)
+{
+    struct gen *g = ctx;
+    abort_all(g); /* a client that went away: its requests end in the engine */
+    publish_stats(g);
+    gen_free(g);
+}
+
+/* ---- the endpoints ---------------------------------------------------------------------- */
+
+static void generate(struct frontend *fe, struct lora_http_request *req, json_t *body,
+                     bool chat)
+{
+    char err[2048];
+    const char *param = NULL;
+    unsigned status = 400;
+    struct gen *g = calloc(1, sizeof(*g));
+
+    if (!g) {
+        reply_error(req, 503, NULL, "out of memory");
+        return;
+    }
+    g->fe = fe;
+    g->body = json_incref(body);
+    g->arrival = fe_now();
+    g->created = (long long)g->arrival;
+    pthread_cond_init(&g->cond, NULL);
+    new_id(fe, chat ? "chatcmpl-" : "cmpl-", g->id, sizeof(g->id));
+    if (params_parse(fe, body, chat, &g->p, &param, err, sizeof(err)) < 0)
+        goto fail;
+    param = chat ? "messages" : "prompt";
+    if ((chat ? read_messages(g, err, sizeof(err)) : read_prompts(g, err, sizeof(err))) < 0)
+        goto fail;
+    param = NULL;
+    if (submit(g, &status, &param, err, sizeof(err)) < 0)
+        goto fail;
+    if (!g->p.stream) {
+        respond_whole(g, req);
+        publish_stats(g);
+        gen_free(g);
+        return;
+    }
+    /* An adapter this frontend has not heard of yet may still be known to the engine (loaded
+     * through another frontend a moment ago): its first answer decides between 404 and a
+     * stream. */
+    pthread_mutex_lock(&fe->link.mu);
+    bool known = !g->p.lora || link_registry_has_locked(&fe->link, g->p.lora);
+    pthread_mutex_unlock(&fe->link.mu);
+    while (!known) {
+        advance_all(g);
+        bool heard = true;
+        for (int i = 0; i < g->n_choices; i++)
+            heard &= g->choices[i].heard;
+        if (heard || lora_http_client_gone(req))
+            break;
+        wait_news(g);
+    }
+    const struct choice *bad = failed_choice(g);
+    if (bad && bad->n == 0) {
+        reply_engine_error(req, bad);
+        abort_all(g);
+        gen_free(g);
+        return;
+    }
+    lora_http_add_header(req, "Cache-Control", "no-cache");
+    if (lora_http_respond_stream(req, 200, "text/event-stream", stream_read, stream_done, g) <
+        0) {
+        reply_error(req, 503, NULL, "out of memory");
+        abort_all(g);
+        gen_free(g);
+    }
+    return;
+fail:
+    reply_error(req, status, param, "%s", err);
+    abort_all(g);
+    gen_free(g);
+}
+
+void generate_completions(struct frontend *fe, struct lora_http_request *req, json_t *body)
+{
+    generate(fe, req, body, false);
+}
+
+void generate_chat(struct frontend *fe, struct lora_http_request *req, json_t *body)
+{
+    generate(fe, req, body, true);
+}

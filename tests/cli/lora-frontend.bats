@@ -1,0 +1,80 @@
+#!/usr/bin/env bats
+# The command line of lora-frontend: help and version, usage errors (exit 100), no engine
+# (exit 111), environment mirrors, and the man page against the options the program lists.
+
+load ../helpers
+bats_require_minimum_version 1.5.0
+
+FRONTEND="$LORA_BIN/lora-frontend"
+MAN="$ROOT/man/lora-frontend.1"
+
+setup() {
+    for v in $(compgen -e); do
+        case "$v" in LORA_FRONTEND_* | VLLM_*) unset "$v" ;; esac
+    done
+}
+
+help_options() {
+    "$FRONTEND" --help | grep -o -- '^  --[a-z][a-z-]*' | sed 's/^  //' | sort
+}
+
+man_options() {
+    sed 's/\\-/-/g' "$MAN" | awk '
+        /^\.SH/ { inside = ($2 == "OPTIONS"); next }
+        inside && /^\.TP/ { tp = 1; next }
+        inside && tp { tp = 0; if (match($0, /--[a-z][a-z-]*/)) print substr($0, RSTART, RLENGTH) }
+    ' | sort
+}
+
+@test "--help and -h print every option on stdout and exit 0" {
+    for flag in --help -h; do
+        run --separate-stderr "$FRONTEND" $flag
+        expect_status 0
+        [[ "$output" == usage:* ]]
+        [[ "$output" == *--lora-root* ]]
+        [ -z "$stderr" ]
+    done
+}
+
+@test "--version names the program and the version" {
+    run "$FRONTEND" --version
+    expect_status 0
+    [[ "$output" == "lora-frontend 0.1.0" ]]
+}
+
+@test "usage errors exit 100 and name the problem" {
+    run --separate-stderr "$FRONTEND"
+    expect_status 100
+    expect_message "give --run-dir DIR"
+    run --separate-stderr "$FRONTEND" --run-dir /tmp --port 70000
+    expect_status 100
+    expect_message "--port"
+    run --separate-stderr "$FRONTEND" --run-dir /tmp --no-such-flag
+    expect_status 100
+    expect_message "no-such-flag"
+    run --separate-stderr "$FRONTEND" --run-dir /tmp --lora-root /nonexistent
+    expect_status 100
+    expect_message "--lora-root '/nonexistent' is not a directory"
+}
+
+@test "an engine that never answers is a system failure (exit 111)" {
+    mkdir -m 0700 "$BATS_TEST_TMPDIR/run"
+    run --separate-stderr "$FRONTEND" --run-dir "$BATS_TEST_TMPDIR/run" --engine-timeout-ms 300
+    expect_status 111
+    expect_message "did not answer within 300 ms"
+}
+
+@test "options have environment mirrors; the command line wins" {
+    mkdir -m 0700 "$BATS_TEST_TMPDIR/run"
+    LORA_FRONTEND_ENGINE_TIMEOUT_MS=200 run --separate-stderr "$FRONTEND" \
+        --run-dir "$BATS_TEST_TMPDIR/run"
+    expect_status 111
+    expect_message "within 200 ms"
+    LORA_FRONTEND_ENGINE_TIMEOUT_MS=200 run --separate-stderr "$FRONTEND" \
+        --run-dir "$BATS_TEST_TMPDIR/run" --engine-timeout-ms 250
+    expect_message "within 250 ms"
+}
+
+@test "the man page lists exactly the options of --help" {
+    diff <(help_options) <(man_options)
+}
