@@ -6,8 +6,12 @@ completions at once (ignore_eos, fixed lengths), and reads the frontend's reques
 (man/lora-protocol.7): submit_seconds (request received -> its message sent to the engine:
 JSON parsing, tokenization, encoding) and output_seconds (an engine output received -> its
 server-sent event handed to the HTTP server: detokenization, stop strings, JSON). Both are
-printed as p50 / p99 over the requests, beside the engine's median step time from its stats
-topic, so the overhead reads as a share of a step.
+printed as p50 / p99 over the requests (output_seconds is each request's mean over its
+events), beside the engine's median step time from its stats topic, so the overhead reads as a
+share of a step. Those are wall times on a shared machine: with the client, the engine and the
+worker on the same cores they include waiting for a core, so the frontend's CPU time per
+request and per event (from /proc) is printed too. Run it with OMP_WAIT_POLICY=passive, as
+make bench does, or the worker's spinning threads take the cores the frontend needs.
 
     frontend_overhead.py --bin DIR [--streams 64] [--tokens 32] [--rounds 3]
 """
@@ -32,6 +36,12 @@ import zmq
 def quantile(xs, q):
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def cpu_seconds(pid):
+    """User + system CPU time of a process so far."""
+    fields = open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def stream_one(port, body, out, i):
@@ -94,6 +104,8 @@ def main():
         body = {"model": "a0", "prompt": "benchmark the frontend", "max_tokens": a.tokens,
                 "ignore_eos": True, "temperature": 0, "stream": True}
         submit, output, steps, events = [], [], [], []
+        fe_pid = procs[2].pid
+        cpu0 = cpu_seconds(fe_pid)
         for _ in range(a.rounds):
             counts = [0] * a.streams
             ts = [threading.Thread(target=stream_one, args=(port, body, counts, i))
@@ -115,6 +127,7 @@ def main():
                 m = msgpack.unpackb(esub.recv_multipart()[2], raw=False)
                 if m.get("step_tokens", 0) >= a.streams:
                     steps.append(m["step_seconds"])
+        cpu = cpu_seconds(fe_pid) - cpu0
         step = statistics.median(steps) if steps else float("nan")
         print("frontend overhead, %d concurrent streams of %d tokens, %d rounds (%d requests, "
               "%d events, last round %.2f s)" % (a.streams, a.tokens, a.rounds, len(submit),
@@ -125,6 +138,8 @@ def main():
               (quantile(output, 0.5) * 1e3, quantile(output, 0.99) * 1e3))
         print("  engine decode step at batch %d: median %.3f ms; output overhead p50 = %.1f%% "
               "of a step" % (a.streams, step * 1e3, 100 * quantile(output, 0.5) / step))
+        print("  frontend CPU time: %.3f ms per request, %.1f us per streamed event (%.2f s "
+              "in all)" % (1e3 * cpu / len(submit), 1e6 * cpu / sum(events), cpu))
     finally:
         for p in procs:
             p.send_signal(signal.SIGTERM)
