@@ -53,7 +53,8 @@ CFLAGS += -DLORA_CUDA=1
 LDLIBS += -L$(CUDA_LIBDIR) -lcudart_static -ldl -lrt -lstdc++
 endif
 
-PROGRAMS := $(notdir $(wildcard cmd/*))
+PROGRAMS := $(sort $(notdir $(patsubst %/,%,$(dir $(wildcard cmd/*/*.c)))))
+SCRIPT_SRC := $(wildcard cmd/*/*.sh)
 LIB_SRC  := $(wildcard lib/*.c) $(wildcard kernels/cpu/*.c) $(wildcard kernels/*.c)
 CUDA_SRC := $(if $(filter 1,$(CUDA_ON)),$(wildcard kernels/cuda/*.cu))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CUDA_SRC:%.cu=$(BUILD)/%.cu.o)
@@ -64,7 +65,7 @@ BENCH_SRC := $(wildcard tests/bench/bench_*.c)
 BENCHES  := $(BENCH_SRC:%.c=$(BUILD)/%)
 TOOL_SRC := $(wildcard tests/tools/*.c)
 TOOLS    := $(TOOL_SRC:%.c=$(BUILD)/%)
-BINS     := $(PROGRAMS:%=$(BUILD)/bin/%)
+BINS     := $(PROGRAMS:%=$(BUILD)/bin/%) $(patsubst %.sh,$(BUILD)/bin/%,$(notdir $(SCRIPT_SRC)))
 
 DEB_PACKAGES := build-essential pkg-config libmsgpack-dev libzmq3-dev libjansson-dev \
                 libopenblas-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev bats python3 \
@@ -88,6 +89,14 @@ $(BUILD)/%.o: %.c
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+
+# Scripts (cmd/<name>/<name>.sh) are programs too: copied, executable.
+define script_rule
+$(BUILD)/bin/$(basename $(notdir $(1))): $(1)
+	@mkdir -p $$(@D)
+	install -m 0755 $$< $$@
+endef
+$(foreach f,$(SCRIPT_SRC),$(eval $(call script_rule,$(f))))
 
 # One generic link rule: a program is every object of cmd/<name>/ plus the library.
 prog_objs = $(patsubst %.c,$(BUILD)/%.o,$(wildcard cmd/$(1)/*.c))

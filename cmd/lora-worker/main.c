@@ -21,6 +21,7 @@ static const struct {
     {"generate", cmd_generate, "run prompts through the model in shared batched steps"},
     {"make-model", cmd_make_model, "write a deterministic random model in Hugging Face layout"},
     {"make-adapter", cmd_make_adapter, "write a deterministic random PEFT LoRA adapter"},
+    {"demo-model", cmd_demo_model, "write the demo model once and print its directory"},
 };
 
 static void usage(FILE *out)

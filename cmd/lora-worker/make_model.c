@@ -1,10 +1,11 @@
-/* lora-worker make-model / make-adapter: write deterministic random models and PEFT adapters in
- * the Hugging Face layout (lib/model_gen.h), for tests, benchmarks and demos. */
+/* lora-worker make-model / make-adapter / demo-model: write deterministic random models and PEFT
+ * adapters in the Hugging Face layout (lib/model_gen.h), for tests, benchmarks and demos. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cli.h"
+#include "demo_model.h"
 #include "model_gen.h"
 #include "worker.h"
 
@@ -166,5 +167,32 @@ int cmd_make_adapter(int argc, char **argv)
         fprintf(stderr, "lora-worker: fatal: %s\n", err);
         return EXIT_BAD_INPUT;
     }
+    return 0;
+}
+
+int cmd_demo_model(int argc, char **argv)
+{
+    bool help = false;
+    const struct lora_opt options[] = {
+        {"help", LORA_OPT_FLAG, &help, NULL, "show this help"},
+        {0},
+    };
+    char err[1024] = "", dir[4096];
+
+    if (lora_cli_parse(options, "LORA_WORKER", argc, argv, 1, err, sizeof(err)) < 0) {
+        fprintf(stderr, "lora-worker: fatal: %s\n", err);
+        return EXIT_USAGE;
+    }
+    if (help) {
+        puts("usage: lora-worker demo-model\n\nWrites the demo model and its adapters once (see "
+             "LORA_DEMO_DIR) and prints its directory.\n");
+        lora_cli_usage(stdout, options);
+        return 0;
+    }
+    if (lora_demo_model_ensure(dir, sizeof(dir), err, sizeof(err)) < 0) {
+        fprintf(stderr, "lora-worker: fatal: %s\n", err);
+        return EXIT_SYSTEM;
+    }
+    puts(dir);
     return 0;
 }

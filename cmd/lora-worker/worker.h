@@ -10,6 +10,7 @@
 int cmd_generate(int argc, char **argv);
 int cmd_make_model(int argc, char **argv);
 int cmd_make_adapter(int argc, char **argv);
+int cmd_demo_model(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
 
 #endif

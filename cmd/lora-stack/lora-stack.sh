@@ -1,0 +1,412 @@
+#!/usr/bin/env bash
+# lora-stack: starts, watches and stops the whole stack (DESIGN section 11): lora-worker ranks,
+# lora-engine, lora-frontend(s) and lora-metrics, with their ipc sockets in one run directory.
+#
+#   lora-stack up [--run-dir DIR] [--model DIR] [--tp N] [--frontends N] [--port N]
+#                 [--metrics-port N] [--lora-modules NAME=PATH]... [any program option]
+#   lora-stack status|logs [PROGRAM]|down [--run-dir DIR]
+#
+# `up` starts a supervisor in the background and returns once every program has said it is
+# ready (each program's ready line, read from its standard error through a pipe: no sleeps).
+# The supervisor restarts what crashes, with a backoff that doubles from 1 s to 30 s: a dead
+# worker or engine restarts the engine with all its ranks (an engine cannot take a restarted
+# rank back), a dead frontend or exporter restarts alone. SIGTERM to the supervisor, or `down`,
+# stops the frontends and the exporter, then the engine, then the workers, and removes the
+# sockets. Options the supervisor does not know go to every program whose --help lists them.
+# Exit codes: 0 ok, 1 not running / not healthy, 100 usage, 111 a program did not start.
+set -u
+shopt -s nullglob
+
+PROG=lora-stack
+BIN=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
+READY_TIMEOUT=${LORA_STACK_READY_TIMEOUT:-180}
+
+say() { printf '%s: %s\n' "$PROG" "$*" >&2; }
+die() { say "fatal: $2"; exit "$1"; }
+
+usage() {
+    cat <<'EOF'
+usage: lora-stack up [--run-dir DIR] [--model DIR] [--tp N] [--frontends N] [--port N]
+                     [--metrics-port N] [--lora-modules NAME=PATH]... [PROGRAM OPTIONS]
+       lora-stack status [--run-dir DIR]
+       lora-stack logs [PROGRAM] [--run-dir DIR]
+       lora-stack down [--run-dir DIR]
+
+  --run-dir DIR          sockets, logs and pids (default $XDG_RUNTIME_DIR/lora-stack, else
+                         /tmp/lora-stack-UID); mode 0700
+  --model DIR            Hugging Face model directory (default: the demo model and adapters)
+  --tp N                 tensor-parallel ranks (default 1)
+  --frontends N          HTTP frontends (default 1), on ports PORT, PORT+1, ...
+  --port N               the first frontend's port (default 8000)
+  --metrics-port N       lora-metrics' port (default 9100)
+  --lora-modules N=P     adapters loaded before ready (repeatable; default with the demo
+                         model: its three adapters)
+  --host ADDR            HTTP address of the frontends and the exporter (default 127.0.0.1)
+  -h, --help             this help
+Any other option goes to every program that lists it in its --help (for example --max-loras 2
+--max-cpu-loras 3 to the engine, --enable-runtime-lora --lora-root DIR to the frontends).
+EOF
+}
+
+# ---- options ---------------------------------------------------------------------------------
+
+RUN_DIR=${XDG_RUNTIME_DIR:+$XDG_RUNTIME_DIR/lora-stack}
+RUN_DIR=${RUN_DIR:-/tmp/lora-stack-$(id -u)}
+MODEL="" TP=1 FRONTENDS=1 PORT=8000 METRICS_PORT=9100 HOST=127.0.0.1
+MODULES=() PASS=()
+
+is_number() { [[ $1 =~ ^[0-9]+$ ]]; }
+
+parse() {
+    while [ $# -gt 0 ]; do
+        local opt=$1 val=""
+        case $opt in
+        --*=*) val=${opt#*=}; opt=${opt%%=*}; set -- "$opt" "$val" "${@:2}" ;;
+        esac
+        case $opt in
+        -h | --help) usage; exit 0 ;;
+        --run-dir | --model | --tp | --frontends | --port | --metrics-port | --lora-modules | --host)
+            [ $# -ge 2 ] || die 100 "$opt needs a value"
+            case $opt in
+            --run-dir) RUN_DIR=$2 ;;
+            --model) MODEL=$2 ;;
+            --tp) TP=$2 ;;
+            --frontends) FRONTENDS=$2 ;;
+            --port) PORT=$2 ;;
+            --metrics-port) METRICS_PORT=$2 ;;
+            --lora-modules) MODULES+=("$2") ;;
+            --host) HOST=$2 ;;
+            esac
+            shift 2 ;;
+        --*) PASS+=("$1"); shift ;;
+        *) PASS+=("$1"); shift ;;
+        esac
+    done
+    for n in "$TP" "$FRONTENDS" "$PORT" "$METRICS_PORT"; do
+        is_number "$n" || die 100 "'$n' is not a number"
+    done
+    [ "$TP" -ge 1 ] && [ "$FRONTENDS" -ge 0 ] || die 100 "--tp must be 1 or more, --frontends 0 or more"
+    [ "$PORT" -ge 1 ] && [ "$((PORT + FRONTENDS))" -le 65536 ] && [ "$METRICS_PORT" -ge 1 ] &&
+        [ "$METRICS_PORT" -le 65535 ] || die 100 "ports must be 1 to 65535"
+}
+
+# The options a program lists in its --help: "name 1" (takes a value) or "name 0".
+options_of() {
+    "$@" --help 2> /dev/null | sed -n 's/^  \(--[a-z][a-z0-9-]*\)\( [A-Z][A-Z=_]*\)\{0,1\} .*/\1 \2/p' |
+        awk '{ print $1, (NF > 1 ? 1 : 0) }'
+}
+
+# Splits PASS into the options of each program: ENGINE_ARGS, WORKER_ARGS, FRONTEND_ARGS,
+# METRICS_ARGS. An option no program knows is a usage error.
+route_options() {
+    local -A takes=() owner=()
+    local p line name arg
+    for p in engine worker frontend metrics; do
+        local cmd=("$BIN/lora-$p")
+        [ "$p" = worker ] && cmd=("$BIN/lora-worker" serve)
+        [ -x "$BIN/lora-$p" ] || continue
+        while read -r name arg; do
+            takes[$name]=$arg
+            owner[$name]="${owner[$name]:-} $p"
+        done < <(options_of "${cmd[@]}")
+    done
+    ENGINE_ARGS=() WORKER_ARGS=() FRONTEND_ARGS=() METRICS_ARGS=()
+    local i=0
+    while [ $i -lt ${#PASS[@]} ]; do
+        name=${PASS[$i]}
+        [ -n "${owner[$name]:-}" ] || die 100 "no program of the stack takes '$name'"
+        local vals=("$name")
+        if [ "${takes[$name]}" = 1 ]; then
+            [ $((i + 1)) -lt ${#PASS[@]} ] || die 100 "$name needs a value"
+            vals+=("${PASS[$((i + 1))]}")
+            i=$((i + 1))
+        fi
+        for p in ${owner[$name]}; do
+            case $p in
+            engine) ENGINE_ARGS+=("${vals[@]}") ;;
+            worker) WORKER_ARGS+=("${vals[@]}") ;;
+            frontend) FRONTEND_ARGS+=("${vals[@]}") ;;
+            metrics) METRICS_ARGS+=("${vals[@]}") ;;
+            esac
+        done
+        i=$((i + 1))
+    done
+}
+
+# ---- the supervisor --------------------------------------------------------------------------
+
+declare -A PID=() STARTED=() BACKOFF=()
+STOPPING=0
+
+# start NAME CMD...: runs CMD with its stderr through a reader that appends it to logs/NAME.log
+# and writes one line into ready/NAME (a FIFO) when the program says it is ready.
+start() {
+    local name=$1
+    shift
+    local log="$RUN_DIR/logs/$name.log" fifo="$RUN_DIR/ready/$name"
+    rm -f "$fifo"
+    mkfifo -m 0600 "$fifo"
+    # The reader holds the FIFO open for writing while it lives, so the waiting side sees
+    # end of file, not a hang, when the program dies before its ready line.
+    "$@" < /dev/null > >(cat >> "$log") 2> >(
+        exec 9<> "$fifo"
+        while IFS= read -r line; do
+            printf '%s\n' "$line" >> "$log"
+            case $line in *": ready"*) printf 'ready\n' >&9 ;; esac
+        done
+    ) &
+    PID[$name]=$!
+    STARTED[$name]=$SECONDS
+}
+
+# wait_ready NAME: 0 once NAME said it is ready, 1 if it exited or the timeout passed.
+wait_ready() {
+    local line=""
+    read -r -t "$READY_TIMEOUT" line < "$RUN_DIR/ready/$1" || true
+    [ "$line" = ready ] && kill -0 "${PID[$1]}" 2> /dev/null
+}
+
+write_pids() {
+    : > "$RUN_DIR/pids.new"
+    local n
+    for n in "${!PID[@]}"; do printf '%s %s\n' "$n" "${PID[$n]}" >> "$RUN_DIR/pids.new"; done
+    mv "$RUN_DIR/pids.new" "$RUN_DIR/pids"
+}
+
+stop_pids() { # NAMES...: SIGTERM, then SIGKILL after 10 s
+    local n p pids=()
+    for n in "$@"; do
+        p=${PID[$n]:-}
+        [ -n "$p" ] && kill -TERM "$p" 2> /dev/null && pids+=("$p")
+    done
+    local deadline=$((SECONDS + 10))
+    for p in "${pids[@]}"; do
+        # Bounded: a program that ignores SIGTERM is killed after 10 s.
+        while kill -0 "$p" 2> /dev/null && [ $SECONDS -lt $deadline ]; do
+            timeout 0.2 tail --pid="$p" -f /dev/null
+        done
+        kill -KILL "$p" 2> /dev/null
+        wait "$p" 2> /dev/null || true
+    done
+    for n in "$@"; do unset "PID[$n]"; done
+}
+
+names_of() { # PREFIX: the running names that start with it
+    local n
+    for n in "${!PID[@]}"; do [[ $n == "$1"* ]] && printf '%s\n' "$n"; done | sort
+}
+
+start_engine_group() {
+    local r
+    # The worker ranks connect first; the engine waits for every hello.
+    for ((r = 0; r < TP; r++)); do
+        OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} start "worker-$r" "$BIN/lora-worker" serve \
+            --engine "ipc://$RUN_DIR/worker.sock" --rank "$r" "${WORKER_ARGS[@]}"
+    done
+    local mods=()
+    for m in "${MODULES[@]}"; do mods+=(--lora-modules "$m"); done
+    start engine "$BIN/lora-engine" --model "$MODEL" --run-dir "$RUN_DIR" \
+        --tensor-parallel-size "$TP" "${mods[@]}" "${ENGINE_ARGS[@]}"
+    wait_ready engine
+}
+
+start_frontend() { # K
+    start "frontend-$1" "$BIN/lora-frontend" --run-dir "$RUN_DIR" --host "$HOST" \
+        --port "$((PORT + $1))" --publish-endpoint "ipc://$RUN_DIR/frontend-$1.sock" \
+        "${FRONTEND_ARGS[@]}"
+    wait_ready "frontend-$1"
+}
+
+start_metrics() {
+    local fes=() k
+    for ((k = 0; k < FRONTENDS; k++)); do fes+=(--frontend "ipc://$RUN_DIR/frontend-$k.sock"); done
+    start metrics "$BIN/lora-metrics" --engine "ipc://$RUN_DIR/publish.sock" "${fes[@]}" \
+        --listen "$HOST:$METRICS_PORT" "${METRICS_ARGS[@]}"
+    wait_ready metrics
+}
+
+# What a restart of NAME means: the whole engine group, or NAME alone.
+restart() {
+    local name=$1 group=$1
+    case $name in worker-* | engine) group=engine ;; esac
+    local ran=$((SECONDS - ${STARTED[$name]:-0}))
+    local delay=${BACKOFF[$group]:-1}
+    [ "$ran" -ge 60 ] && delay=1
+    say "warning: $name exited; restarting ${group/engine/the engine and its ranks} in $delay s"
+    BACKOFF[$group]=$((delay * 2 > 30 ? 30 : delay * 2))
+    sleep "$delay" & # the backoff itself; a SIGTERM meanwhile still stops the stack at once
+    wait $! 2> /dev/null
+    [ "$STOPPING" = 1 ] && return
+    case $group in
+    engine)
+        stop_pids engine $(names_of worker-)
+        rm -f "$RUN_DIR"/worker.sock "$RUN_DIR"/frontend.sock "$RUN_DIR"/control.sock \
+            "$RUN_DIR"/publish.sock
+        start_engine_group || say "warning: the engine did not come back; retrying"
+        ;;
+    frontend-*) start_frontend "${name#frontend-}" || say "warning: $name did not come back" ;;
+    metrics) start_metrics || say "warning: lora-metrics did not come back" ;;
+    esac
+    write_pids
+}
+
+shutdown() {
+    STOPPING=1
+    stop_pids $(names_of frontend-) metrics
+    stop_pids engine
+    stop_pids $(names_of worker-)
+    rm -f "$RUN_DIR"/*.sock "$RUN_DIR/pids" "$RUN_DIR/supervisor.pid"
+    rm -rf "$RUN_DIR/ready"
+    say "stopped"
+    exit 0
+}
+
+supervise() {
+    trap shutdown TERM INT
+    mkdir -p "$RUN_DIR/logs" "$RUN_DIR/ready"
+    : > "$RUN_DIR/pids.new"
+    local urls="" k
+    if ! start_engine_group; then
+        say "fatal: lora-engine did not become ready; see $RUN_DIR/logs/engine.log"
+        printf 'failed engine\n' > "$RUN_DIR/up.fifo"
+        shutdown
+    fi
+    for ((k = 0; k < FRONTENDS; k++)); do
+        if ! start_frontend "$k"; then
+            printf 'failed frontend-%s\n' "$k" > "$RUN_DIR/up.fifo"
+            shutdown
+        fi
+        urls="$urls http://$HOST:$((PORT + k))/v1"
+    done
+    if [ -x "$BIN/lora-metrics" ]; then
+        if ! start_metrics; then
+            printf 'failed metrics\n' > "$RUN_DIR/up.fifo"
+            shutdown
+        fi
+        urls="$urls metrics=http://$HOST:$METRICS_PORT/metrics"
+    fi
+    write_pids
+    printf 'ready%s\n' "$urls" > "$RUN_DIR/up.fifo"
+    local exited
+    while :; do
+        exited=""
+        wait -n -p exited 2> /dev/null
+        [ "$STOPPING" = 1 ] && break
+        [ -n "$exited" ] || continue
+        local n
+        for n in "${!PID[@]}"; do
+            if [ "${PID[$n]}" = "$exited" ]; then
+                unset "PID[$n]"
+                restart "$n"
+                break
+            fi
+        done
+    done
+}
+
+supervisor_pid() {
+    local p
+    p=$(cat "$RUN_DIR/supervisor.pid" 2> /dev/null) || return 1
+    kill -0 "$p" 2> /dev/null && printf '%s\n' "$p"
+}
+
+# ---- commands --------------------------------------------------------------------------------
+
+cmd_up() {
+    parse "$@"
+    route_options
+    if supervisor_pid > /dev/null; then
+        die 1 "a stack is already running in '$RUN_DIR' (lora-stack down --run-dir $RUN_DIR)"
+    fi
+    mkdir -p -m 0700 "$RUN_DIR" || die 111 "unable to create '$RUN_DIR'"
+    chmod 0700 "$RUN_DIR"
+    if [ -z "$MODEL" ]; then
+        MODEL=$("$BIN/lora-worker" demo-model) || die 111 "unable to write the demo model"
+        if [ ${#MODULES[@]} -eq 0 ]; then
+            for a in "$MODEL"/adapters/*; do MODULES+=("$(basename "$a")=$a"); done
+        fi
+    fi
+    [ -f "$MODEL/config.json" ] || die 100 "--model '$MODEL' has no config.json"
+    rm -f "$RUN_DIR/up.fifo"
+    mkfifo -m 0600 "$RUN_DIR/up.fifo"
+    # The supervisor gets the resolved settings through its environment.
+    LORA_STACK_STATE=$(declare -p RUN_DIR MODEL TP FRONTENDS PORT METRICS_PORT HOST MODULES \
+        ENGINE_ARGS WORKER_ARGS FRONTEND_ARGS METRICS_ARGS) \
+        setsid "$0" _supervise < /dev/null >> "$RUN_DIR/supervisor.log" 2>&1 &
+    echo $! > "$RUN_DIR/supervisor.pid"
+    local answer=""
+    read -r -t "$((READY_TIMEOUT * 3))" answer < "$RUN_DIR/up.fifo" || true
+    rm -f "$RUN_DIR/up.fifo"
+    case $answer in
+    ready*)
+        say "ready in $RUN_DIR (model $MODEL, $TP rank$([ "$TP" = 1 ] || echo s))"
+        for u in ${answer#ready}; do printf '%s\n' "$u"; done
+        ;;
+    *)
+        say "fatal: the stack did not start (${answer:-no answer}); logs in $RUN_DIR/logs"
+        tail -n 5 "$RUN_DIR"/logs/*.log >&2 2> /dev/null
+        exit 111
+        ;;
+    esac
+}
+
+cmd_status() {
+    parse "$@"
+    local sup rc=0
+    sup=$(supervisor_pid) || { say "no stack runs in '$RUN_DIR'"; exit 1; }
+    printf '%-12s %-8s %s\n' PROGRAM PID STATE
+    printf '%-12s %-8s %s\n' supervisor "$sup" running
+    while read -r name pid; do
+        if kill -0 "$pid" 2> /dev/null; then
+            printf '%-12s %-8s %s\n' "$name" "$pid" running
+        else
+            printf '%-12s %-8s %s\n' "$name" "$pid" restarting
+            rc=1
+        fi
+    done < <(sort "$RUN_DIR/pids" 2> /dev/null)
+    exit $rc
+}
+
+cmd_logs() {
+    local which=""
+    if [ $# -gt 0 ] && [[ $1 != --* ]]; then which=$1; shift; fi
+    parse "$@"
+    local f found=0
+    for f in "$RUN_DIR"/logs/*.log "$RUN_DIR/supervisor.log"; do
+        local base
+        base=$(basename "$f" .log)
+        [ -z "$which" ] || [[ $base == "$which"* ]] || [[ lora-$base == "$which"* ]] || continue
+        found=1
+        [ -n "$which" ] || printf '==> %s <==\n' "$base"
+        cat "$f"
+    done
+    [ $found = 1 ] || die 1 "no logs for '${which:-any program}' in '$RUN_DIR'"
+}
+
+cmd_down() {
+    parse "$@"
+    local sup
+    sup=$(supervisor_pid) || { say "no stack runs in '$RUN_DIR'"; exit 0; }
+    kill -TERM "$sup"
+    # Not our child: wait for it through /proc, bounded.
+    timeout 60 tail --pid="$sup" -f /dev/null
+    kill -0 "$sup" 2> /dev/null && { kill -KILL "$sup"; die 111 "the supervisor did not stop"; }
+    say "down: '$RUN_DIR'"
+}
+
+[ $# -ge 1 ] || { usage >&2; exit 100; }
+command=$1
+shift
+case $command in
+up) cmd_up "$@" ;;
+status) cmd_status "$@" ;;
+logs) cmd_logs "$@" ;;
+down) cmd_down "$@" ;;
+_supervise)
+    eval "$LORA_STACK_STATE"
+    supervise
+    ;;
+-h | --help) usage ;;
+--version) echo "lora-stack 0.1.0" ;;
+*) usage >&2; die 100 "unknown command '$command'" ;;
+esac

@@ -1,0 +1,124 @@
+#!/usr/bin/env bats
+# lora-stack, the supervisor: up, status, logs and down on the demo model; a killed worker and a
+# killed frontend are restarted and the stack serves again; down leaves no process and no socket;
+# two stacks in different run directories do not collide; option routing and usage errors.
+# Every stack is brought down in teardown, whatever happened.
+
+load ../helpers
+bats_require_minimum_version 1.5.0
+
+STACK="$LORA_BIN/lora-stack"
+
+setup() {
+    RUNS=()
+    # Ports of this test: a block of its own, away from the defaults.
+    BASE=$((20000 + (BATS_TEST_NUMBER * 10) + ($$ % 500) * 40))
+}
+
+teardown() {
+    for r in "${RUNS[@]}"; do
+        "$STACK" down --run-dir "$r" > /dev/null 2>&1 || true
+    done
+}
+
+up() { # RUN PORT [OPTIONS]: a stack with one frontend, no exporter port clash
+    local run=$1 port=$2
+    shift 2
+    RUNS+=("$run")
+    run --separate-stderr "$STACK" up --run-dir "$run" --port "$port" \
+        --metrics-port $((port + 5)) "$@"
+}
+
+pid_of() { awk -v n="$2" '$1 == n { print $2 }' "$1/pids"; }
+
+complete() { # PORT MODEL: one completion, its HTTP status
+    curl -s -o /dev/null -w '%{http_code}' -m 30 "http://127.0.0.1:$1/v1/completions" \
+        -H 'Content-Type: application/json' -d "{\"model\":\"$2\",\"prompt\":\"hi\",\"max_tokens\":3}"
+}
+
+wait_serving() { # PORT MODEL: waits up to 30 s for a 200
+    for _ in $(seq 1 150); do
+        [ "$(complete "$1" "$2")" = 200 ] && return 0
+        sleep 0.2
+    done
+    return 1
+}
+
+@test "lora-stack --help and usage errors" {
+    run "$STACK" --help
+    expect_status 0
+    [[ "$output" == *"lora-stack up"* && "$output" == *"--frontends"* ]]
+    run --separate-stderr "$STACK" bogus
+    expect_status 100
+    [[ "$stderr" == *"unknown command 'bogus'"* ]]
+    run --separate-stderr "$STACK" up --run-dir "$BATS_TEST_TMPDIR/r" --no-such-option
+    expect_status 100
+    [[ "$stderr" == *"no program of the stack takes '--no-such-option'"* ]]
+    run --separate-stderr "$STACK" up --run-dir "$BATS_TEST_TMPDIR/r" --tp zero
+    expect_status 100
+    run --separate-stderr "$STACK" status --run-dir "$BATS_TEST_TMPDIR/none"
+    expect_status 1
+}
+
+@test "up on the demo model serves the base model and its adapters; status, logs, down" {
+    R=$BATS_TEST_TMPDIR/run
+    up "$R" "$BASE" --max-loras 2 --max-cpu-loras 4
+    expect_status 0
+    [[ "$output" == *"http://127.0.0.1:$BASE/v1"* ]]
+    [ "$(stat -c %a "$R")" = 700 ]
+    [ "$(complete "$BASE" demo-sql)" = 200 ]
+    [ "$(complete "$BASE" demo-chat)" = 200 ]
+    run "$STACK" status --run-dir "$R"
+    expect_status 0
+    [[ "$output" == *engine*running* && "$output" == *worker-0*running* ]]
+    run "$STACK" logs engine --run-dir "$R"
+    expect_status 0
+    [[ "$output" == *"lora-engine: ready"* ]]
+    pids=$(awk '{ print $2 }' "$R/pids"; cat "$R/supervisor.pid")
+    run "$STACK" down --run-dir "$R"
+    expect_status 0
+    for p in $pids; do ! kill -0 "$p" 2> /dev/null; done
+    [ -z "$(find "$R" -name '*.sock')" ]
+    run "$STACK" status --run-dir "$R"
+    expect_status 1
+}
+
+@test "a killed worker and a killed frontend are restarted and the stack serves again" {
+    R=$BATS_TEST_TMPDIR/run
+    up "$R" "$BASE" --tp 2
+    expect_status 0
+    old=$(pid_of "$R" worker-1)
+    kill -KILL "$old"
+    wait_serving "$BASE" demo-sql
+    [ "$(pid_of "$R" worker-1)" != "$old" ]
+    grep -q "worker-1 exited; restarting the engine and its ranks" "$R/supervisor.log"
+    old=$(pid_of "$R" frontend-0)
+    kill -KILL "$old"
+    for _ in $(seq 1 100); do
+        [ "$(pid_of "$R" frontend-0)" != "$old" ] && break
+        sleep 0.1
+    done
+    wait_serving "$BASE" demo-code
+    grep -q "frontend-0 exited; restarting frontend-0" "$R/supervisor.log"
+    run "$STACK" status --run-dir "$R"
+    expect_status 0
+}
+
+@test "two stacks in different run directories do not collide; SIGTERM stops one cleanly" {
+    up "$BATS_TEST_TMPDIR/a" "$BASE"
+    expect_status 0
+    up "$BATS_TEST_TMPDIR/b" $((BASE + 20)) --frontends 2
+    expect_status 0
+    [ "$(complete "$BASE" demo-sql)" = 200 ]
+    [ "$(complete $((BASE + 21)) demo-sql)" = 200 ]
+    sup=$(cat "$BATS_TEST_TMPDIR/a/supervisor.pid")
+    kids=$(awk '{ print $2 }' "$BATS_TEST_TMPDIR/a/pids")
+    kill -TERM "$sup"
+    timeout 30 tail --pid="$sup" -f /dev/null
+    for p in $kids; do ! kill -0 "$p" 2> /dev/null; done
+    [ -z "$(find "$BATS_TEST_TMPDIR/a" -name '*.sock')" ]
+    [ "$(complete $((BASE + 20)) demo-sql)" = 200 ]
+    run --separate-stderr "$STACK" up --run-dir "$BATS_TEST_TMPDIR/b" --port $((BASE + 30))
+    expect_status 1
+    [[ "$stderr" == *"already running"* ]]
+}
