@@ -4,6 +4,7 @@
 #   make deps            install missing Debian packages (as root) or print the command
 #   make demo            run the demo model with three adapters in one batch
 #   make bench           build and run the benchmarks in tests/bench
+#   make install         programs and manual pages under PREFIX (default /usr/local)
 #   make SANITIZE=address,undefined test    the same under sanitizers (separate build dir)
 #   make CUDA=auto|0|1   build the CUDA kernels: auto = when nvcc is found
 
@@ -69,11 +70,11 @@ BINS     := $(PROGRAMS:%=$(BUILD)/bin/%) $(patsubst %.sh,$(BUILD)/bin/%,$(notdir
 
 DEB_PACKAGES := build-essential pkg-config libmsgpack-dev libzmq3-dev libjansson-dev \
                 libopenblas-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev bats python3 \
-                python3-numpy python3-msgpack python3-zmq curl jq
+                python3-numpy python3-msgpack python3-zmq curl jq groff-base
 
 .DELETE_ON_ERROR:
 .SECONDARY:
-.PHONY: all deps test demo bench clean format
+.PHONY: all deps test demo bench clean format install
 .DEFAULT_GOAL := all
 
 all: $(BINS) $(UNITS) $(BENCHES) $(TOOLS)
@@ -141,6 +142,15 @@ bench: deps
 	@for b in $(BENCHES); do echo "== $$b"; $$b || exit 1; done
 	@echo "== tests/bench/protocol_share.py"; $(PYTHON) tests/bench/protocol_share.py --bin $(BUILD)/bin
 	@echo "== tests/bench/frontend_overhead.py"; OMP_WAIT_POLICY=passive $(PYTHON) tests/bench/frontend_overhead.py --bin $(BUILD)/bin
+
+# make install PREFIX=/opt/lora-stack [DESTDIR=...]: the programs and the manual pages.
+PREFIX ?= /usr/local
+install: all
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1 \
+	    $(DESTDIR)$(PREFIX)/share/man/man7
+	install -m 0755 $(BINS) $(DESTDIR)$(PREFIX)/bin/
+	install -m 0644 $(wildcard man/*.1) $(DESTDIR)$(PREFIX)/share/man/man1/
+	install -m 0644 $(wildcard man/*.7) $(DESTDIR)$(PREFIX)/share/man/man7/
 
 format:
 	clang-format -i $$(git ls-files '*.c' '*.h' '*.cu')

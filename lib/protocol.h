@@ -10,7 +10,7 @@
  * message yields -1 and a message naming the type and the key. Decoded strings and arrays point
  * into the decoder's arena (struct lora_msg_arena) and live until lora_msg_arena_reset().
  * Encoders append to a caller-owned growable buffer (struct lora_msg_buf). Types only grow at the
- * end; field meanings never change. man/lora-protocol.7 is this catalogue for people.
+ * end; field meanings never change. man/lora-stack-protocol.7 is this catalogue for people.
  *
  *  type                 from -> to                 fields (? = optional)           bin frames
  *  hello                worker|frontend|inspect    version role rank? world_size?  -

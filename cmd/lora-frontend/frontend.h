@@ -157,7 +157,7 @@ void reply_json(struct lora_http_request *req, unsigned status, json_t *j);
 /* The HTTP status for an engine error_code. */
 unsigned reply_status_of(const char *error_code);
 
-/* stats.c: publishes one request_stats message (man/lora-protocol.7) for an engine request. */
+/* stats.c: publishes one request_stats message (man/lora-stack-protocol.7) for an engine request. */
 struct fe_stats {
     const char *request_id;
     const char *lora; /* NULL: the base model */

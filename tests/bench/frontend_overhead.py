@@ -3,7 +3,7 @@
 
 Starts an engine, one worker and lora-frontend on a generated model, runs 64 streaming
 completions at once (ignore_eos, fixed lengths), and reads the frontend's request_stats
-(man/lora-protocol.7): submit_seconds (request received -> its message sent to the engine:
+(man/lora-stack-protocol.7): submit_seconds (request received -> its message sent to the engine:
 JSON parsing, tokenization, encoding) and output_seconds (an engine output received -> its
 server-sent event handed to the HTTP server: detokenization, stop strings, JSON). Both are
 printed as p50 / p99 over the requests (output_seconds is each request's mean over its

@@ -81,14 +81,14 @@ need_tools() {
     expect_status 111
 }
 
-@test "wire: man/lora-protocol.7 names every message type, field and enum value" {
+@test "wire: man/lora-stack-protocol.7 names every message type, field and enum value" {
     need_tools
     run "$CODEC" --emit "$D/man"
     expect_status 0
-    run "$PYTHON" "$WIRE" man-check "$D/man" "$ROOT/man/lora-protocol.7"
+    run "$PYTHON" "$WIRE" man-check "$D/man" "$ROOT/man/lora-stack-protocol.7"
     expect_status 0
     if command -v groff > /dev/null; then
-        run groff -man -ww -z "$ROOT/man/lora-protocol.7"
+        run groff -man -ww -z "$ROOT/man/lora-stack-protocol.7"
         expect_status 0
         [ -z "$output" ]
     fi

@@ -1,6 +1,6 @@
 #!/usr/bin/python3
 """A small frontend-side client of lora-engine, written against the documented protocol
-(man/lora-protocol.7) with the distribution's pyzmq and msgpack, for tests before and beside the
+(man/lora-stack-protocol.7) with the distribution's pyzmq and msgpack, for tests before and beside the
 HTTP frontend.
 
     client.py generate --run-dir DIR --batch FILE [--logprobs N] [--timeout S]

@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""A minimal engine written against the documented wire protocol (man/lora-protocol.7), in
+"""A minimal engine written against the documented wire protocol (man/lora-stack-protocol.7), in
 Python with the distribution's pyzmq and msgpack: it drives real `lora-worker serve` processes
 so that the worker is tested before, and independently of, the C engine.
 

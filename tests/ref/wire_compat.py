@@ -4,7 +4,7 @@ python3-msgpack, in both directions. Driven by tests/e2e/wire.bats.
 
   wire_compat.py expect-emitted DIR      reads what `test_protocol --emit DIR` wrote and checks
                                          every message's keys, types and values against the
-                                         catalogue (man/lora-protocol.7) and the C samples
+                                         catalogue (man/lora-stack-protocol.7) and the C samples
   wire_compat.py write-valid DIR         writes every message type as this side encodes it, with
                                          unknown keys, float64 where float32 is usual and
                                          integers where a float is expected
