@@ -2,7 +2,7 @@
 #   make                 build every program into $(BUILD)/bin
 #   make test            build, then run unit, cli and end-to-end tests
 #   make deps            install missing Debian packages (as root) or print the command
-#   make demo            run the demo model with three adapters in one batch
+#   make demo            start the stack on the demo model, query it, stop it
 #   make bench           build and run the benchmarks in tests/bench
 #   make install         programs and manual pages under PREFIX (default /usr/local)
 #   make SANITIZE=address,undefined test    the same under sanitizers (separate build dir)
@@ -130,12 +130,13 @@ test: deps
 	@$(MAKE) --no-print-directory all
 	@LORA_BUILD=$(BUILD) PYTHON=$(PYTHON) tests/run
 
-# The demo: the embedded demo model and its three adapters, four requests in shared steps.
-DEMO_DIR ?= $(BUILD)/demo-model
+# The demo: the whole stack on the demo model, two completions, the adapters as the exporter and
+# the inspector report them, then down (examples/demo.sh; DEMO_PORT / DEMO_METRICS_PORT).
+DEMO_PORT ?= 8000
+DEMO_METRICS_PORT ?= 9100
 demo: deps
 	@$(MAKE) --no-print-directory all
-	LORA_DEMO_DIR=$(DEMO_DIR) $(BUILD)/bin/lora-worker generate --batch examples/demo-batch.jsonl \
-	  $(foreach a,demo-sql demo-chat demo-code,--lora $(a)=$(DEMO_DIR)/adapters/$(a)) --logprobs 2
+	@examples/demo.sh $(BUILD)/bin $(DEMO_PORT) $(DEMO_METRICS_PORT)
 
 bench: deps
 	@$(MAKE) --no-print-directory all
