@@ -28,3 +28,13 @@ expect_message() {
         return 1
     fi
 }
+
+# The options a man page ($1) defines in its OPTIONS section: the first option on the line after
+# each .TP, sorted.
+man_page_options() {
+    sed 's/\\-/-/g' "$1" | awk '
+        /^\.SH/ { inside = ($2 == "OPTIONS"); next }
+        inside && /^\.TP/ { tp = 1; next }
+        inside && tp { tp = 0; if (match($0, /--[a-z][a-z-]*/)) print substr($0, RSTART, RLENGTH) }
+    ' | sort
+}

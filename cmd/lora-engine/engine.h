@@ -183,6 +183,8 @@ void request_release(struct engine *e, struct eng_request *r);
 void publish_event(struct engine *e, struct eng_request *r, enum lora_event_kind kind,
                    const char *reason);
 void publish_body(struct engine *e, const char *topic);
+/* Encodes this engine's ready message (version, index, model, limits) into e->out. */
+int encode_ready(struct engine *e);
 void registry_broadcast(struct engine *e);
 /* The registry on the publish socket, and to every frontend when to_frontends. */
 void registry_broadcast_to(struct engine *e, bool to_frontends);

@@ -282,7 +282,7 @@ static void handle_abort(struct engine *e, int fe, const struct lora_msg_frames 
     }
 }
 
-static void send_ready(struct engine *e, int fe)
+int encode_ready(struct engine *e)
 {
     struct lora_msg_ready m = {
         .version = LORA_PROTOCOL_VERSION,
@@ -291,7 +291,12 @@ static void send_ready(struct engine *e, int fe)
     };
     engine_limits(e, &m.limits);
     lora_msg_buf_reset(&e->out);
-    if (lora_msg_encode_ready(&e->out, &m, NULL, NULL) == 0)
+    return lora_msg_encode_ready(&e->out, &m, NULL, NULL);
+}
+
+static void send_ready(struct engine *e, int fe)
+{
+    if (encode_ready(e) == 0)
         send_to(e, fe);
 }
 

@@ -9,19 +9,6 @@
 
 #include "engine.h"
 
-static void publish_config(struct engine *e)
-{
-    struct lora_msg_ready m = {
-        .version = LORA_PROTOCOL_VERSION,
-        .engine_index = e->engine_index,
-        .model = {e->model, strlen(e->model)},
-    };
-    engine_limits(e, &m.limits);
-    lora_msg_buf_reset(&e->out);
-    if (lora_msg_encode_ready(&e->out, &m, NULL, NULL) == 0)
-        publish_body(e, "config");
-}
-
 static void publish_idle_stats(struct engine *e)
 {
     static struct lora_msg_adapter_count counts[ENGINE_MAX_ADAPTERS];
@@ -55,7 +42,8 @@ static void publish_idle_stats(struct engine *e)
 void publish_state(struct engine *e, bool idle)
 {
     e->last_publish_ms = lora_now_ms();
-    publish_config(e);
+    if (encode_ready(e) == 0)
+        publish_body(e, "config");
     registry_broadcast_to(e, false);
     for (int r = 0; r < e->world; r++)
         if (e->rank_state[r])

@@ -53,6 +53,19 @@ static unsigned control_status(const char *err, bool unload)
     return 400;
 }
 
+/* vLLM's answer to a load or unload. The engine broadcast the registry before it answered the
+ * control command: wait until ours follows, so /v1/models right after this answer agrees. */
+static void answer_success(struct frontend *fe, struct lora_http_request *req, const char *name,
+                           bool added)
+{
+    char msg[512];
+
+    link_registry_wait(&fe->link, name, added, 2000);
+    snprintf(msg, sizeof(msg), "Success: LoRA adapter '%s' %s successfully.", name,
+             added ? "added" : "removed");
+    lora_http_respond(req, 200, "text/plain; charset=utf-8", msg, strlen(msg));
+}
+
 void adapters_load(struct frontend *fe, struct lora_http_request *req, json_t *body)
 {
     char err[2048];
@@ -90,12 +103,7 @@ void adapters_load(struct frontend *fe, struct lora_http_request *req, json_t *b
                     name, err);
         return;
     }
-    /* The engine broadcast the registry before it answered: wait until ours has it too, so
-     * /v1/models right after this answer lists the adapter. */
-    link_registry_wait(&fe->link, name, true, 2000);
-    char msg[512];
-    snprintf(msg, sizeof(msg), "Success: LoRA adapter '%s' added successfully.", name);
-    lora_http_respond(req, 200, "text/plain; charset=utf-8", msg, strlen(msg));
+    answer_success(fe, req, name, true);
 }
 
 void adapters_unload(struct frontend *fe, struct lora_http_request *req, json_t *body)
@@ -113,10 +121,7 @@ void adapters_unload(struct frontend *fe, struct lora_http_request *req, json_t 
                     name, err);
         return;
     }
-    link_registry_wait(&fe->link, name, false, 2000);
-    char msg[512];
-    snprintf(msg, sizeof(msg), "Success: LoRA adapter '%s' removed successfully.", name);
-    lora_http_respond(req, 200, "text/plain; charset=utf-8", msg, strlen(msg));
+    answer_success(fe, req, name, false);
 }
 
 /* NAME=PATH or {"name": ..., "path": ..., "base_model_name": ...}. */

@@ -108,14 +108,6 @@ help_options() {
     "$ENGINE" --help | sed -n 's/^  \(--[a-z][a-z-]*\).*/\1/p' | sort
 }
 
-# The options the man page defines in OPTIONS: the first option on the line after each .TP.
-man_options() {
-    sed 's/\\-/-/g' "$MAN" | awk '
-        /^\.SH/ { inside = ($2 == "OPTIONS"); next }
-        inside && /^\.TP/ { tp = 1; next }
-        inside && tp { tp = 0; if (match($0, /--[a-z][a-z-]*/)) print substr($0, RSTART, RLENGTH) }
-    ' | sort
-}
 
 # ---- help and version
 
@@ -438,7 +430,7 @@ man_options() {
 # ---- the man page
 
 @test "the man page documents exactly the options --help lists" {
-    diff <(help_options) <(man_options) ||
+    diff <(help_options) <(man_page_options "$MAN") ||
         { echo "man page options differ from --help (< help, > man)" >&2; return 1; }
 }
 

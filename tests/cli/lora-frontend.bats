@@ -18,13 +18,6 @@ help_options() {
     "$FRONTEND" --help | grep -o -- '^  --[a-z][a-z-]*' | sed 's/^  //' | sort
 }
 
-man_options() {
-    sed 's/\\-/-/g' "$MAN" | awk '
-        /^\.SH/ { inside = ($2 == "OPTIONS"); next }
-        inside && /^\.TP/ { tp = 1; next }
-        inside && tp { tp = 0; if (match($0, /--[a-z][a-z-]*/)) print substr($0, RSTART, RLENGTH) }
-    ' | sort
-}
 
 @test "--help and -h print every option on stdout and exit 0" {
     for flag in --help -h; do
@@ -76,5 +69,5 @@ man_options() {
 }
 
 @test "the man page lists exactly the options of --help" {
-    diff <(help_options) <(man_options)
+    diff <(help_options) <(man_page_options "$MAN")
 }
