@@ -189,7 +189,10 @@ def c_stream_equals_whole():
         assert all(f is None for f in fins[:-1]), fins
         eq(events[-1]["choices"], [])
         eq(events[-1]["usage"], whole["usage"])
-        assert len(events) >= 5, "one chunk per piece: %d events" % len(events)
+        # Each chunk carries new text (how many there are depends on how fast we read).
+        pieces = [e["choices"][0]["delta"].get("content") if "chat" in path
+                  else e["choices"][0]["text"] for e in events[1 if "chat" in path else 0:-2]]
+        assert all(pieces), pieces
 
 
 def c_logprobs_and_echo():
