@@ -9,6 +9,7 @@
 
 #include <jansson.h>
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
 
@@ -102,7 +103,7 @@ struct frontend {
     int32_t eos_id; /* the tokenizer's EOS, added to the stop ids; -1 when none */
     struct fe_link link;
     uint64_t id_prefix; /* random, per process: request ids are unique across frontends */
-    uint64_t next_id;   /* atomic */
+    _Atomic uint64_t next_id; /* request ids taken by many HTTP threads */
     double start_time;
 };
 

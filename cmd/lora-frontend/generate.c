@@ -335,7 +335,7 @@ static int read_messages(struct gen *g, char *err, size_t err_len)
 
 static void new_id(struct frontend *fe, const char *prefix, char *out, size_t len)
 {
-    uint64_t n = atomic_fetch_add((_Atomic uint64_t *)&fe->next_id, 1);
+    uint64_t n = atomic_fetch_add(&fe->next_id, 1);
     snprintf(out, len, "%s%016" PRIx64 "%08" PRIx64, prefix, fe->id_prefix, n);
 }
 
