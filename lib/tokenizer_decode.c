@@ -47,26 +47,14 @@ void tk_dec_free(struct lora_tokenizer *t)
 
 static int parse_into(struct tk_ctx *c, const json_t *v, struct lora_tokenizer *t);
 
+static int parse_element(struct tk_ctx *c, const json_t *item, void *arg)
+{
+    return parse_into(c, item, arg);
+}
+
 static int parse_sequence(struct tk_ctx *c, const json_t *v, struct lora_tokenizer *t)
 {
-    static const char *const keys[] = {"type", "decoders", NULL};
-    json_t *arr = json_object_get(v, "decoders"), *item;
-    size_t i, saved;
-
-    if (tk_check_object(c, v, keys) < 0)
-        return -1;
-    if (!json_is_array(arr))
-        return tk_fail_key(c, "decoders", arr ? "must be an array" : "is missing");
-    saved = tk_path_key(c, "decoders");
-    json_array_foreach (arr, i, item) {
-        size_t at = tk_path_index(c, i);
-
-        if (parse_into(c, item, t) < 0)
-            return -1;
-        tk_path_pop(c, at);
-    }
-    tk_path_pop(c, saved);
-    return 0;
+    return tk_parse_sequence(c, v, "decoders", parse_element, t);
 }
 
 static int parse_replace(struct tk_ctx *c, const json_t *v, struct tk_dec *d)

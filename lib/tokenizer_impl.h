@@ -162,6 +162,10 @@ int tk_fail_key(struct tk_ctx *c, const char *key, const char *fmt, ...)
 
 /* Fails unless v is an object whose every key is in known (NULL-terminated). */
 int tk_check_object(struct tk_ctx *c, const json_t *v, const char *const *known);
+/* A {"type": "Sequence", key: [...]} object: each element of the array, with the path set to
+ * it, goes to each(c, element, arg); the first failure stops. */
+int tk_parse_sequence(struct tk_ctx *c, const json_t *v, const char *key,
+                      int (*each)(struct tk_ctx *c, const json_t *item, void *arg), void *arg);
 /* The "type" member of the object v (which tk_check_object has vetted), or NULL after failing. */
 const char *tk_get_type(struct tk_ctx *c, const json_t *v);
 /* Optional members: absent (or null where said) leaves *out at def. */

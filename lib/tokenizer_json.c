@@ -182,3 +182,26 @@ char *tk_strdup(struct tk_ctx *c, const char *s, size_t n)
     p[n] = '\0';
     return p;
 }
+
+int tk_parse_sequence(struct tk_ctx *c, const json_t *v, const char *key,
+                      int (*each)(struct tk_ctx *c, const json_t *item, void *arg), void *arg)
+{
+    const char *const keys[] = {"type", key, NULL};
+    json_t *arr = json_object_get(v, key), *item;
+    size_t i;
+
+    if (tk_check_object(c, v, keys) < 0)
+        return -1;
+    if (!json_is_array(arr))
+        return tk_fail_key(c, key, arr ? "must be an array" : "is missing");
+    size_t saved = tk_path_key(c, key);
+    json_array_foreach (arr, i, item) {
+        size_t at = tk_path_index(c, i);
+
+        if (each(c, item, arg) < 0)
+            return -1;
+        tk_path_pop(c, at);
+    }
+    tk_path_pop(c, saved);
+    return 0;
+}

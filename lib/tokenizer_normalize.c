@@ -44,26 +44,14 @@ static struct tk_norm *add_leaf(struct tk_ctx *c, struct tk_norm *seq)
 
 static int parse_into(struct tk_ctx *c, const json_t *v, struct tk_norm *seq);
 
+static int parse_element(struct tk_ctx *c, const json_t *item, void *arg)
+{
+    return parse_into(c, item, arg);
+}
+
 static int parse_sequence(struct tk_ctx *c, const json_t *v, struct tk_norm *seq)
 {
-    static const char *const keys[] = {"type", "normalizers", NULL};
-    json_t *arr = json_object_get(v, "normalizers"), *item;
-    size_t i;
-
-    if (tk_check_object(c, v, keys) < 0)
-        return -1;
-    if (!json_is_array(arr))
-        return tk_fail_key(c, "normalizers", arr ? "must be an array" : "is missing");
-    size_t saved = tk_path_key(c, "normalizers");
-    json_array_foreach (arr, i, item) {
-        size_t at = tk_path_index(c, i);
-
-        if (parse_into(c, item, seq) < 0)
-            return -1;
-        tk_path_pop(c, at);
-    }
-    tk_path_pop(c, saved);
-    return 0;
+    return tk_parse_sequence(c, v, "normalizers", parse_element, seq);
 }
 
 static int parse_leaf(struct tk_ctx *c, const json_t *v, const char *type, struct tk_norm *n)

@@ -465,26 +465,14 @@ static int parse_metaspace(struct tk_ctx *c, const json_t *v, struct tk_pre *p)
     return 0;
 }
 
+static int parse_element(struct tk_ctx *c, const json_t *item, void *arg)
+{
+    return parse_into(c, item, arg);
+}
+
 static int parse_sequence(struct tk_ctx *c, const json_t *v, struct tk_pre *seq)
 {
-    static const char *const keys[] = {"type", "pretokenizers", NULL};
-    json_t *arr = json_object_get(v, "pretokenizers"), *item;
-    size_t i, saved;
-
-    if (tk_check_object(c, v, keys) < 0)
-        return -1;
-    if (!json_is_array(arr))
-        return tk_fail_key(c, "pretokenizers", arr ? "must be an array" : "is missing");
-    saved = tk_path_key(c, "pretokenizers");
-    json_array_foreach (arr, i, item) {
-        size_t at = tk_path_index(c, i);
-
-        if (parse_into(c, item, seq) < 0)
-            return -1;
-        tk_path_pop(c, at);
-    }
-    tk_path_pop(c, saved);
-    return 0;
+    return tk_parse_sequence(c, v, "pretokenizers", parse_element, seq);
 }
 
 /* Appends v (a leaf, or a Sequence flattened) to seq. */
