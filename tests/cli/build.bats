@@ -32,7 +32,8 @@ load ../helpers
     run env PATH="$BATS_TEST_TMPDIR/wrap:/usr/bin:/bin" make -C "$ROOT" -n -B CUDA=1 \
         BUILD="$BATS_TEST_TMPDIR/b" "$BATS_TEST_TMPDIR/b/bin/lora-engine"
     expect_status 0
-    libdir=$(grep -o -- '-L[^ ]*' <<< "$output" | tail -n 1 | cut -c3-)
+    # The word just before -lcudart_static; the temporary paths may themselves hold "-L".
+    libdir=$(grep -oE -- ' -L[^ ]+ -lcudart_static' <<< "$output" | tail -n 1 | cut -d' ' -f2 | cut -c3-)
     [ -f "$libdir/libcudart_static.a" ]
 }
 
