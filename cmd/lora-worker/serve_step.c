@@ -151,6 +151,22 @@ static int reply_error(struct worker *w, uint64_t step_id, const char *err)
     return worker_send(w, NULL, 0);
 }
 
+/* Test hook: LORA_WORKER_TEST_STEP_DELAY_MS=MS makes every step take MS longer, so that the tests
+ * can hold requests running and queued while they look at what the engine reports. */
+static void test_step_delay(void)
+{
+    static long delay_ms = -1;
+
+    if (delay_ms < 0) {
+        const char *v = getenv("LORA_WORKER_TEST_STEP_DELAY_MS");
+        delay_ms = v ? strtol(v, NULL, 10) : 0;
+        if (delay_ms < 0 || delay_ms > 10000)
+            delay_ms = 0;
+    }
+    if (delay_ms > 0)
+        nanosleep(&(struct timespec){delay_ms / 1000, delay_ms % 1000 * 1000000L}, NULL);
+}
+
 int worker_handle_step(struct worker *w, const struct lora_msg_frames *f)
 {
     struct lora_msg_step m;
@@ -175,6 +191,7 @@ int worker_handle_step(struct worker *w, const struct lora_msg_frames *f)
         lora_forward_step(w->fwd, w->steps, m.n_seqs, &logits, w->first_row, err, sizeof(err)) <
             0)
         return reply_error(w, m.step_id, err);
+    test_step_delay();
 
     w->clock++;
     for (int i = 0; i < m.n_seqs; i++) {
