@@ -1,0 +1,62 @@
+/* lora-metrics: the Prometheus exporter of lora-stack (DESIGN section 9; man/lora-metrics.1).
+ *
+ * Threads: the main thread owns the sources (SUB sockets, their connection monitors, standard
+ * input and the signal pipe) and is the one writer of the state; libmicrohttpd's connection
+ * threads render /metrics and /health from it. Every access to m->state holds m->mu; nothing
+ * else is shared.
+ */
+#ifndef LORA_METRICS_H
+#define LORA_METRICS_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "exposition.h"
+#include "http.h"
+#include "metrics_state.h"
+#include "sock.h"
+
+#define EXIT_USAGE  100
+#define EXIT_SYSTEM 111
+
+#define METRICS_MAX_SOURCES 64
+
+/* One endpoint subscribed to, with the monitor that reports its connection's breaks. */
+struct metrics_source {
+    const char *endpoint; /* borrowed from argv or the environment, or m->run_dir_ep */
+    enum lora_mstate_source_kind kind;
+    int id;               /* the state's source id */
+    struct lora_sock *sock;
+    void *monitor;        /* ZMQ_PAIR socket of zmq_socket_monitor() events, owned */
+    uint64_t n_logged;    /* malformed messages logged, for the rate limit */
+};
+
+struct metrics {
+    pthread_mutex_t mu;
+    struct lora_mstate *state; /* under mu */
+    void *zctx;
+    int sig_fd;
+    struct metrics_source src[METRICS_MAX_SOURCES];
+    int n_src;
+    bool use_stdin;
+    int stdin_id;
+    char run_dir_ep[4200];
+};
+
+/* sources.c: opens every source (SUB sockets connect at once; ZeroMQ retries until the peer
+ * binds). 0, or -1 with err. */
+int sources_open(struct metrics *m, char *err, size_t err_len);
+/* Receives until a signal arrives; 0, or -1 on a system failure (logged). */
+int sources_run(struct metrics *m);
+void sources_close(struct metrics *m);
+
+/* render.c: writes every family of DESIGN section 9 from s into w (after lora_expo_reset). */
+void render_metrics(const struct lora_mstate *s, struct lora_expo *w, double now_unix,
+                    uint64_t now_ms);
+
+/* serve.c: the HTTP handler: GET /metrics, GET /health, GET /. ctx is the struct metrics. */
+void serve_handle(void *ctx, struct lora_http_request *r);
+
+#endif

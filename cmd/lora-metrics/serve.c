@@ -1,0 +1,71 @@
+/* lora-metrics: the HTTP answers. GET /metrics renders the state under the mutex into a buffer
+ * of the request's own and sends it after unlocking; GET /health answers 200 "ok" or 503 with
+ * one line per problem; GET / names the two. Other paths get 404, other methods 405. */
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "metrics.h"
+
+static double unix_now(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+static void text(struct lora_http_request *r, unsigned status, const char *body)
+{
+    lora_http_respond(r, status, "text/plain; charset=utf-8", body, strlen(body));
+}
+
+static void metrics(struct metrics *m, struct lora_http_request *r)
+{
+    static int logged;
+    struct lora_expo w;
+    char err[256];
+    size_t len;
+
+    lora_expo_init(&w);
+    pthread_mutex_lock(&m->mu);
+    render_metrics(m->state, &w, unix_now(), lora_now_ms());
+    pthread_mutex_unlock(&m->mu);
+    const char *body = lora_expo_text(&w, &len, err, sizeof(err));
+    if (body) {
+        lora_http_respond(r, 200, LORA_EXPO_CONTENT_TYPE, body, len);
+    } else {
+        if (!__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED))
+            fprintf(stderr, "lora-metrics: error: unable to render /metrics: %s\n", err);
+        text(r, 500, "unable to render the metrics\n");
+    }
+    lora_expo_release(&w);
+}
+
+static void health(struct metrics *m, struct lora_http_request *r)
+{
+    char buf[8192];
+
+    pthread_mutex_lock(&m->mu);
+    bool ok = lora_mstate_health(m->state, lora_now_ms(), buf, sizeof(buf));
+    pthread_mutex_unlock(&m->mu);
+    text(r, ok ? 200 : 503, buf);
+}
+
+void serve_handle(void *ctx, struct lora_http_request *r)
+{
+    struct metrics *m = ctx;
+    const char *method = lora_http_method(r), *path = lora_http_path(r);
+
+    if (strcmp(method, "GET") != 0 && strcmp(method, "HEAD") != 0) {
+        lora_http_add_header(r, "Allow", "GET, HEAD");
+        text(r, 405, "only GET and HEAD\n");
+    } else if (strcmp(path, "/metrics") == 0) {
+        metrics(m, r);
+    } else if (strcmp(path, "/health") == 0) {
+        health(m, r);
+    } else if (strcmp(path, "/") == 0) {
+        text(r, 200, "lora-metrics: /metrics (Prometheus text format 0.0.4), /health\n");
+    } else {
+        text(r, 404, "not found: try /metrics or /health\n");
+    }
+}

@@ -1,0 +1,268 @@
+/* lora-metrics: the sources, on the main thread. Each --engine and --frontend endpoint is a SUB
+ * socket subscribed to every topic, with a ZeroMQ socket monitor whose DISCONNECTED event tells
+ * that the publisher went away (an engine that restarts breaks the connection: its counters
+ * start again). --stdin is a stream of concatenated msgpack bodies, framed here with msgpack's
+ * own unpacker: a body that frames but does not decode is logged and skipped; bytes that do
+ * not frame (or a body over LORA_MSG_MAX_BODY) end the stream, since nothing after them can be
+ * trusted to start a message. Every message is applied to the state under the mutex as soon as
+ * it is read, so it is visible to the next scrape.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <msgpack.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "metrics.h"
+#include "protocol.h"
+
+#define DRAIN_MAX 256 /* messages taken from one socket before the others get a turn */
+
+static void warn_malformed(struct metrics_source *s, const char *name, const char *err)
+{
+    if (s->n_logged++ % LORA_SOCK_LOG_EVERY == 0)
+        fprintf(stderr, "lora-metrics: warning: '%s': dropped a message (%llu so far): %s\n",
+                name, (unsigned long long)s->n_logged, err);
+}
+
+static void apply(struct metrics *m, struct metrics_source *s, int id, const char *name,
+                  const void *body, size_t len)
+{
+    char err[512];
+
+    pthread_mutex_lock(&m->mu);
+    int rc = lora_mstate_apply(m->state, id, body, len, lora_now_ms(), err, sizeof(err));
+    pthread_mutex_unlock(&m->mu);
+    if (rc < 0)
+        warn_malformed(s, name, err);
+}
+
+static int open_monitor(struct metrics *m, struct metrics_source *s, int i, char *err,
+                        size_t err_len)
+{
+    char addr[64];
+    int linger = 0;
+
+    snprintf(addr, sizeof(addr), "inproc://lora-metrics-monitor-%d", i);
+    if (zmq_socket_monitor(s->sock->zsock, addr, ZMQ_EVENT_DISCONNECTED) < 0 ||
+        !(s->monitor = zmq_socket(m->zctx, ZMQ_PAIR)) ||
+        zmq_setsockopt(s->monitor, ZMQ_LINGER, &linger, sizeof(linger)) < 0 ||
+        zmq_connect(s->monitor, addr) < 0) {
+        snprintf(err, err_len, "unable to watch the connection to '%s': %s", s->endpoint,
+                 zmq_strerror(zmq_errno()));
+        return -1;
+    }
+    return 0;
+}
+
+int sources_open(struct metrics *m, char *err, size_t err_len)
+{
+    if (m->use_stdin) {
+        m->stdin_id = lora_mstate_add_source(m->state, "stdin", LORA_SOURCE_STDIN);
+        if (m->stdin_id < 0 || fcntl(0, F_SETFL, fcntl(0, F_GETFL) | O_NONBLOCK) < 0) {
+            snprintf(err, err_len, "unable to read standard input: %s", strerror(errno));
+            return -1;
+        }
+    }
+    for (int i = 0; i < m->n_src; i++) {
+        struct metrics_source *s = &m->src[i];
+        s->id = lora_mstate_add_source(m->state, s->endpoint, s->kind);
+        if (s->id < 0) {
+            snprintf(err, err_len, "too many sources");
+            return -1;
+        }
+        s->sock = lora_sock_new(m->zctx, ZMQ_SUB, s->endpoint, false, NULL, err, err_len);
+        if (!s->sock || open_monitor(m, s, i, err, err_len) < 0)
+            return -1;
+    }
+    return 0;
+}
+
+void sources_close(struct metrics *m)
+{
+    for (int i = 0; i < m->n_src; i++) {
+        struct metrics_source *s = &m->src[i];
+        if (s->sock && s->monitor)
+            zmq_socket_monitor(s->sock->zsock, NULL, 0);
+        if (s->monitor)
+            zmq_close(s->monitor);
+        s->monitor = NULL;
+        lora_sock_destroy(&s->sock);
+    }
+}
+
+/* A monitor event: two frames, [uint16 event, uint32 value] and the endpoint. */
+static void monitor_event(struct metrics *m, struct metrics_source *s)
+{
+    zmq_msg_t f;
+    uint16_t event = 0;
+    int more = 1;
+
+    for (int part = 0; more; part++) {
+        zmq_msg_init(&f);
+        if (zmq_msg_recv(&f, s->monitor, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&f);
+            return;
+        }
+        if (part == 0 && zmq_msg_size(&f) >= 2)
+            memcpy(&event, zmq_msg_data(&f), 2);
+        more = zmq_msg_more(&f);
+        zmq_msg_close(&f);
+    }
+    if (event != ZMQ_EVENT_DISCONNECTED)
+        return;
+    pthread_mutex_lock(&m->mu);
+    lora_mstate_source_lost(m->state, s->id, lora_now_ms());
+    pthread_mutex_unlock(&m->mu);
+    fprintf(stderr, "lora-metrics: note: '%s' disconnected; its engines start a new epoch\n",
+            s->endpoint);
+}
+
+static void drain(struct metrics *m, struct metrics_source *s)
+{
+    struct lora_msg_frames f;
+    char err[256];
+
+    for (int n = 0; n < DRAIN_MAX; n++) {
+        int rc = lora_sock_recv(s->sock, &f, 0, err, sizeof(err));
+        if (rc <= 0) {
+            if (rc < 0)
+                fprintf(stderr, "lora-metrics: warning: %s\n", err);
+            return;
+        }
+        apply(m, s, s->id, s->endpoint, f.body, f.body_len);
+        lora_msg_frames_release(&f);
+    }
+}
+
+/* ---- standard input ------------------------------------------------------------------------ */
+
+struct stream {
+    char *buf;
+    size_t len, cap;
+    uint64_t base; /* stream offset of buf[0] */
+    bool done;
+    struct metrics_source log; /* the rate limit of its warnings */
+};
+
+static void stream_end(struct metrics *m, struct stream *st, const char *why)
+{
+    st->done = true;
+    pthread_mutex_lock(&m->mu);
+    lora_mstate_source_ended(m->state, m->stdin_id, why);
+    pthread_mutex_unlock(&m->mu);
+    if (strcmp(why, "end of input") != 0)
+        fprintf(stderr, "lora-metrics: error: stdin: %s; the rest is ignored\n", why);
+}
+
+/* Applies every complete body in the buffer and keeps the incomplete tail. */
+static void stream_parse(struct metrics *m, struct stream *st, bool eof)
+{
+    size_t off = 0;
+    char why[128];
+
+    while (off < st->len && !st->done) {
+        msgpack_unpacked u;
+        size_t at = off;
+        msgpack_unpacked_init(&u);
+        msgpack_unpack_return rc = msgpack_unpack_next(&u, st->buf, st->len, &at);
+        msgpack_unpacked_destroy(&u);
+        if (rc == MSGPACK_UNPACK_SUCCESS && at - off <= LORA_MSG_MAX_BODY) {
+            apply(m, &st->log, m->stdin_id, "stdin", st->buf + off, at - off);
+            off = at;
+            continue;
+        }
+        if (rc == MSGPACK_UNPACK_CONTINUE && st->len - off <= LORA_MSG_MAX_BODY)
+            break;
+        snprintf(why, sizeof(why), "byte %llu: %s", (unsigned long long)(st->base + off),
+                 rc == MSGPACK_UNPACK_CONTINUE || rc == MSGPACK_UNPACK_SUCCESS
+                     ? "a message longer than the limit of 16 MiB"
+                     : "not a msgpack value");
+        stream_end(m, st, why);
+    }
+    memmove(st->buf, st->buf + off, st->len - off);
+    st->len -= off;
+    st->base += off;
+    if (eof && !st->done) {
+        if (st->len) {
+            snprintf(why, sizeof(why), "byte %llu: the input ends inside a message",
+                     (unsigned long long)st->base);
+            stream_end(m, st, why);
+        } else {
+            stream_end(m, st, "end of input");
+        }
+    }
+}
+
+static void stream_read(struct metrics *m, struct stream *st)
+{
+    if (st->cap - st->len < 65536) {
+        size_t cap = st->cap ? 2 * st->cap : 1 << 20;
+        char *p = realloc(st->buf, cap);
+        if (!p) {
+            stream_end(m, st, "out of memory");
+            return;
+        }
+        st->buf = p;
+        st->cap = cap;
+    }
+    ssize_t n = read(0, st->buf + st->len, st->cap - st->len);
+    if (n < 0 && (errno == EAGAIN || errno == EINTR))
+        return;
+    if (n < 0) {
+        char why[128];
+        snprintf(why, sizeof(why), "read: %s", strerror(errno));
+        stream_end(m, st, why);
+        return;
+    }
+    st->len += (size_t)n;
+    stream_parse(m, st, n == 0);
+}
+
+/* ---- the loop ------------------------------------------------------------------------------ */
+
+int sources_run(struct metrics *m)
+{
+    zmq_pollitem_t items[2 + 2 * METRICS_MAX_SOURCES];
+    struct stream st = {0};
+    int rc = 0;
+
+    st.done = !m->use_stdin;
+    for (;;) {
+        int n = 0;
+        items[n++] = (zmq_pollitem_t){NULL, m->sig_fd, ZMQ_POLLIN, 0};
+        int stdin_at = -1;
+        if (!st.done) {
+            stdin_at = n;
+            items[n++] = (zmq_pollitem_t){NULL, 0, ZMQ_POLLIN, 0};
+        }
+        int first = n;
+        for (int i = 0; i < m->n_src; i++) {
+            items[n++] = (zmq_pollitem_t){m->src[i].sock->zsock, 0, ZMQ_POLLIN, 0};
+            items[n++] = (zmq_pollitem_t){m->src[i].monitor, 0, ZMQ_POLLIN, 0};
+        }
+        /* Bounded, never infinite: nothing is due on a timer, so the length does not matter. */
+        if (zmq_poll(items, n, 1000) < 0) {
+            if (zmq_errno() == EINTR)
+                continue;
+            fprintf(stderr, "lora-metrics: fatal: poll: %s\n", zmq_strerror(zmq_errno()));
+            rc = -1;
+            break;
+        }
+        if ((items[0].revents & ZMQ_POLLIN) && lora_signal_pipe_drain(m->sig_fd) > 0)
+            break;
+        if (stdin_at >= 0 && (items[stdin_at].revents & (ZMQ_POLLIN | ZMQ_POLLERR)))
+            stream_read(m, &st);
+        for (int i = 0; i < m->n_src; i++) {
+            /* What the old connection delivered belongs to the old epoch: drain it first. */
+            if (items[first + 2 * i].revents & ZMQ_POLLIN)
+                drain(m, &m->src[i]);
+            if (items[first + 2 * i + 1].revents & ZMQ_POLLIN)
+                monitor_event(m, &m->src[i]);
+        }
+    }
+    free(st.buf);
+    return rc;
+}
