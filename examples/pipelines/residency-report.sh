@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Which adapters each engine holds, one line per adapter: its level on every rank (gpu, cpu, or
-# registered when that rank does not hold it; comma-joined in rank order), whether the ranks agree, and its running and waiting
-# requests. Arguments go to lora-inspect (--run-dir DIR or --control-endpoint EP).
+# Which adapters each engine holds, one line per adapter: its level on every rank in rank order
+# (gpu, cpu, or registered where that rank does not hold it), whether the ranks agree, whether
+# every rank pins it, and its running and waiting requests. Arguments go to lora-inspect.
 #   residency-report.sh --run-dir /run/lora-stack
 set -euo pipefail
 inspect=${LORA_INSPECT:-lora-inspect}
