@@ -19,12 +19,8 @@ echo "== a completion from the base model"
 complete "$("$BIN/lora-worker" demo-model)" "Hello"
 echo "== a completion from the adapter demo-sql"
 complete demo-sql "SELECT"
-if [ -x "$BIN/lora-metrics" ]; then
-    echo "== the LoRA lines of a scrape of http://127.0.0.1:$METRICS_PORT/metrics"
-    curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" | grep -E '^(vllm:)?lora|^vllm:num_(gpu|cpu)_loaded'
-fi
-if [ -x "$BIN/lora-inspect" ]; then
-    echo "== lora-inspect residency"
-    "$BIN/lora-inspect" residency --run-dir "$RUN"
-fi
+echo "== the LoRA lines of a scrape of http://127.0.0.1:$METRICS_PORT/metrics"
+curl -sf "http://127.0.0.1:$METRICS_PORT/metrics" | grep -E '^(vllm:)?lora|^vllm:num_(gpu|cpu)_loaded'
+echo "== lora-inspect residency"
+"$BIN/lora-inspect" residency --run-dir "$RUN" --table
 echo "== done: the stack is stopped (lora-stack up leaves one running; see README)"
