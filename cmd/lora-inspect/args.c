@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "inspect.h"
@@ -142,19 +143,41 @@ usage_error:
     return -1;
 }
 
+/* lora-stack's default run directory, $XDG_RUNTIME_DIR/lora-stack else /tmp/lora-stack-UID,
+ * into buf when it exists; NULL when not. */
+static const char *default_run_dir(char *buf, size_t len)
+{
+    const char *xdg = getenv("XDG_RUNTIME_DIR");
+    struct stat st;
+    int n = xdg && *xdg ? snprintf(buf, len, "%s/lora-stack", xdg)
+                        : snprintf(buf, len, "/tmp/lora-stack-%u", (unsigned)getuid());
+
+    if (n < 0 || (size_t)n >= len || stat(buf, &st) != 0 || !S_ISDIR(st.st_mode))
+        return NULL;
+    return buf;
+}
+
 const char *args_endpoint(const struct cmd_info *ci, const struct common_opts *c, const char *given,
                           const char *option, const char *sock_name, char *buf, size_t len)
 {
+    char dflt[4096];
+    const char *run_dir = c->run_dir && *c->run_dir ? c->run_dir : NULL;
+
     if (given && *given)
         return given;
-    if (c->run_dir && *c->run_dir) {
-        if ((size_t)snprintf(buf, len, "ipc://%s/%s", c->run_dir, sock_name) >= len) {
+    if (!run_dir)
+        run_dir = default_run_dir(dflt, sizeof(dflt));
+    if (run_dir) {
+        if ((size_t)snprintf(buf, len, "ipc://%s/%s", run_dir, sock_name) >= len) {
             fprintf(stderr, "lora-inspect: fatal: %s: --run-dir '%s' is too long\n", ci->name,
-                    c->run_dir);
+                    run_dir);
             return NULL;
         }
         return buf;
     }
-    fprintf(stderr, "lora-inspect: fatal: %s: needs --run-dir DIR or --%s EP\n", ci->name, option);
+    fprintf(stderr,
+            "lora-inspect: fatal: %s: needs --run-dir DIR or --%s EP (no lora-stack run directory "
+            "found)\n",
+            ci->name, option);
     return NULL;
 }

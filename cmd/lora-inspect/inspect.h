@@ -105,8 +105,9 @@ void args_init(struct common_opts *c);
 int args_parse(const struct cmd_info *ci, const struct lora_opt *opts, int argc, char **argv,
                struct common_opts *c);
 
-/* The endpoint to connect to: given when set, else ipc://RUN_DIR/SOCK_NAME in buf. Returns NULL
- * after printing a usage error when neither --run-dir nor the endpoint option was given. */
+/* The endpoint to connect to: given when set, else ipc://RUN_DIR/SOCK_NAME in buf, RUN_DIR being
+ * --run-dir or, when that is not given either, lora-stack's default run directory if it exists.
+ * Returns NULL after printing a usage error when there is none of these. */
 const char *args_endpoint(const struct cmd_info *ci, const struct common_opts *c, const char *given,
                           const char *option, const char *sock_name, char *buf, size_t len);
 

@@ -207,6 +207,7 @@ expect_records() {
 }
 
 @test "usage errors: no endpoint, bad numbers, an unknown topic, a bad mirror variable" {
+    export XDG_RUNTIME_DIR=$BATS_TEST_TMPDIR # holds no lora-stack run directory
     for c in residency stats config health; do
         run --separate-stderr "$INSPECT" "$c"
         expect_status 100
@@ -265,6 +266,17 @@ expect_records() {
         and .[0].slots_used == 1 and .[0].cpu == 2 and .[0].dropped == 0' <<< "$output"
     jq -e -s 'map(select(.kind == "engine")) | length == 1 and .[0].world_size == 1
         and .[0].registered == 2 and .[0].disagreement == 0' <<< "$output"
+}
+
+@test "without --run-dir or an endpoint, lora-stack's default run directory is used" {
+    mkdir "$BATS_TEST_TMPDIR/xdg"
+    ln -s "$RUN1" "$BATS_TEST_TMPDIR/xdg/lora-stack"
+    XDG_RUNTIME_DIR=$BATS_TEST_TMPDIR/xdg run --separate-stderr "$INSPECT" residency --json
+    expect_status 0
+    [ "$output" = "$("$INSPECT" residency --json --run-dir "$RUN1")" ]
+    XDG_RUNTIME_DIR=$BATS_TEST_TMPDIR/xdg run --separate-stderr "$INSPECT" config --json
+    expect_status 0
+    [[ "$output" == *'"kind":"config"'* ]]
 }
 
 @test "residency in a pipe writes JSON lines without a flag; the connection option may lead" {
