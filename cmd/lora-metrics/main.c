@@ -11,6 +11,13 @@
 #include "cli.h"
 #include "metrics.h"
 
+/* Where a string option's value came from, for its error: the variable when the value is the
+ * environment's own (lib/cli keeps getenv()'s pointer), else the option. */
+static const char *origin(const char *value, const char *option, const char *var)
+{
+    return value && value == getenv(var) ? var : option;
+}
+
 /* "HOST:PORT", HOST a numeric IPv4 address or [IPv6]. host gets the address. 0 or -1. */
 static int parse_listen(const char *s, char *host, size_t host_len, int *port, char *err,
                         size_t err_len)
@@ -27,14 +34,15 @@ static int parse_listen(const char *s, char *host, size_t host_len, int *port, c
     long p = colon ? strtol(colon + 1, &end, 10) : -1;
     if (!colon || !h_end || h_end <= h || (size_t)(h_end - h) >= host_len || !colon[1] || *end ||
         p < 0 || p > 65535) {
-        snprintf(err, err_len, "--listen '%s': give HOST:PORT (port 0 to 65535, IPv6 as [ADDR])",
-                 s);
+        snprintf(err, err_len, "%s '%s': give HOST:PORT (port 0 to 65535, IPv6 as [ADDR])",
+                 origin(s, "--listen", "LORA_METRICS_LISTEN"), s);
         return -1;
     }
     memcpy(host, h, (size_t)(h_end - h));
     host[h_end - h] = 0;
     if (inet_pton(strchr(host, ':') ? AF_INET6 : AF_INET, host, addr) != 1) {
-        snprintf(err, err_len, "--listen '%s': '%s' is not a numeric IP address", s, host);
+        snprintf(err, err_len, "%s '%s': '%s' is not a numeric IP address",
+                 origin(s, "--listen", "LORA_METRICS_LISTEN"), s, host);
         return -1;
     }
     *port = (int)p;
@@ -81,7 +89,8 @@ int main(int argc, char **argv)
          "subscribe to an engine's publish socket (repeatable)"},
         {"frontend", LORA_OPT_LIST, &frontends, "EP",
          "subscribe to a frontend's publish socket (repeatable)"},
-        {"run-dir", LORA_OPT_STRING, &run_dir, "DIR", "the same as --engine ipc://DIR/publish.sock"},
+        {"run-dir", LORA_OPT_STRING, &run_dir, "DIR",
+         "the same as --engine ipc://DIR/publish.sock"},
         {"stdin", LORA_OPT_FLAG, &use_stdin, NULL,
          "read concatenated msgpack bodies from standard input instead"},
         {"listen", LORA_OPT_STRING, &listen, "ADDR",
@@ -112,19 +121,20 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(lora_info, "resident") != 0 && strcmp(lora_info, "inflight") != 0) {
-        snprintf(err, sizeof(err), "--lora-info must be resident or inflight, not '%s'",
-                 lora_info);
+        snprintf(err, sizeof(err), "%s must be resident or inflight, not '%s'",
+                 origin(lora_info, "--lora-info", "LORA_METRICS_LORA_INFO"), lora_info);
         goto usage;
     }
     if (model_name && !*model_name) {
-        snprintf(err, sizeof(err), "--model-name is empty");
+        snprintf(err, sizeof(err), "%s is empty",
+                 origin(model_name, "--model-name", "LORA_METRICS_MODEL_NAME"));
         goto usage;
     }
     if (parse_listen(listen, host, sizeof(host), &port, err, sizeof(err)) < 0)
         goto usage;
     if (use_stdin && (engines.n || frontends.n || run_dir)) {
-        snprintf(err, sizeof(err), "--stdin cannot be combined with --engine, --frontend or "
-                                   "--run-dir");
+        snprintf(err, sizeof(err),
+                 "--stdin cannot be combined with --engine, --frontend or --run-dir");
         goto usage;
     }
     struct lora_opt_list from_run_dir = {.items = {m.run_dir_ep}, .n = run_dir ? 1 : 0};
@@ -175,8 +185,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "lora-metrics: fatal: %s\n", err);
         goto out;
     }
-    fprintf(stderr, "lora-metrics: ready: http://%s%s%s:%d\n", strchr(host, ':') ? "[" : "",
-            host, strchr(host, ':') ? "]" : "", lora_http_port(http));
+    fprintf(stderr, "lora-metrics: ready: http://%s%s%s:%d\n", strchr(host, ':') ? "[" : "", host,
+            strchr(host, ':') ? "]" : "", lora_http_port(http));
     rc = sources_run(&m) < 0 ? EXIT_SYSTEM : 0;
 out:
     lora_http_stop(&http);
