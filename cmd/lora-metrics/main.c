@@ -185,8 +185,10 @@ int main(int argc, char **argv)
         fprintf(stderr, "lora-metrics: fatal: %s\n", err);
         goto out;
     }
-    fprintf(stderr, "lora-metrics: ready: http://%s%s%s:%d\n", strchr(host, ':') ? "[" : "", host,
-            strchr(host, ':') ? "]" : "", lora_http_port(http));
+    snprintf(m.ready_line, sizeof(m.ready_line), "lora-metrics: ready: http://%s%s%s:%d",
+             strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "",
+             lora_http_port(http));
+    m.ready_wait_ms = timeout_ms ? (uint64_t)timeout_ms : 5000;
     rc = sources_run(&m) < 0 ? EXIT_SYSTEM : 0;
 out:
     lora_http_stop(&http);

@@ -43,12 +43,16 @@ struct metrics {
     bool use_stdin;
     int stdin_id;
     char run_dir_ep[4200];
+    char ready_line[160];   /* printed once every engine source has delivered its whole state */
+    uint64_t ready_wait_ms; /* or once this long has passed without it */
 };
 
 /* sources.c: opens every source (SUB sockets connect at once; ZeroMQ retries until the peer
  * binds). 0, or -1 with err. */
 int sources_open(struct metrics *m, char *err, size_t err_len);
-/* Receives until a signal arrives; 0, or -1 on a system failure (logged). */
+/* Receives until a signal arrives; 0, or -1 on a system failure (logged). Prints
+ * m->ready_line as soon as a scrape shows every --engine source's engine in full (at once
+ * without such sources), or after m->ready_wait_ms with a note naming those still missing. */
 int sources_run(struct metrics *m);
 void sources_close(struct metrics *m);
 

@@ -221,16 +221,55 @@ static void stream_read(struct metrics *m, struct stream *st)
     stream_parse(m, st, n == 0);
 }
 
+/* ---- readiness ----------------------------------------------------------------------------- */
+
+/* Whether an engine heard on engine source id has its whole state (under mu). */
+static bool source_complete(const struct lora_mstate *s, int id)
+{
+    for (int i = 0; i < s->n_engines; i++)
+        if (s->engines[i]->source == id && lora_mstate_engine_is_ready(s->engines[i]))
+            return true;
+    return false;
+}
+
+/* Prints the ready line once every engine source is complete, so that the first scrape after
+ * it is already true (an engine publishes its whole state at most one interval after a
+ * subscriber connects); after the wait, prints it anyway and names what is missing. */
+static bool announce_ready(struct metrics *m, uint64_t started_ms)
+{
+    bool late = lora_now_ms() - started_ms >= m->ready_wait_ms;
+    int missing = 0;
+
+    pthread_mutex_lock(&m->mu);
+    for (int i = 0; i < m->n_src; i++) {
+        const struct metrics_source *s = &m->src[i];
+        if (s->kind != LORA_SOURCE_ENGINE || source_complete(m->state, s->id))
+            continue;
+        missing++;
+        if (late)
+            fprintf(stderr, "lora-metrics: note: nothing complete from '%s' yet\n", s->endpoint);
+    }
+    pthread_mutex_unlock(&m->mu);
+    if (missing && !late)
+        return false;
+    fprintf(stderr, "%s\n", m->ready_line);
+    return true;
+}
+
 /* ---- the loop ------------------------------------------------------------------------------ */
 
 int sources_run(struct metrics *m)
 {
     zmq_pollitem_t items[2 + 2 * METRICS_MAX_SOURCES];
     struct stream st = {0};
+    uint64_t started_ms = lora_now_ms();
+    bool ready = false;
     int rc = 0;
 
     st.done = !m->use_stdin;
     for (;;) {
+        if (!ready)
+            ready = announce_ready(m, started_ms);
         int n = 0;
         items[n++] = (zmq_pollitem_t){NULL, m->sig_fd, ZMQ_POLLIN, 0};
         int stdin_at = -1;
@@ -243,8 +282,8 @@ int sources_run(struct metrics *m)
             items[n++] = (zmq_pollitem_t){m->src[i].sock->zsock, 0, ZMQ_POLLIN, 0};
             items[n++] = (zmq_pollitem_t){m->src[i].monitor, 0, ZMQ_POLLIN, 0};
         }
-        /* Bounded, never infinite: nothing is due on a timer, so the length does not matter. */
-        if (zmq_poll(items, n, 1000) < 0) {
+        /* Bounded, never infinite: only the ready line is ever due on a timer. */
+        if (zmq_poll(items, n, ready ? 1000 : 20) < 0) {
             if (zmq_errno() == EINTR)
                 continue;
             fprintf(stderr, "lora-metrics: fatal: poll: %s\n", zmq_strerror(zmq_errno()));

@@ -240,6 +240,10 @@ int worker_handle_adapter_op(struct worker *w, const struct lora_msg_frames *f)
         rc = lora_adapter_cache_activate(w->cache, name, op.slot, w->clock, err, sizeof(err));
         break;
     case LORA_OP_REMOVE:
+        /* Idempotent: a rank that does not hold it is already where the engine wants it, and
+         * refusing would leave the ranks that did remove it out of step with the registry. */
+        if (!lora_adapter_cache_find(w->cache, name))
+            return reply_op(w, op.op_id, NULL, 0);
         rc = lora_adapter_cache_remove(w->cache, name, err, sizeof(err));
         break;
     case LORA_OP_PIN:
