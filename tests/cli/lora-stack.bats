@@ -66,6 +66,14 @@ wait_serving() { # PORT MODEL: waits up to 30 s for a 200
     expect_status 0
     [[ "$output" == *"http://127.0.0.1:$BASE/v1"* ]]
     [ "$(stat -c %a "$R")" = 700 ]
+    # The first scrape once up returns, before any request: the three demo adapters, two of
+    # them in the two slots, as lora-inspect says.
+    curl -sf "http://127.0.0.1:$((BASE + 5))/metrics" > "$BATS_TEST_TMPDIR/scrape"
+    [ "$(grep -c '^vllm:lora_adapter_loaded{' "$BATS_TEST_TMPDIR/scrape")" -eq 3 ]
+    grep -q '^vllm:num_gpu_loaded_lora_adapters{.*} 2.0$' "$BATS_TEST_TMPDIR/scrape"
+    for a in demo-sql demo-chat demo-code; do
+        grep -q "^vllm:lora_adapter_loaded{.*adapter_name=\"$a\"" "$BATS_TEST_TMPDIR/scrape"
+    done
     [ "$(complete "$BASE" demo-sql)" = 200 ]
     [ "$(complete "$BASE" demo-chat)" = 200 ]
     run "$STACK" status --run-dir "$R"
