@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Does what the README's quick start says, on a fresh clone of this repository's committed tree
+# Does what the README's two commands say, on a fresh clone of this repository's committed tree
 # with no build products and no cached demo model: `make demo`, then (with --test) `make test`.
 #   tests/fresh_clone.sh [--test] [DEMO_PORT DEMO_METRICS_PORT]
 # Exit status: that of the first command that fails.
