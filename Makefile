@@ -144,6 +144,7 @@ bench: deps
 	@for b in $(BENCHES); do echo "== $$b"; $$b || exit 1; done
 	@echo "== tests/bench/protocol_share.py"; $(PYTHON) tests/bench/protocol_share.py --bin $(BUILD)/bin
 	@echo "== tests/bench/frontend_overhead.py"; OMP_WAIT_POLICY=passive $(PYTHON) tests/bench/frontend_overhead.py --bin $(BUILD)/bin
+	@echo "== tests/bench/metrics_scrape.py"; $(PYTHON) tests/bench/metrics_scrape.py --bin $(BUILD)/bin
 
 # make install PREFIX=/opt/lora-stack [DESTDIR=...]: the programs and the manual pages.
 PREFIX ?= /usr/local

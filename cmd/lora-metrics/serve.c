@@ -1,6 +1,8 @@
-/* lora-metrics: the HTTP answers. GET /metrics renders the state under the mutex into a buffer
- * of the request's own and sends it after unlocking; GET /health answers 200 "ok" or 503 with
- * one line per problem; GET / names the two. Other paths get 404, other methods 405. */
+/* lora-metrics: the HTTP answers. GET /metrics renders the state under the mutex into one
+ * writer kept across scrapes (its buffers stay at their largest size instead of growing from
+ * nothing and faulting in fresh pages on every scrape) and hands the response a copy before
+ * unlocking; GET /health answers 200 "ok" or 503 with one line per problem; GET / names the
+ * two. Other paths get 404, other methods 405. */
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
@@ -22,23 +24,22 @@ static void text(struct lora_http_request *r, unsigned status, const char *body)
 static void metrics(struct metrics *m, struct lora_http_request *r)
 {
     static int logged;
-    struct lora_expo w;
+    static struct lora_expo w; /* under m->mu; zeroed is as after lora_expo_init */
     char err[256];
     size_t len;
 
-    lora_expo_init(&w);
     pthread_mutex_lock(&m->mu);
+    lora_expo_reset(&w);
     render_metrics(m->state, &w, unix_now(), lora_now_ms());
-    pthread_mutex_unlock(&m->mu);
     const char *body = lora_expo_text(&w, &len, err, sizeof(err));
-    if (body) {
-        lora_http_respond(r, 200, LORA_EXPO_CONTENT_TYPE, body, len);
-    } else {
+    if (body)
+        lora_http_respond(r, 200, LORA_EXPO_CONTENT_TYPE, body, len); /* copies the body */
+    pthread_mutex_unlock(&m->mu);
+    if (!body) {
         if (!__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED))
             fprintf(stderr, "lora-metrics: error: unable to render /metrics: %s\n", err);
         text(r, 500, "unable to render the metrics\n");
     }
-    lora_expo_release(&w);
 }
 
 static void health(struct metrics *m, struct lora_http_request *r)
