@@ -1,0 +1,236 @@
+#!/usr/bin/env bats
+# The router's view of lora-metrics: tests/ref/router_view.py scores endpoints for an adapter by
+# the published rules of the LoRA affinity scorer (1.0 active, 0.8 room for one more, 0.6
+# waiting, else 0.0) from real engines' scrapes, one engine and worker per endpoint, each engine
+# with two exporters: the default --lora-info resident and --lora-info inflight (vLLM's
+# meaning; router_view.py --as-vllm adds vLLM's habit of writing one list into both labels). The
+# cases are those where vLLM's sets mislead the router: an adapter whose only request is queued,
+# a resident adapter with no requests, and an endpoint whose slots are full.
+#
+# Endpoints A and B are shared by the file and never get requests: A (2 slots) holds x and y in
+# its slots, B (2 slots) holds w only. Q (1 slot, with a frontend) is started by the test that
+# queues requests on it. Every process is recorded in a pid file and stopped in teardown.
+
+load ../helpers
+bats_require_minimum_version 1.5.0
+
+VIEW="$PYTHON $ROOT/tests/ref/router_view.py"
+STEP_MS=20 # slows every step, so that a held-open stream keeps its slot while the test looks
+
+wait_for_text() { # FILE TEXT SECONDS
+    local deadline=$((SECONDS + $3))
+    while ! grep -qF -- "$2" "$1" 2> /dev/null; do
+        [ "$SECONDS" -lt "$deadline" ] || { echo "'$2' not in $1:" >&2; cat "$1" >&2; return 1; }
+        sleep 0.05
+    done
+}
+
+is_running() {
+    local state
+    [ -r "/proc/$1/stat" ] && read -r _ _ state _ < "/proc/$1/stat" && [ "$state" != Z ]
+}
+
+stop_pids() { # PIDFILE: SIGTERM in reverse order of start, SIGKILL after 5 s
+    local pid deadline=$((SECONDS + 5))
+    [ -f "$1" ] || return 0
+    for pid in $(tac "$1"); do kill -TERM "$pid" 2> /dev/null || true; done
+    for pid in $(tac "$1"); do
+        while is_running "$pid" && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.05; done
+        kill -KILL "$pid" 2> /dev/null || true
+        wait "$pid" 2> /dev/null || true
+    done
+}
+
+ready_port() { # FILE: the port of its "PROG: ready: http://HOST:PORT" line
+    sed -n 's/^[a-z-]*: ready: http:\/\/[^ ]*:\([0-9][0-9]*\)$/\1/p' "$1"
+}
+
+# start_endpoint DIR PIDFILE ENGINE_OPTIONS...: a worker and an engine with run directory DIR,
+# without waiting; finish_endpoint waits for the engine and starts its two exporters.
+start_endpoint() {
+    local dir=$1 pids=$2
+    shift 2
+    mkdir -m 700 "$dir"
+    LORA_WORKER_TEST_STEP_DELAY_MS=$STEP_MS OMP_WAIT_POLICY=passive "$WORKER" serve \
+        --engine "ipc://$dir/worker.sock" --rank 0 > "$dir/worker.log" 2>&1 3>&- &
+    echo $! >> "$pids"
+    "$LORA_BIN/lora-engine" --model "$D/m" --run-dir "$dir" --publish-interval-ms 200 "$@" \
+        > "$dir/engine.out" 2> "$dir/engine.err" 3>&- &
+    echo $! >> "$pids"
+}
+
+# finish_endpoint DIR PIDFILE: writes DIR/resident.port and DIR/inflight.port.
+finish_endpoint() {
+    local dir=$1 pids=$2 mode
+    wait_for_text "$dir/engine.err" "lora-engine: ready:" 30
+    for mode in resident inflight; do
+        "$LORA_BIN/lora-metrics" --engine "ipc://$dir/publish.sock" --lora-info "$mode" \
+            --listen 127.0.0.1:0 2> "$dir/metrics-$mode.err" 3>&- &
+        echo $! >> "$pids"
+    done
+    for mode in resident inflight; do
+        wait_for_text "$dir/metrics-$mode.err" "lora-metrics: ready: http://" 30
+        ready_port "$dir/metrics-$mode.err" > "$dir/$mode.port"
+        [ -s "$dir/$mode.port" ]
+    done
+}
+
+url() { # DIR MODE
+    echo "http://127.0.0.1:$(cat "$1/$2.port")/metrics"
+}
+
+ep() { # NAME MODE: the endpoint argument of router_view.py for the endpoint whose dir is $NAME
+    echo "$1=$(url "${!1}" "$2")"
+}
+
+setup_file() {
+    for v in $(compgen -e); do
+        case "$v" in LORA_METRICS_* | LORA_ENGINE_* | LORA_FRONTEND_*) unset "$v" ;; esac
+    done
+    export D=$BATS_FILE_TMPDIR
+    : > "$D/pids"
+    "$WORKER" make-model --out "$D/m" > /dev/null
+    local seed=1 a
+    for a in w x y z; do
+        "$WORKER" make-adapter --model "$D/m" --out "$D/$a" --rank 4 --seed $((seed++)) > /dev/null
+    done
+    export A=$D/A B=$D/B
+    start_endpoint "$A" "$D/pids" --max-loras 2 --max-cpu-loras 4 --lora-modules "x=$D/x" \
+        --lora-modules "y=$D/y"
+    start_endpoint "$B" "$D/pids" --max-loras 2 --max-cpu-loras 4 --lora-modules "w=$D/w"
+    finish_endpoint "$A" "$D/pids"
+    finish_endpoint "$B" "$D/pids"
+}
+
+teardown_file() {
+    stop_pids "$D/pids"
+}
+
+setup() {
+    T=$BATS_TEST_TMPDIR
+    : > "$T/pids"
+}
+
+teardown() {
+    stop_pids "$T/pids"
+}
+
+# Scrapes URL $1 into $T/scrape until every further argument, an extended regular expression,
+# matches a line of it (15 s at most).
+until_scrape() {
+    local u=$1 deadline=$((SECONDS + 15)) re ok
+    shift
+    while :; do
+        ok=0
+        if curl -sf "$u" > "$T/scrape"; then
+            ok=1
+            for re in "$@"; do grep -qE -- "$re" "$T/scrape" || { ok=0; break; }; done
+        fi
+        [ "$ok" = 1 ] && return 0
+        if [ "$SECONDS" -ge "$deadline" ]; then
+            echo "$u never matched all of: $*" >&2
+            grep -e '^vllm:lora' -e '^lora_adapter_requests' -e '^vllm:num_requests' "$T/scrape" >&2
+            return 1
+        fi
+        sleep 0.05
+    done
+}
+
+# view WANT ARGS...: router_view.py ARGS must print the lines of WANT, joined there by ';'.
+view() {
+    local want=$1 got
+    shift
+    got=$($VIEW "$@" | paste -sd ';') || { echo "failed: router_view.py $*" >&2; return 1; }
+    [ "$got" = "$want" ] ||
+        { echo "router_view.py $*: expected '$want', got '$got'" >&2; return 1; }
+}
+
+@test "the endpoints as set up: A holds x and y in its 2 slots, B holds w in 1 of 2, no requests" {
+    for mode in resident inflight; do
+        until_scrape "$(url "$A" $mode)" \
+            '^vllm:lora_adapter_loaded\{.*adapter_name="x",level="gpu"' \
+            '^vllm:lora_adapter_loaded\{.*adapter_name="y",level="gpu"' \
+            '^vllm:num_gpu_loaded_lora_adapters\{.*\} 2\.0$' \
+            '^vllm:num_requests_running\{.*\} 0\.0$'
+        until_scrape "$(url "$B" $mode)" \
+            '^vllm:lora_adapter_loaded\{.*adapter_name="w",level="gpu"' \
+            '^vllm:num_gpu_loaded_lora_adapters\{.*\} 1\.0$' \
+            '^vllm:num_requests_running\{.*\} 0\.0$'
+    done
+    # What the router reads in each meaning: resident lists the adapters in slots; inflight
+    # (vLLM's) lists none, since nothing runs.
+    view "A running=x,y waiting= max_lora=2;B running=w waiting= max_lora=2" \
+        sets "$(ep A resident)" "$(ep B resident)"
+    view "A running= waiting= max_lora=2;B running= waiting= max_lora=2" \
+        sets "$(ep A inflight)" "$(ep B inflight)"
+}
+
+@test "(a) an adapter with only a queued request is waiting, not running: 0.6, ranked below room" {
+    Q=$T/Q
+    start_endpoint "$Q" "$T/pids" --max-loras 1 --max-cpu-loras 2 --lora-modules "x=$D/x" \
+        --lora-modules "y=$D/y"
+    finish_endpoint "$Q" "$T/pids"
+    "$LORA_BIN/lora-frontend" --run-dir "$Q" --port 0 > "$Q/frontend.out" \
+        2> "$Q/frontend.err" 3>&- &
+    echo $! >> "$T/pids"
+    wait_for_text "$Q/frontend.err" "lora-frontend: ready: http://" 30
+    port=$(ready_port "$Q/frontend.err")
+    hold() { # ADAPTER: a streaming completion held open until teardown
+        local body='"prompt":"hello","max_tokens":3000,"ignore_eos":true,"stream":true'
+        curl -sN "http://127.0.0.1:$port/v1/completions" -H 'Content-Type: application/json' \
+            -d "{\"model\":\"$1\",$body}" > "$T/stream-$1" 2>&1 3>&- &
+        echo $! >> "$T/pids"
+    }
+    # x's long request takes the only slot; y's request then has to queue behind it.
+    hold x
+    until_scrape "$(url "$Q" resident)" \
+        '^lora_adapter_requests\{.*adapter_name="x",state="running"\} 1\.0$' \
+        '^vllm:lora_adapter_loaded\{.*adapter_name="x",level="gpu"'
+    hold y
+    for mode in resident inflight; do
+        until_scrape "$(url "$Q" $mode)" \
+            '^lora_adapter_requests\{.*adapter_name="y",state="waiting"\} 1\.0$' \
+            '^lora_adapter_requests\{.*adapter_name="y",state="running"\} 0\.0$' \
+            '^lora_adapter_requests\{.*adapter_name="x",state="running"\} 1\.0$' \
+            '^vllm:num_requests_running\{.*\} 1\.0$' '^vllm:num_requests_waiting\{.*\} 1\.0$'
+    done
+    grep -q '^vllm:lora_adapter_loaded{.*adapter_name="y",level="cpu"' "$T/scrape"
+
+    # Both meanings keep y out of the running set.
+    for mode in resident inflight; do
+        view "Q running=x waiting=y max_lora=1" sets "$(ep Q $mode)"
+    done
+    # For y, B (room for one more) beats Q, where y waits for the slot: 0.8 over 0.6.
+    view "1 B 0.8;2 Q 0.6" score y "$(ep Q resident)" "$(ep B resident)"
+    view "1 B 0.8;2 Q 0.6" score y "$(ep Q inflight)" "$(ep B inflight)"
+    # For x, Q, where it is active, comes first.
+    view "1 Q 1.0;2 B 0.8" score x "$(ep Q resident)" "$(ep B resident)"
+    # vLLM writes every tracked adapter into both lists: y then looks active on Q, and the
+    # router sends y's requests to the endpoint where they queue.
+    view "Q running=x,y waiting=x,y max_lora=1" sets --as-vllm "$(ep Q inflight)"
+    view "1 Q 1.0;2 B 0.8" score y --as-vllm "$(ep Q inflight)" "$(ep B inflight)"
+    # The waiting set counts towards max_lora: Q's one slot is taken by x and y wants it, so a
+    # third adapter scores 0.0 there.
+    view "1 B 0.8;2 Q 0.0" score z "$(ep Q resident)" "$(ep B resident)"
+}
+
+@test "(b) a resident adapter with no requests is active by default: 1.0; inflight hides it" {
+    until_scrape "$(url "$A" resident)" \
+        '^vllm:lora_adapter_loaded\{.*adapter_name="x",level="gpu"' \
+        '^lora_adapter_requests\{.*adapter_name="x",state="running"\} 0\.0$' \
+        '^lora_adapter_requests\{.*adapter_name="x",state="waiting"\} 0\.0$'
+    # Default: x sits in a slot on A, so A serves it without a load and ranks first.
+    view "1 A 1.0;2 B 0.8" score x "$(ep A resident)" "$(ep B resident)"
+    # vLLM's meaning: x has no request, so it is in neither list; A and B both look like room
+    # for one more and the router has no reason to prefer the endpoint that holds x.
+    view "1 A 0.8;1 B 0.8" score x "$(ep A inflight)" "$(ep B inflight)"
+    view "1 A 0.8;1 B 0.8" score x --as-vllm "$(ep A inflight)" "$(ep B inflight)"
+}
+
+@test "(c) a full endpoint gets no 0.8: running+waiting >= max_lora scores a new adapter 0.0" {
+    # A: 2 adapters in 2 slots, full; B: 1 in 2, room. z is resident on neither.
+    view "1 B 0.8;2 A 0.0" score z "$(ep A resident)" "$(ep B resident)"
+    view "1 B 0.8;2 A 0.0" score z "$(ep B resident)" "$(ep A resident)"
+    # vLLM's meaning hides that A's slots are taken: z would evict x or y there.
+    view "1 A 0.8;1 B 0.8" score z "$(ep A inflight)" "$(ep B inflight)"
+}
