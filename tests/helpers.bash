@@ -38,3 +38,58 @@ man_page_options() {
         inside && tp { tp = 0; if (match($0, /--[a-z][a-z-]*/)) print substr($0, RSTART, RLENGTH) }
     ' | sort
 }
+
+# Waits up to $3 seconds for file $1 to contain $2; fails showing the file.
+wait_for_text() {
+    local deadline=$((SECONDS + $3))
+    while ! grep -qF -- "$2" "$1" 2> /dev/null; do
+        if [ "$SECONDS" -ge "$deadline" ]; then
+            echo "'$2' did not appear in $1 within $3 s; it holds:" >&2
+            cat "$1" >&2 2> /dev/null
+            return 1
+        fi
+        sleep 0.05
+    done
+}
+
+# Whether process $1 still runs (a zombie not yet waited for has exited).
+is_running() {
+    local state
+    [ -r "/proc/$1/stat" ] && read -r _ _ state _ < "/proc/$1/stat" && [ "$state" != Z ]
+}
+
+# Stops the processes listed in pid file $1: SIGTERM in reverse order of start (an engine
+# before its workers), SIGKILL for whatever is left after 5 s.
+stop_pids() {
+    local pid deadline=$((SECONDS + 5))
+    [ -f "$1" ] || return 0
+    for pid in $(tac "$1"); do
+        kill -TERM "$pid" 2> /dev/null || true
+    done
+    for pid in $(tac "$1"); do
+        while is_running "$pid" && [ "$SECONDS" -lt "$deadline" ]; do
+            sleep 0.05
+        done
+        kill -KILL "$pid" 2> /dev/null || true
+        wait "$pid" 2> /dev/null || true
+    done
+}
+
+# The port of the ready line "PROGRAM: ready: http://HOST:PORT" in file $1.
+ready_port() {
+    sed -n 's/^[a-z-]*: ready: http:\/\/[^ ]*:\([0-9][0-9]*\)$/\1/p' "$1"
+}
+
+# Fails unless promtool parses the scrape in $1 and lints nothing but what vLLM's names bring:
+# the colon of every vllm: name, and the _total of the histogram vllm:iteration_tokens_total
+# (promtool then exits 3). Its remarks go to $1.lint.
+promtool_clean() {
+    local rc=0
+    promtool check metrics < "$1" > "$1.lint" 2>&1 || rc=$?
+    [ "$rc" -eq 0 ] || [ "$rc" -eq 3 ] || { cat "$1.lint"; return 1; }
+    if grep -v -e "^vllm:[a-z0-9_]* metric names should not contain ':'$" \
+            -e '^vllm:iteration_tokens_total non-counter metrics should not have "_total" suffix$' \
+            "$1.lint"; then
+        return 1
+    fi
+}

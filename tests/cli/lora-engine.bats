@@ -68,19 +68,6 @@ start_engine() {
     echo "$ENGINE_PID" >> "$PIDS"
 }
 
-# Waits up to $3 seconds for file $1 to contain $2.
-wait_for_text() {
-    local deadline=$((SECONDS + $3))
-    while ! grep -qF -- "$2" "$1" 2> /dev/null; do
-        if [ "$SECONDS" -ge "$deadline" ]; then
-            echo "'$2' did not appear in $1 within $3 s; it holds:" >&2
-            cat "$1" >&2 2> /dev/null
-            return 1
-        fi
-        sleep 0.05
-    done
-}
-
 # Whether process $1 has exited (a zombie not yet waited for counts as exited).
 has_exited() {
     local state

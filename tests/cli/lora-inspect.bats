@@ -17,19 +17,6 @@ FAKE="$PYTHON $ROOT/tests/ref/inspect_fake_control.py"
 CLIENT="$PYTHON $ROOT/tests/ref/client.py"
 COMMANDS="residency events stats config health decode"
 
-# Waits up to $3 seconds for file $1 to contain $2.
-wait_for_text() {
-    local deadline=$((SECONDS + $3))
-    while ! grep -qF -- "$2" "$1" 2> /dev/null; do
-        if [ "$SECONDS" -ge "$deadline" ]; then
-            echo "'$2' did not appear in $1 within $3 s; it holds:" >&2
-            cat "$1" >&2 2> /dev/null
-            return 1
-        fi
-        sleep 0.05
-    done
-}
-
 # Starts an engine on run directory $1 with extra options "$@" (after $1), its log in $1.err.
 start_engine() {
     local run=$1
@@ -64,26 +51,10 @@ setup_file() {
     wait_for_text "$RUN2.err" "lora-engine: ready: engine 0, 2 ranks," 20
 }
 
-# Whether process $1 still runs (a zombie not yet waited for has exited).
-is_running() {
-    local state
-    [ -r "/proc/$1/stat" ] && read -r _ _ state _ < "/proc/$1/stat" && [ "$state" != Z ]
-}
-
 # SIGTERM first: the engines exit 0 and take their workers with them; whatever is left after
 # 5 s is killed.
 teardown_file() {
-    local pid deadline=$((SECONDS + 5))
-    while read -r pid; do
-        kill -TERM "$pid" 2> /dev/null || true
-    done < "$D/pids"
-    while read -r pid; do
-        while is_running "$pid" && [ "$SECONDS" -lt "$deadline" ]; do
-            sleep 0.05
-        done
-        kill -KILL "$pid" 2> /dev/null || true
-        wait "$pid" 2> /dev/null || true
-    done < "$D/pids"
+    stop_pids "$D/pids"
 }
 
 setup() {

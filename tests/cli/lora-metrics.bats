@@ -26,40 +26,11 @@ setup() {
     : > "$PIDS"
 }
 
-# Whether process $1 still runs (a zombie not yet waited for has exited).
-is_running() {
-    local state
-    [ -r "/proc/$1/stat" ] && read -r _ _ state _ < "/proc/$1/stat" && [ "$state" != Z ]
-}
-
 # SIGTERM first, in reverse order of start (the engine before its worker); whatever is left
 # after 5 s is killed.
 teardown() {
-    local pid deadline=$((SECONDS + 5))
     exec 4>&- 2> /dev/null || true
-    for pid in $(tac "$PIDS"); do
-        kill -TERM "$pid" 2> /dev/null || true
-    done
-    for pid in $(tac "$PIDS"); do
-        while is_running "$pid" && [ "$SECONDS" -lt "$deadline" ]; do
-            sleep 0.05
-        done
-        kill -KILL "$pid" 2> /dev/null || true
-        wait "$pid" 2> /dev/null || true
-    done
-}
-
-# Waits up to $3 seconds for file $1 to contain $2.
-wait_for_text() {
-    local deadline=$((SECONDS + $3))
-    while ! grep -qF -- "$2" "$1" 2> /dev/null; do
-        if [ "$SECONDS" -ge "$deadline" ]; then
-            echo "'$2' did not appear in $1 within $3 s; it holds:" >&2
-            cat "$1" >&2 2> /dev/null
-            return 1
-        fi
-        sleep 0.05
-    done
+    stop_pids "$PIDS"
 }
 
 # Starts lora-metrics with options "$@", standard input from $IN (default /dev/null), its
@@ -134,19 +105,6 @@ value() {
 same_number() {
     awk -v a="$1" -v b="$2" 'BEGIN { exit !(a + 0 == b + 0) }' ||
         { echo "expected $2, got $1" >&2; return 1; }
-}
-
-# Fails unless promtool parses $1 and lints nothing but what vLLM's names bring: the colon of
-# every vllm: name, and the _total of the histogram vllm:iteration_tokens_total.
-promtool_clean() {
-    local rc=0
-    promtool check metrics < "$1" > "$T/lint" 2>&1 || rc=$?
-    [ "$rc" -eq 0 ] || [ "$rc" -eq 3 ] || { cat "$T/lint"; return 1; }
-    if grep -v -e "^vllm:[a-z0-9_]* metric names should not contain ':'$" \
-            -e '^vllm:iteration_tokens_total non-counter metrics should not have "_total" suffix$' \
-            "$T/lint"; then
-        return 1
-    fi
 }
 
 # ---- command line ---------------------------------------------------------------------------

@@ -11,14 +11,6 @@ EX="$ROOT/examples/pipelines"
 CLIENT="$PYTHON $ROOT/tests/ref/client.py"
 export LORA_INSPECT="$LORA_BIN/lora-inspect"
 
-wait_for_text() { # FILE TEXT SECONDS
-    local deadline=$((SECONDS + $3))
-    while ! grep -qF -- "$2" "$1" 2> /dev/null; do
-        [ "$SECONDS" -lt "$deadline" ] || { echo "'$2' not in $1:" >&2; cat "$1" >&2; return 1; }
-        sleep 0.05
-    done
-}
-
 setup_file() {
     export D=$BATS_FILE_TMPDIR RUN=$BATS_FILE_TMPDIR/run
     : > "$D/pids"
@@ -41,15 +33,7 @@ setup_file() {
 }
 
 teardown_file() {
-    local pid
-    while read -r pid; do kill -TERM "$pid" 2> /dev/null || true; done < "$D/pids"
-    for _ in $(seq 1 50); do
-        local alive=0
-        while read -r pid; do kill -0 "$pid" 2> /dev/null && alive=1; done < "$D/pids"
-        [ "$alive" = 0 ] && return 0
-        sleep 0.1
-    done
-    while read -r pid; do kill -KILL "$pid" 2> /dev/null || true; done < "$D/pids"
+    stop_pids "$D/pids"
 }
 
 # The report's lines (without the header) as Python computes them from lora-inspect's records.

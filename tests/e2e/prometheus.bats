@@ -21,38 +21,10 @@ setup() {
     : > "$PIDS"
 }
 
-is_running() {
-    local state
-    [ -r "/proc/$1/stat" ] && read -r _ _ state _ < "/proc/$1/stat" && [ "$state" != Z ]
-}
-
 # SIGTERM in reverse order of start (streams, servers, then the engine before its worker);
 # whatever is left after 5 s is killed.
 teardown() {
-    local pid deadline=$((SECONDS + 5))
-    for pid in $(tac "$PIDS"); do
-        kill -TERM "$pid" 2> /dev/null || true
-    done
-    for pid in $(tac "$PIDS"); do
-        while is_running "$pid" && [ "$SECONDS" -lt "$deadline" ]; do
-            sleep 0.05
-        done
-        kill -KILL "$pid" 2> /dev/null || true
-        wait "$pid" 2> /dev/null || true
-    done
-}
-
-wait_for_text() { # FILE TEXT SECONDS
-    local deadline=$((SECONDS + $3))
-    while ! grep -qF -- "$2" "$1" 2> /dev/null; do
-        [ "$SECONDS" -lt "$deadline" ] || { echo "'$2' not in $1:" >&2; cat "$1" >&2; return 1; }
-        sleep 0.05
-    done
-}
-
-# The port of the ready line "PROG: ready: http://HOST:PORT" in file $1.
-ready_port() {
-    sed -n 's/^[a-z-]*: ready: http:\/\/[^ ]*:\([0-9][0-9]*\)$/\1/p' "$1"
+    stop_pids "$PIDS"
 }
 
 # Adapters named "$@" for the model $T/m, each with its own seed.
@@ -131,21 +103,6 @@ until_scrape() {
 
 is() { # VALUE NAME [LABELS]...: the sample equals VALUE
     [ "$(sample "${@:2}")" = "$1" ]
-}
-
-# promtool check metrics on $1, accepting only the remarks that vLLM's names bring: the colon of
-# every vllm: name and the _total of the histogram vllm:iteration_tokens_total (lora-metrics(1),
-# HTTP). The same rule as promtool_clean in tests/cli/lora-metrics.bats, which cannot be loaded
-# from another bats file.
-promtool_clean() {
-    local rc=0
-    promtool check metrics < "$1" > "$T/lint" 2>&1 || rc=$?
-    [ "$rc" -eq 0 ] || [ "$rc" -eq 3 ] || { cat "$T/lint"; return 1; }
-    if grep -v -e "^vllm:[a-z0-9_]* metric names should not contain ':'$" \
-            -e '^vllm:iteration_tokens_total non-counter metrics should not have "_total" suffix$' \
-            "$T/lint"; then
-        return 1
-    fi
 }
 
 # ---- the example configuration and rules ----------------------------------------------------

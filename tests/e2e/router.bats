@@ -17,34 +17,6 @@ bats_require_minimum_version 1.5.0
 VIEW="$PYTHON $ROOT/tests/ref/router_view.py"
 STEP_MS=20 # slows every step, so that a held-open stream keeps its slot while the test looks
 
-wait_for_text() { # FILE TEXT SECONDS
-    local deadline=$((SECONDS + $3))
-    while ! grep -qF -- "$2" "$1" 2> /dev/null; do
-        [ "$SECONDS" -lt "$deadline" ] || { echo "'$2' not in $1:" >&2; cat "$1" >&2; return 1; }
-        sleep 0.05
-    done
-}
-
-is_running() {
-    local state
-    [ -r "/proc/$1/stat" ] && read -r _ _ state _ < "/proc/$1/stat" && [ "$state" != Z ]
-}
-
-stop_pids() { # PIDFILE: SIGTERM in reverse order of start, SIGKILL after 5 s
-    local pid deadline=$((SECONDS + 5))
-    [ -f "$1" ] || return 0
-    for pid in $(tac "$1"); do kill -TERM "$pid" 2> /dev/null || true; done
-    for pid in $(tac "$1"); do
-        while is_running "$pid" && [ "$SECONDS" -lt "$deadline" ]; do sleep 0.05; done
-        kill -KILL "$pid" 2> /dev/null || true
-        wait "$pid" 2> /dev/null || true
-    done
-}
-
-ready_port() { # FILE: the port of its "PROG: ready: http://HOST:PORT" line
-    sed -n 's/^[a-z-]*: ready: http:\/\/[^ ]*:\([0-9][0-9]*\)$/\1/p' "$1"
-}
-
 # start_endpoint DIR PIDFILE ENGINE_OPTIONS...: a worker and an engine with run directory DIR,
 # without waiting; finish_endpoint waits for the engine and starts its two exporters.
 start_endpoint() {
