@@ -13,15 +13,16 @@
 int lora_expo_histogram_init(struct lora_expo_histogram *h, const double *bounds, int n_bounds)
 {
     memset(h, 0, sizeof(*h));
-    for (int i = 1; i < n_bounds; i++) {
-        if (!(bounds[i] > bounds[i - 1])) {
-            errno = EINVAL;
-            return -1;
-        }
-    }
     if (n_bounds < 0) {
         errno = EINVAL;
         return -1;
+    }
+    /* Finite: a bound of +Inf would write a second le="+Inf" line, NaN a bucket never used. */
+    for (int i = 0; i < n_bounds; i++) {
+        if (!isfinite(bounds[i]) || (i > 0 && !(bounds[i] > bounds[i - 1]))) {
+            errno = EINVAL;
+            return -1;
+        }
     }
     h->buckets = calloc((size_t)n_bounds + 1, sizeof(*h->buckets));
     if (!h->buckets)
@@ -112,6 +113,29 @@ static void puts_(struct lora_expo *w, bool scratch, const char *s)
     put(w, scratch, s, strlen(s));
 }
 
+/* Appends n bytes of the scratch area from off (a series' label text, escaped once). */
+static void put_scratch(struct lora_expo *w, size_t off, size_t n)
+{
+    if (w->failed || !grow(w, &w->scratch, &w->s_cap, w->s_len + n + 1))
+        return;
+    memcpy(w->scratch + w->s_len, w->scratch + off, n);
+    w->s_len += n;
+    w->scratch[w->s_len] = 0;
+}
+
+/* The series' labels with le added: {a="x",le="..."}. */
+static void put_key_le(struct lora_expo *w, const struct lora_expo_series *s, const char *le)
+{
+    if (s->key_len) {
+        put_scratch(w, s->key_off, s->key_len - 1); /* without its closing brace */
+        puts_(w, true, ",le=\"");
+    } else {
+        puts_(w, true, "{le=\"");
+    }
+    puts_(w, true, le);
+    puts_(w, true, "\"}");
+}
+
 void lora_expo_init(struct lora_expo *w)
 {
     memset(w, 0, sizeof(*w));
@@ -153,31 +177,75 @@ static bool is_name(const char *s, bool colon)
     return true;
 }
 
+/* The shortest significant digits of v (finite, > 0) that read back as v, as Python's repr()
+ * finds them: into dig (at most 17 and a NUL, no trailing zero); returns the decimal exponent of
+ * the first digit. */
+static int shortest_digits(double v, char dig[18])
+{
+    char tmp[40];
+    int n = 0, exp10 = 0;
+
+    for (int prec = 1; prec <= 17; prec++) {
+        snprintf(tmp, sizeof(tmp), "%.*e", prec - 1, v);
+        n = 0;
+        for (const char *p = tmp; *p != 'e'; p++)
+            if (*p != '.')
+                dig[n++] = *p;
+        dig[n] = 0;
+        exp10 = atoi(strchr(tmp, 'e') + 1);
+        if (strtod(tmp, NULL) == v)
+            break;
+        /* At a power of two the gap below v is half the gap above: the nearest decimal of prec
+         * digits may fall outside it while the next one up still reads back as v. */
+        int i = n - 1;
+        while (i >= 0 && dig[i] == '9')
+            dig[i--] = '0';
+        if (i >= 0) {
+            dig[i]++;
+        } else {
+            dig[0] = '1';
+            exp10++;
+        }
+        snprintf(tmp, sizeof(tmp), "%c.%se%d", dig[0], dig + 1, exp10);
+        if (strtod(tmp, NULL) == v)
+            break;
+    }
+    while (n > 1 && dig[n - 1] == '0')
+        dig[--n] = 0;
+    return exp10;
+}
+
+/* Python's repr() of a finite double, then prometheus_client's floatToGoString: a positive value
+ * of 7 or more integer digits is written with an exponent as Go does, in floatToGoString's own
+ * spelling (1e+06, 1.234567e+06, and 1e+015 for 10**15). */
 int lora_expo_format_double(char *buf, size_t size, double v)
 {
+    char dig[18], out[64];
+
     if (isnan(v))
         return snprintf(buf, size, "NaN");
     if (isinf(v))
         return snprintf(buf, size, v > 0 ? "+Inf" : "-Inf");
-    /* The shortest precision that reads back as v, as Python's repr() picks it. */
-    int prec = 1;
-    char tmp[64];
-    for (; prec < 17; prec++) {
-        snprintf(tmp, sizeof(tmp), "%.*e", prec - 1, v);
-        if (strtod(tmp, NULL) == v)
-            break;
+    if (v == 0)
+        return snprintf(buf, size, signbit(v) ? "-0.0" : "0.0");
+    if (fabs(v) < 1e6 && v == (double)(long)v) /* counts and integral gauges: most samples */
+        return snprintf(buf, size, "%ld.0", (long)v);
+    int exp10 = shortest_digits(fabs(v), dig);
+    int n = (int)strlen(dig);
+    const char *sign = v < 0 ? "-" : "", *dot = n > 1 ? "." : "";
+    if (exp10 < -4 || exp10 >= 16) {
+        snprintf(out, sizeof(out), "%s%c%s%se%c%02d", sign, dig[0], dot, dig + 1,
+                 exp10 < 0 ? '-' : '+', abs(exp10));
+    } else if (v > 0 && exp10 >= 6) {
+        snprintf(out, sizeof(out), "%c%s%se+0%d", dig[0], dot, dig + 1, exp10);
+    } else if (exp10 < 0) {
+        snprintf(out, sizeof(out), "%s0.%.*s%s", sign, -exp10 - 1, "0000", dig);
+    } else if (n > exp10 + 1) {
+        snprintf(out, sizeof(out), "%s%.*s.%s", sign, exp10 + 1, dig, dig + exp10 + 1);
+    } else {
+        snprintf(out, sizeof(out), "%s%s%.*s.0", sign, dig, exp10 + 1 - n, "000000000000000");
     }
-    snprintf(tmp, sizeof(tmp), "%.*e", prec - 1, v);
-    int exp10 = atoi(strchr(tmp, 'e') + 1);
-    if (exp10 < -4 || exp10 >= 16)
-        return snprintf(buf, size, "%s", tmp);
-    int decimals = prec - 1 - exp10;
-    int n = snprintf(buf, size, "%.*f", decimals > 0 ? decimals : 0, v);
-    if (decimals <= 0 && n + 2 < (int)size) {
-        memcpy(buf + n, ".0", 3);
-        n += 2;
-    }
-    return n;
+    return snprintf(buf, size, "%s", out);
 }
 
 static void put_double(struct lora_expo *w, double v)
@@ -385,7 +453,7 @@ void lora_expo_sample(struct lora_expo *w, const struct lora_expo_label *labels,
     if (!s)
         return;
     puts_(w, true, w->family);
-    put_labels(w, labels, n_labels, NULL);
+    put_scratch(w, s->key_off, s->key_len);
     puts_(w, true, " ");
     put_double(w, value);
     puts_(w, true, "\n");
@@ -414,7 +482,7 @@ void lora_expo_histogram(struct lora_expo *w, const struct lora_expo_label *labe
             snprintf(le, sizeof(le), "+Inf");
         puts_(w, true, w->family);
         puts_(w, true, "_bucket");
-        put_labels(w, labels, n_labels, le);
+        put_key_le(w, s, le);
         puts_(w, true, " ");
         put_double(w, (double)cum);
         puts_(w, true, "\n");
@@ -424,7 +492,7 @@ void lora_expo_histogram(struct lora_expo *w, const struct lora_expo_label *labe
     for (int i = 0; i < 2; i++) {
         puts_(w, true, w->family);
         puts_(w, true, suffix[i]);
-        put_labels(w, labels, n_labels, NULL);
+        put_scratch(w, s->key_off, s->key_len);
         puts_(w, true, " ");
         put_double(w, val[i]);
         puts_(w, true, "\n");
@@ -436,6 +504,14 @@ void lora_expo_histogram(struct lora_expo *w, const struct lora_expo_label *labe
 static int natural_cmp(const char *a, size_t an, const char *b, size_t bn)
 {
     size_t i = 0, j = 0;
+
+    /* Keys of one family share long prefixes: skip the equal bytes, back to the start of a
+     * run of digits that the difference may fall in. */
+    while (i < an && i < bn && a[i] == b[i])
+        i++;
+    while (i > 0 && a[i - 1] >= '0' && a[i - 1] <= '9')
+        i--;
+    j = i;
 
     while (i < an && j < bn) {
         bool da = a[i] >= '0' && a[i] <= '9', db = b[j] >= '0' && b[j] <= '9';
@@ -485,7 +561,13 @@ void lora_expo_family_end(struct lora_expo *w)
         fail(w, "a family ended that was not begun");
         return;
     }
-    qsort_r(w->series, (size_t)w->n_series, sizeof(*w->series), series_cmp, w->scratch);
+    /* Callers mostly add series in order already: one pass proves it (and that no two match). */
+    int sorted = 1;
+    while (sorted < w->n_series && series_cmp(&w->series[sorted - 1], &w->series[sorted],
+                                              w->scratch) < 0)
+        sorted++;
+    if (sorted < w->n_series)
+        qsort_r(w->series, (size_t)w->n_series, sizeof(*w->series), series_cmp, w->scratch);
     for (int i = 0; i < w->n_series; i++) {
         const struct lora_expo_series *s = &w->series[i];
         if (i && series_cmp(&w->series[i - 1], s, w->scratch) == 0) {

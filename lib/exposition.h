@@ -13,9 +13,10 @@
  *   against [a-zA-Z_:][a-zA-Z0-9_:]* and [a-zA-Z_][a-zA-Z0-9_]*; label values are escaped
  *   (backslash, double quote, newline) and made valid UTF-8 (each invalid byte becomes U+FFFD);
  *   HELP text is escaped (backslash, newline); no sample carries a timestamp.
- * - Numbers are written as Python's prometheus_client writes them (the shortest text that reads
- *   back as the same double, "1.0" for an integral value, "+Inf", "-Inf", "NaN"), so bucket
- *   bounds read le="0.5", le="1.0", le="+Inf" exactly as vLLM's do.
+ * - Numbers are written as Python's prometheus_client writes them (floatToGoString: repr()'s
+ *   shortest text that reads back as the same double, "1.0" for an integral value, "1e-05",
+ *   then a positive value of 7 or more integer digits as "1e+06" or "1.234567e+06"; "+Inf",
+ *   "-Inf", "NaN"), so bucket bounds read le="0.5", le="1.0", le="+Inf" exactly as vLLM's do.
  * - Errors stick: the first failure (out of memory, or a programming error such as a bad name, a
  *   sample outside a family or a family left open) is kept, later calls do nothing, and
  *   lora_expo_text() returns NULL with the message. Nothing here asserts or exits.
@@ -54,7 +55,8 @@ struct lora_expo_histogram {
     uint64_t count;
 };
 
-/* Zeroed histogram on bounds (borrowed; must outlive h). 0, or -1 with errno ENOMEM/EINVAL. */
+/* Zeroed histogram on bounds (borrowed; must outlive h; finite and increasing). 0, or -1 with
+ * errno ENOMEM or EINVAL. */
 int lora_expo_histogram_init(struct lora_expo_histogram *h, const double *bounds, int n_bounds);
 /* Frees the counts; h is zeroed. Safe on a zeroed struct. */
 void lora_expo_histogram_release(struct lora_expo_histogram *h);

@@ -120,11 +120,12 @@ static void engine_release(struct lora_mstate_engine *e)
     free(e->model);
 }
 
-/* A new epoch: everything but the index, the source and the count of epochs starts again. */
+/* A new epoch: everything but the index, the source, when it was last heard and the count of
+ * epochs starts again (a restart is no silence: the engine is not lost for it). */
 static int engine_restart(struct lora_mstate_engine *e)
 {
     int index = e->index, source = e->source;
-    uint64_t epoch = e->epoch + 1;
+    uint64_t epoch = e->epoch + 1, last_heard_ms = e->last_heard_ms;
     bool from_engine = e->from_engine;
 
     engine_release(e);
@@ -132,6 +133,7 @@ static int engine_restart(struct lora_mstate_engine *e)
     e->source = source;
     e->epoch = epoch;
     e->from_engine = from_engine;
+    e->last_heard_ms = last_heard_ms;
     return rc;
 }
 
@@ -389,16 +391,10 @@ static bool config_differs(const struct lora_mstate_engine *e, const struct lora
 }
 
 static int apply_ready(struct lora_mstate *s, struct lora_mstate_engine *e,
-                       const struct lora_msg_ready *m, double start_time, char *err,
-                       size_t err_len)
+                       const struct lora_msg_ready *m, double start_time)
 {
     const struct lora_msg_limits *l = &m->limits;
 
-    if (l->world_size < 1 || l->world_size > LORA_MSTATE_MAX_WORLD) {
-        say(err, err_len, "ready: limits: world_size %d is outside [1, %d]", l->world_size,
-            LORA_MSTATE_MAX_WORLD);
-        return -1;
-    }
     if (e->has_config && config_differs(e, m, start_time) && engine_restart(e) < 0)
         return -1;
     if (e->has_config)
@@ -512,14 +508,9 @@ static void apply_event(struct lora_mstate *s, struct lora_mstate_engine *e,
 }
 
 static int apply_notifications(struct lora_mstate *s, struct lora_mstate_engine *e,
-                               const struct lora_msg_notifications *m, char *err, size_t err_len)
+                               const struct lora_msg_notifications *m)
 {
     int r = m->rank;
-
-    if (r < 0 || r >= LORA_MSTATE_MAX_WORLD) {
-        say(err, err_len, "notifications: rank %d is outside [0, %d)", r, LORA_MSTATE_MAX_WORLD);
-        return -1;
-    }
     bool went_back = (e->has_dropped[r] && m->dropped < e->dropped[r]) ||
                      (m->n_items > 0 && e->last_seq[r] > 0 && m->items[0].seq <= e->last_seq[r]);
     if (went_back && engine_restart(e) < 0)
@@ -647,12 +638,41 @@ static void heard(struct lora_mstate *s, struct lora_mstate_engine *e, int sourc
     e->source = source;
 }
 
+/* The bounds of this model that a decoded body may still break: checked before the body
+ * touches an engine, so that a refused body changes nothing (not even when it was last heard).
+ * 0, or -1 with err. */
+static int check_bounds(int type, const union any_msg *m, char *err, size_t err_len)
+{
+    int rank;
+
+    if (type == LORA_MSG_READY) {
+        int world = m->ready.limits.world_size;
+        if (world >= 1 && world <= LORA_MSTATE_MAX_WORLD)
+            return 0;
+        say(err, err_len, "ready: limits: world_size %d is outside [1, %d]", world,
+            LORA_MSTATE_MAX_WORLD);
+        return -1;
+    }
+    if (type == LORA_MSG_NOTIFICATIONS)
+        rank = m->notifications.rank;
+    else if (type == LORA_MSG_RESIDENCY_REPLY)
+        rank = m->residency.rank;
+    else
+        return 0;
+    if (rank < 0 || rank >= LORA_MSTATE_MAX_WORLD) {
+        say(err, err_len, "%s: rank %d is outside [0, %d)", lora_msg_type_name(type), rank,
+            LORA_MSTATE_MAX_WORLD);
+        return -1;
+    }
+    return 0;
+}
+
 static int apply_decoded(struct lora_mstate *s, struct lora_mstate_engine *e, int type,
-                         const union any_msg *m, double start_time, char *err, size_t err_len)
+                         const union any_msg *m, double start_time)
 {
     switch (type) {
     case LORA_MSG_READY:
-        return apply_ready(s, e, &m->ready, start_time, err, err_len);
+        return apply_ready(s, e, &m->ready, start_time);
     case LORA_MSG_REGISTRY:
         apply_registry(s, e, &m->registry);
         return 0;
@@ -662,17 +682,10 @@ static int apply_decoded(struct lora_mstate *s, struct lora_mstate_engine *e, in
         apply_event(s, e, &m->event);
         return 0;
     case LORA_MSG_NOTIFICATIONS:
-        return apply_notifications(s, e, &m->notifications, err, err_len);
-    case LORA_MSG_RESIDENCY_REPLY: {
-        int r = m->residency.rank;
-        if (r < 0 || r >= LORA_MSTATE_MAX_WORLD) {
-            say(err, err_len, "residency_reply: rank %d is outside [0, %d)", r,
-                LORA_MSTATE_MAX_WORLD);
-            return -1;
-        }
-        apply_state(s, e, r, &m->residency.state, NULL, 0);
+        return apply_notifications(s, e, &m->notifications);
+    case LORA_MSG_RESIDENCY_REPLY:
+        apply_state(s, e, m->residency.rank, &m->residency.state, NULL, 0);
         return 0;
-    }
     case LORA_MSG_REQUEST_STATS:
         apply_request_stats(e, &m->request_stats);
         return 0;
@@ -704,9 +717,13 @@ int lora_mstate_apply(struct lora_mstate *s, int source, const void *body, size_
         (engine < 0 && (type == LORA_MSG_NOTIFICATIONS || type == LORA_MSG_RESIDENCY_REPLY)))
         return 0;
     double start_time = 0;
-    if (type == LORA_MSG_READY)
-        peek_number(body, len, "start_time", &start_time);
+    /* NaN never equals itself: as a start time it would restart the engine on every ready. */
+    if (type == LORA_MSG_READY && peek_number(body, len, "start_time", &start_time) &&
+        !isfinite(start_time))
+        start_time = 0;
     struct lora_mstate_engine *e = NULL;
+    if (check_bounds(type, &m, why, sizeof(why)) < 0)
+        goto malformed;
     if (engine < 0 || engine > 1000000) {
         snprintf(why, sizeof(why), "%s: engine index %d is outside [0, 1000000]",
                  lora_msg_type_name(type), engine);
@@ -717,7 +734,7 @@ int lora_mstate_apply(struct lora_mstate *s, int source, const void *body, size_
     } else {
         if (type != LORA_MSG_REQUEST_STATS)
             heard(s, e, source, now_ms);
-        if (apply_decoded(s, e, type, &m, start_time, why, sizeof(why)) < 0 && !*why)
+        if (apply_decoded(s, e, type, &m, start_time) < 0)
             snprintf(why, sizeof(why), "%s: out of memory", lora_msg_type_name(type));
     }
     if (*why)

@@ -19,12 +19,15 @@
  *   none of these any more is forgotten with its counters. Request ids are never stored.
  * - Restarts: an engine's epoch ends (its counters, histograms and state start again from zero)
  *   when the source it was heard on loses its connection (lora_mstate_source_lost), when its
- *   config changes (model, a limit, or an optional "start_time" key), when its num_preemptions
- *   goes back, or when a rank's dropped count or notification sequence number goes back.
+ *   config changes (model, a limit, or an optional "start_time" key: a finite number, anything
+ *   else reads as absent), when its num_preemptions goes back, or when a rank's dropped count or
+ *   notification sequence number goes back. A restart is no silence: it keeps last_heard_ms.
  * - Lost engines: an engine silent for longer than engine_timeout_ms (0: never) is lost; its
  *   gauges are not shown, its counters are. The first message after that asks for its whole
  *   state again (registry, every rank, stats) before its gauges return.
- * - External input never reaches an assert: a malformed body is refused with a message.
+ * - External input never reaches an assert: a malformed body (one that does not decode, or that
+ *   breaks a bound: a rank outside [0, 64), a world_size outside [1, 64], an engine index outside
+ *   [0, 1000000]) is refused with a message and changes nothing but its source's counts.
  */
 #ifndef LORA_METRICS_STATE_H
 #define LORA_METRICS_STATE_H

@@ -384,7 +384,7 @@ static void body_error(char *err, size_t err_len, const char *what, const char *
     if (where == WHOLE_BODY)
         snprintf(err, err_len, "%s: body: %s (%zu bytes)", what, why, len);
     else
-        body_error(err, err_len, what, why, where, len);
+        snprintf(err, err_len, "%s: body: %s at byte %zu of %zu", what, why, where, len);
 }
 
 /* Scans and unpacks into zone. Returns 0, or -1 with err. */

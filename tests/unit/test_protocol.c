@@ -1732,6 +1732,10 @@ static void test_lying_lengths(void)
     CHECK_CONTAINS(err, "abort: body: not a map");
     CHECK(lora_msg_peek_type(array, 0, err, sizeof(err)) == -1);
     CHECK_CONTAINS(err, "message: body: empty (0 bytes)");
+    /* A fault at a known byte names it: the map's second string is cut after 2 of 5 bytes. */
+    CHECK(lora_msg_peek_type(dup, 9, err, sizeof(err)) == -1);
+    CHECK_CONTAINS(err, "message: body: truncated at byte ");
+    CHECK_CONTAINS(err, " of 9");
     CHECK(lora_msg_peek_type(no_type, sizeof(no_type), err, sizeof(err)) == -1);
     CHECK_CONTAINS(err, "message: type: missing");
     CHECK(lora_msg_peek_type(int_type, sizeof(int_type), err, sizeof(err)) == -1);
