@@ -23,6 +23,8 @@ struct lora_http_server {
     lora_http_handler fn;
     void *ctx;
     char log_prefix[64];
+    bool started;        /* before, libmicrohttpd's messages are kept for the start-up error */
+    char start_msg[256]; /* the first of them */
 };
 
 struct lora_http_request {
@@ -50,13 +52,18 @@ struct stream {
 
 static void log_mhd(void *cls, const char *fmt, va_list ap)
 {
-    const struct lora_http_server *s = cls;
+    struct lora_http_server *s = cls;
     char msg[512];
 
     vsnprintf(msg, sizeof(msg), fmt, ap);
     size_t n = strlen(msg);
     while (n && msg[n - 1] == '\n')
         msg[--n] = 0;
+    if (!__atomic_load_n(&s->started, __ATOMIC_ACQUIRE)) {
+        if (!s->start_msg[0])
+            snprintf(s->start_msg, sizeof(s->start_msg), "%s", msg);
+        return;
+    }
     fprintf(stderr, "%s: warning: http: %s\n", s->log_prefix, msg);
 }
 
@@ -226,10 +233,12 @@ struct lora_http_server *lora_http_start(const struct lora_http_options *o, lora
                             MHD_OPTION_LISTEN_BACKLOG_SIZE, 1024u, MHD_OPTION_END);
     if (!s->d) {
         lora_errf(err, err_len, "unable to listen on %s:%d: %s", o->host, o->port,
-                  errno ? strerror(errno) : "libmicrohttpd refused to start");
+                  errno ? strerror(errno) : s->start_msg[0] ? s->start_msg
+                                                            : "libmicrohttpd refused to start");
         free(s);
         return NULL;
     }
+    __atomic_store_n(&s->started, true, __ATOMIC_RELEASE);
     return s;
 }
 

@@ -159,12 +159,13 @@ same_number() {
     check "--stdin cannot be combined" --stdin --run-dir /nonexistent
 }
 
-@test "an address in use exits 111" {
+@test "an address in use exits 111 with one line" {
     start_metrics --stdin --listen 127.0.0.1:0
     wait_ready
     run --separate-stderr "$METRICS" --stdin --listen "127.0.0.1:$PORT" < /dev/null
     expect_status 111
     expect_message "unable to listen on 127.0.0.1:$PORT"
+    [ "$stderr" = "lora-metrics: fatal: unable to listen on 127.0.0.1:$PORT: Address already in use" ]
     is_running "$METRICS_PID"
 }
 
