@@ -638,30 +638,33 @@ static void heard(struct lora_mstate *s, struct lora_mstate_engine *e, int sourc
     e->source = source;
 }
 
-/* The bounds of this model that a decoded body may still break: checked before the body
- * touches an engine, so that a refused body changes nothing (not even when it was last heard).
- * 0, or -1 with err. */
-static int check_bounds(int type, const union any_msg *m, char *err, size_t err_len)
+/* The bounds of this model that a decoded body for engine may still break: checked before the
+ * body touches an engine, so that a refused body changes nothing (not even when it was last
+ * heard). 0, or -1 with err. */
+static int check_bounds(int type, const union any_msg *m, int engine, char *err, size_t err_len)
 {
-    int rank;
+    int rank = 0;
 
     if (type == LORA_MSG_READY) {
         int world = m->ready.limits.world_size;
-        if (world >= 1 && world <= LORA_MSTATE_MAX_WORLD)
-            return 0;
-        say(err, err_len, "ready: limits: world_size %d is outside [1, %d]", world,
-            LORA_MSTATE_MAX_WORLD);
-        return -1;
+        if (world < 1 || world > LORA_MSTATE_MAX_WORLD) {
+            say(err, err_len, "ready: limits: world_size %d is outside [1, %d]", world,
+                LORA_MSTATE_MAX_WORLD);
+            return -1;
+        }
     }
     if (type == LORA_MSG_NOTIFICATIONS)
         rank = m->notifications.rank;
     else if (type == LORA_MSG_RESIDENCY_REPLY)
         rank = m->residency.rank;
-    else
-        return 0;
     if (rank < 0 || rank >= LORA_MSTATE_MAX_WORLD) {
         say(err, err_len, "%s: rank %d is outside [0, %d)", lora_msg_type_name(type), rank,
             LORA_MSTATE_MAX_WORLD);
+        return -1;
+    }
+    if (engine < 0 || engine > 1000000) {
+        say(err, err_len, "%s: engine index %d is outside [0, 1000000]", lora_msg_type_name(type),
+            engine);
         return -1;
     }
     return 0;
@@ -722,12 +725,9 @@ int lora_mstate_apply(struct lora_mstate *s, int source, const void *body, size_
         !isfinite(start_time))
         start_time = 0;
     struct lora_mstate_engine *e = NULL;
-    if (check_bounds(type, &m, why, sizeof(why)) < 0)
+    if (check_bounds(type, &m, engine, why, sizeof(why)) < 0)
         goto malformed;
-    if (engine < 0 || engine > 1000000) {
-        snprintf(why, sizeof(why), "%s: engine index %d is outside [0, 1000000]",
-                 lora_msg_type_name(type), engine);
-    } else if (!(e = engine_get(s, engine, true))) {
+    if (!(e = engine_get(s, engine, true))) {
         s->n_refused++;
         snprintf(why, sizeof(why), "%s: engine %d: more than %d engines, or out of memory",
                  lora_msg_type_name(type), engine, LORA_MSTATE_MAX_ENGINES);

@@ -11,6 +11,8 @@
 #include "cli.h"
 #include "metrics.h"
 
+#define DEFAULT_ENGINE_TIMEOUT_MS 5000 /* also the longest wait for the ready line when 0 */
+
 /* Where a string option's value came from, for its error: the variable when the value is the
  * environment's own (lib/cli keeps getenv()'s pointer), else the option. */
 static const char *origin(const char *value, const char *option, const char *var)
@@ -82,7 +84,7 @@ int main(int argc, char **argv)
     struct lora_opt_list engines = {0}, frontends = {0};
     const char *run_dir = NULL, *listen = "127.0.0.1:9100", *lora_info = "resident";
     const char *model_name = NULL;
-    long timeout_ms = 5000;
+    long timeout_ms = DEFAULT_ENGINE_TIMEOUT_MS;
     bool help = false, version = false, use_stdin = false;
     const struct lora_opt options[] = {
         {"engine", LORA_OPT_LIST, &engines, "EP",
@@ -188,7 +190,7 @@ int main(int argc, char **argv)
     snprintf(m.ready_line, sizeof(m.ready_line), "lora-metrics: ready: http://%s%s%s:%d",
              strchr(host, ':') ? "[" : "", host, strchr(host, ':') ? "]" : "",
              lora_http_port(http));
-    m.ready_wait_ms = timeout_ms ? (uint64_t)timeout_ms : 5000;
+    m.ready_wait_ms = (uint64_t)(timeout_ms ? timeout_ms : DEFAULT_ENGINE_TIMEOUT_MS);
     rc = sources_run(&m) < 0 ? EXIT_SYSTEM : 0;
 out:
     lora_http_stop(&http);
