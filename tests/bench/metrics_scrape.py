@@ -46,13 +46,10 @@ import msgpack
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "ref"))
 from client import Frontend, control  # noqa: E402
+from procs import Failure, Procs  # noqa: E402
 from test_engine import subscribe  # noqa: E402
 
 T0 = 1767225600.0
-
-
-class Failure(Exception):
-    pass
 
 
 def quantile(xs, q):
@@ -85,63 +82,11 @@ def machine():
 
 # ---- processes ---------------------------------------------------------------------------------
 
-class Procs:
-    """Every process the bench starts, each in its own process group, killed by close()."""
-
-    def __init__(self, d):
-        self.d = d
-        self.list = []
-
-    def start(self, name, argv, env=None, stdin=None):
-        log = os.path.join(self.d, name + ".log")
-        p = subprocess.Popen(argv, stdin=stdin, stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                             env=env, start_new_session=True)
-        p.log = log
-        self.list.append(p)
-        return p
-
-    def stop(self, p):
-        if p.poll() is None:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        try:
-            p.wait(5)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-        if p.stdin:
-            try:
-                p.stdin.close()
-            except BrokenPipeError:
-                pass
-        if p in self.list:
-            self.list.remove(p)
-
-    def close(self):
-        for p in reversed(list(self.list)):
-            self.stop(p)
-
-
-def wait_for_text(p, pattern, timeout_s):
-    """The first match of pattern in p's log, waiting for it; Failure if p exits first."""
-    deadline = time.time() + timeout_s
-    while time.time() < deadline:
-        m = re.search(pattern, open(p.log).read())
-        if m:
-            return m
-        if p.poll() is not None:
-            break
-        time.sleep(0.02)
-    raise Failure("no '%s' from %s:\n%s" % (pattern, p.args[0], open(p.log).read()[-2000:]))
-
-
 def start_metrics(procs, bin_dir, args, stdin=None):
-    p = procs.start("metrics-%d" % len(procs.list), [os.path.join(bin_dir, "lora-metrics"),
-                                                     "--listen", "127.0.0.1:0"] + args,
+    p = procs.start("metrics-%d" % len(procs.procs), [os.path.join(bin_dir, "lora-metrics"),
+                                                      "--listen", "127.0.0.1:0"] + args,
                     stdin=stdin)
-    port = int(wait_for_text(p, r"lora-metrics: ready: http://127\.0\.0\.1:(\d+)", 30).group(1))
+    port = int(procs.wait_line(p, r"lora-metrics: ready: http://127\.0\.0\.1:(\d+)").group(1))
     return p, port
 
 
@@ -485,12 +430,13 @@ def start_stack(procs, bin_dir, d, step_delay_ms):
         os.path.join(bin_dir, "lora-engine"), "--model", d + "/m", "--run-dir", run,
         "--tensor-parallel-size", "1", "--max-loras", "4", "--max-cpu-loras", "8",
         "--publish-interval-ms", "200", "--lora-modules", "a0=" + d + "/a0"])
-    env = dict(os.environ, LORA_WORKER_TEST_STEP_DELAY_MS=str(step_delay_ms))
-    env.setdefault("OMP_WAIT_POLICY", "passive")  # spinning threads would take the cores
+    env = {"LORA_WORKER_TEST_STEP_DELAY_MS": str(step_delay_ms),
+           # spinning threads would take the cores
+           "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "passive")}
     procs.start("worker-%d" % step_delay_ms, [
         os.path.join(bin_dir, "lora-worker"), "serve", "--engine", "ipc://%s/worker.sock" % run,
         "--rank", "0"], env=env)
-    wait_for_text(eng, r"lora-engine: ready:", 60)
+    procs.wait_line(eng, r"lora-engine: ready:", 60)
     mp, port = start_metrics(procs, bin_dir, ["--engine", "ipc://%s/publish.sock" % run])
     return run, mp, port
 
@@ -502,7 +448,7 @@ def busy_round(procs, run, mp, port, adapter, step_delay_ms, n_loads):
     deadline = time.time() + 30
     while running(c.get("/metrics")[1]) == 0:
         if time.time() > deadline or busy.poll() is not None:
-            raise Failure("the engine never got busy:\n" + open(busy.log).read()[-2000:])
+            raise Failure("the engine never got busy:\n" + procs.log(busy)[-2000:])
         time.sleep(0.01)
     c.close()
     cpu0 = cpu_seconds(mp.pid)
@@ -510,7 +456,7 @@ def busy_round(procs, run, mp, port, adapter, step_delay_ms, n_loads):
     r = visibility_round(run, port, adapter, "busy%d" % step_delay_ms, n_loads)
     share = (cpu_seconds(mp.pid) - cpu0) / (time.time() - t0)
     if busy.poll() is not None:
-        raise Failure("the busy client ended:\n" + open(busy.log).read()[-2000:])
+        raise Failure("the busy client ended:\n" + procs.log(busy)[-2000:])
     procs.stop(busy)
     print_round("busy, 8 streams, worker steps held %d ms longer" % step_delay_ms, r, n_loads)
     print("    lora-metrics CPU meanwhile: %.0f%% of a core" % (100 * share))
@@ -530,13 +476,13 @@ def bench_visibility(procs, bin_dir, d, n_loads, step_delays_ms):
           "kept-alive connection, polled in a tight loop")
     results = {}
     for k, delay in enumerate(step_delays_ms):
-        started = len(procs.list)
+        started = len(procs.procs)
         run, mp, port = start_stack(procs, bin_dir, d, delay)
         if k == 0:
             results["idle"] = visibility_round(run, port, d + "/x", "idle", n_loads)
             print_round("idle", results["idle"], n_loads)
         results[delay] = busy_round(procs, run, mp, port, d + "/x", delay, n_loads)
-        for p in reversed(procs.list[started:]):
+        for p in reversed(procs.procs[started:]):
             procs.stop(p)
     print("  aim (for reference): visibility p99 under 10 ms when busy")
     return results
@@ -573,7 +519,7 @@ def main():
         print("metrics_scrape: fatal: %s" % e, file=sys.stderr)
         return 1
     finally:
-        procs.close()
+        procs.stop_all()
         shutil.rmtree(d, ignore_errors=True)
     print("total %.1f s" % (time.time() - t0))
     return 0

@@ -25,7 +25,6 @@ Exit 0 when every check holds; otherwise the failing step with both sides on std
 """
 
 import argparse
-import http.client
 import json
 import os
 import re
@@ -40,6 +39,7 @@ import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import client  # noqa: E402
+from procs import Failure, Procs  # noqa: E402
 
 LEVELS = {"registered": 0, "none": 0, "cpu": 1, "gpu": 2}
 LEVEL_NAMES = {1: "cpu", 2: "gpu"}
@@ -47,61 +47,7 @@ STEP_DELAY_MS = "30"  # keeps the streams running while the script looks
 SETTLE_S = 10  # how long a step may take to show on both sides
 
 
-class Failure(Exception):
-    pass
-
-
 # ---- processes ------------------------------------------------------------------------------
-
-
-class Procs:
-    """Every process started, each in its own session; stop() ends them all, engines last."""
-
-    def __init__(self, work):
-        self.work = work
-        self.procs = []
-
-    def start(self, name, argv, env=None):
-        log = open(os.path.join(self.work, name + ".log"), "w")
-        p = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                             env=dict(os.environ, **(env or {})), start_new_session=True)
-        log.close()
-        p.name = name
-        self.procs.append(p)
-        return p
-
-    def log(self, name):
-        with open(os.path.join(self.work, name + ".log")) as f:
-            return f.read()
-
-    def wait_line(self, p, pattern, timeout_s=30):
-        deadline = time.time() + timeout_s
-        while time.time() < deadline:
-            m = re.search(pattern, self.log(p.name))
-            if m:
-                return m
-            if p.poll() is not None:
-                raise Failure("%s exited (%s) before '%s':\n%s" % (p.name, p.returncode, pattern,
-                                                                  self.log(p.name)))
-            time.sleep(0.01)
-        raise Failure("%s did not print '%s' within %d s:\n%s" % (p.name, pattern, timeout_s,
-                                                                  self.log(p.name)))
-
-    def stop(self, p, sig=signal.SIGTERM):
-        if p.poll() is None:
-            try:
-                os.kill(p.pid, signal.SIGCONT)
-                os.kill(p.pid, sig)
-                p.wait(5)
-            except (subprocess.TimeoutExpired, ProcessLookupError):
-                p.kill()
-                p.wait()
-        if p in self.procs:
-            self.procs.remove(p)
-
-    def stop_all(self):
-        for p in reversed(list(self.procs)):
-            self.stop(p)
 
 
 class Engine:
