@@ -93,3 +93,30 @@ promtool_clean() {
         return 1
     fi
 }
+
+# A tiny model in $1/m and, for each further argument NAME, a rank-4 adapter in $1/NAME, with
+# the seeds 1, 2, ... in order.
+make_model_and_adapters() {
+    local dir=$1 seed=1 a
+    shift
+    "$WORKER" make-model --out "$dir/m" > /dev/null
+    for a in "$@"; do
+        "$WORKER" make-adapter --model "$dir/m" --out "$dir/$a" --rank 4 --seed $((seed++)) \
+            > /dev/null
+    done
+}
+
+# Starts, without waiting for it, one worker rank (each step held $STEP_MS longer) and an engine
+# on model $3 with options "${@:4}" and a 200 ms publish interval, in run directory $1 (made,
+# mode 0700; the logs go there too); their pids are appended to file $2.
+start_engine_group() {
+    local dir=$1 pids=$2 model=$3
+    shift 3
+    mkdir -m 700 "$dir"
+    LORA_WORKER_TEST_STEP_DELAY_MS=${STEP_MS:-0} OMP_WAIT_POLICY=passive "$WORKER" serve \
+        --engine "ipc://$dir/worker.sock" --rank 0 > "$dir/worker.log" 2>&1 3>&- &
+    echo $! >> "$pids"
+    "$LORA_BIN/lora-engine" --model "$model" --run-dir "$dir" --publish-interval-ms 200 "$@" \
+        > "$dir/engine.out" 2> "$dir/engine.err" 3>&- &
+    echo $! >> "$pids"
+}

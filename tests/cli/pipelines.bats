@@ -14,11 +14,7 @@ export LORA_INSPECT="$LORA_BIN/lora-inspect"
 setup_file() {
     export D=$BATS_FILE_TMPDIR RUN=$BATS_FILE_TMPDIR/run
     : > "$D/pids"
-    "$WORKER" make-model --out "$D/m" > /dev/null
-    local seed=1 a
-    for a in a b c; do
-        "$WORKER" make-adapter --model "$D/m" --out "$D/$a" --rank 4 --seed $((seed++)) > /dev/null
-    done
+    make_model_and_adapters "$D" a b c
     mkdir -m 700 "$RUN"
     "$LORA_BIN/lora-engine" --model "$D/m" --run-dir "$RUN" --tensor-parallel-size 2 \
         --max-loras 1 --max-cpu-loras 3 --lora-modules "a=$D/a" --lora-modules "b=$D/b" \

@@ -27,28 +27,13 @@ teardown() {
     stop_pids "$PIDS"
 }
 
-# Adapters named "$@" for the model $T/m, each with its own seed.
-make_adapters() {
-    "$WORKER" make-model --out "$T/m" > /dev/null
-    local seed=1 a
-    for a in "$@"; do
-        "$WORKER" make-adapter --model "$T/m" --out "$T/$a" --rank 4 --seed $((seed++)) > /dev/null
-    done
-}
-
 # A worker (its steps slowed), an engine with options "$@", a frontend on any free port and
 # lora-metrics subscribed to both, wired as lora-stack wires them in run directory $T/run.
 # Sets FE_PORT and METRICS_PORT once all are ready.
 start_stack() {
     RUN=$T/run
-    mkdir -m 700 "$RUN"
-    LORA_WORKER_TEST_STEP_DELAY_MS=$STEP_MS OMP_WAIT_POLICY=passive "$WORKER" serve \
-        --engine "ipc://$RUN/worker.sock" --rank 0 > "$T/worker.log" 2>&1 3>&- &
-    echo $! >> "$PIDS"
-    "$LORA_BIN/lora-engine" --model "$T/m" --run-dir "$RUN" --publish-interval-ms 200 "$@" \
-        > "$T/engine.out" 2> "$T/engine.err" 3>&- &
-    echo $! >> "$PIDS"
-    wait_for_text "$T/engine.err" "lora-engine: ready:" 30
+    start_engine_group "$RUN" "$PIDS" "$T/m" "$@"
+    wait_for_text "$RUN/engine.err" "lora-engine: ready:" 30
     "$LORA_BIN/lora-frontend" --run-dir "$RUN" --port 0 \
         --publish-endpoint "ipc://$RUN/frontend-0.sock" > "$T/frontend.out" \
         2> "$T/frontend.err" 3>&- &
@@ -141,7 +126,7 @@ assert not missing, missing' "$EX/lora-rules.yml" "$ROOT/tests/e2e/lora-rules.te
 
 @test "promtool check metrics: a scrape with 16 adapters and held-open streams lints clean" {
     names=$(printf 'a%02d ' $(seq 1 16))
-    make_adapters $names
+    make_model_and_adapters "$T" $names
     mods=()
     for a in $names; do mods+=(--lora-modules "$a=$T/$a"); done
     start_stack --max-loras 8 --max-cpu-loras 16 "${mods[@]}"
@@ -228,7 +213,7 @@ wait_promql() {
 }
 
 @test "Prometheus scrapes lora-metrics every second and PromQL returns the workload's values" {
-    make_adapters p q r
+    make_model_and_adapters "$T" p q r
     start_stack --max-loras 3 --max-cpu-loras 3 --lora-modules "p=$T/p" --lora-modules "q=$T/q" \
         --lora-modules "r=$T/r"
     # Three streams held open for q: three requests running, all of them q's.

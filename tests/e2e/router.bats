@@ -17,21 +17,8 @@ bats_require_minimum_version 1.5.0
 VIEW="$PYTHON $ROOT/tests/ref/router_view.py"
 STEP_MS=20 # slows every step, so that a held-open stream keeps its slot while the test looks
 
-# start_endpoint DIR PIDFILE ENGINE_OPTIONS...: a worker and an engine with run directory DIR,
-# without waiting; finish_endpoint waits for the engine and starts its two exporters.
-start_endpoint() {
-    local dir=$1 pids=$2
-    shift 2
-    mkdir -m 700 "$dir"
-    LORA_WORKER_TEST_STEP_DELAY_MS=$STEP_MS OMP_WAIT_POLICY=passive "$WORKER" serve \
-        --engine "ipc://$dir/worker.sock" --rank 0 > "$dir/worker.log" 2>&1 3>&- &
-    echo $! >> "$pids"
-    "$LORA_BIN/lora-engine" --model "$D/m" --run-dir "$dir" --publish-interval-ms 200 "$@" \
-        > "$dir/engine.out" 2> "$dir/engine.err" 3>&- &
-    echo $! >> "$pids"
-}
-
-# finish_endpoint DIR PIDFILE: writes DIR/resident.port and DIR/inflight.port.
+# finish_endpoint DIR PIDFILE, after start_engine_group DIR PIDFILE: waits for the engine,
+# starts its two exporters and writes DIR/resident.port and DIR/inflight.port.
 finish_endpoint() {
     local dir=$1 pids=$2 mode
     wait_for_text "$dir/engine.err" "lora-engine: ready:" 30
@@ -61,15 +48,12 @@ setup_file() {
     done
     export D=$BATS_FILE_TMPDIR
     : > "$D/pids"
-    "$WORKER" make-model --out "$D/m" > /dev/null
-    local seed=1 a
-    for a in w x y z; do
-        "$WORKER" make-adapter --model "$D/m" --out "$D/$a" --rank 4 --seed $((seed++)) > /dev/null
-    done
+    make_model_and_adapters "$D" w x y z
     export A=$D/A B=$D/B
-    start_endpoint "$A" "$D/pids" --max-loras 2 --max-cpu-loras 4 --lora-modules "x=$D/x" \
-        --lora-modules "y=$D/y"
-    start_endpoint "$B" "$D/pids" --max-loras 2 --max-cpu-loras 4 --lora-modules "w=$D/w"
+    start_engine_group "$A" "$D/pids" "$D/m" --max-loras 2 --max-cpu-loras 4 \
+        --lora-modules "x=$D/x" --lora-modules "y=$D/y"
+    start_engine_group "$B" "$D/pids" "$D/m" --max-loras 2 --max-cpu-loras 4 \
+        --lora-modules "w=$D/w"
     finish_endpoint "$A" "$D/pids"
     finish_endpoint "$B" "$D/pids"
 }
@@ -139,8 +123,8 @@ view() {
 
 @test "(a) an adapter with only a queued request is waiting, not running: 0.6, ranked below room" {
     Q=$T/Q
-    start_endpoint "$Q" "$T/pids" --max-loras 1 --max-cpu-loras 2 --lora-modules "x=$D/x" \
-        --lora-modules "y=$D/y"
+    start_engine_group "$Q" "$T/pids" "$D/m" --max-loras 1 --max-cpu-loras 2 \
+        --lora-modules "x=$D/x" --lora-modules "y=$D/y"
     finish_endpoint "$Q" "$T/pids"
     "$LORA_BIN/lora-frontend" --run-dir "$Q" --port 0 > "$Q/frontend.out" \
         2> "$Q/frontend.err" 3>&- &
