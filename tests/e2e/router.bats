@@ -43,6 +43,10 @@ finish_endpoint() {
 # place to change to scrape another port of the endpoint.
 SCRAPE_URL='http://127.0.0.1:$(cat "$dir/$mode.port")/metrics'
 
+# For a stack started with lora-stack up --port PORT --metrics-port PORT+1: the port the router
+# scrapes, as an offset from PORT. Today the exporter's; the frontend's own page would be 0.
+STACK_SCRAPE_OFFSET=1
+
 url() { # DIR MODE
     local dir=$1 mode=$2
     eval "echo \"$SCRAPE_URL\""
@@ -90,6 +94,9 @@ setup() {
 
 teardown() {
     stop_pids "$T/pids"
+    if [ -n "${STACK_RUN:-}" ]; then
+        "$LORA_BIN/lora-stack" down --run-dir "$STACK_RUN" > /dev/null 2>&1 || true
+    fi
 }
 
 # Scrapes URL $1 into $T/scrape until every further argument, an extended regular expression,
@@ -268,4 +275,30 @@ until_resident() { # DIR REGEX...
     view "1 A 0.3 evictable;2 P 0.0 saturated" load-state z "$(ep P inflight)" "$(ep A inflight)"
     # In the default meaning both look saturated, and the scorer cannot tell them apart.
     view "1 P 0.0 saturated;1 A 0.0 saturated" load-state z "$(ep P resident)" "$(ep A resident)"
+}
+
+@test "a stack started with lora-stack up: the router reads its scrape as the engine holds it" {
+    local port=$((21000 + ($$ % 400) * 20)) levels
+    STACK_RUN=$T/stack
+    "$LORA_BIN/lora-stack" up --run-dir "$STACK_RUN" --model "$D/m" --port "$port" \
+        --metrics-port $((port + 1)) --max-loras 2 --max-cpu-loras 4 --lora-modules "x=$D/x" \
+        --lora-modules "y=$D/y" --lora-modules "z=$D/z" > "$T/up.out" 2> "$T/up.err" 3>&- ||
+        { cat "$T/up.err" >&2; return 1; }
+    local u="http://127.0.0.1:$((port + STACK_SCRAPE_OFFSET))/metrics"
+    # Three adapters, two slots: one of them waits in the CPU cache.
+    until_scrape "$u" '^vllm:num_gpu_loaded_lora_adapters\{.*\} 2\.0$' \
+        '^vllm:lora_adapter_loaded\{.*level="cpu"'
+    # The engine's own account of every rank, independently of the scrape.
+    levels=$("$LORA_BIN/lora-inspect" residency --run-dir "$STACK_RUN" --json |
+        jq -r 'select(.kind == "adapter") | "\(.adapter):\(.level)"' | sort | paste -sd ,)
+    [[ "$levels" =~ ^x:(gpu|cpu),y:(gpu|cpu),z:(gpu|cpu)$ ]] || { echo "levels: $levels" >&2; return 1; }
+    local in_slots on_cpu
+    in_slots=$(echo "$levels" | tr , '\n' | sed -n 's/:gpu$//p' | paste -sd ,)
+    on_cpu=$(echo "$levels" | tr , '\n' | sed -n 's/:cpu$//p')
+    view "S loaded=$levels gpu=2 max=2 active=$in_slots" residency "S=$u"
+    view "S running=$in_slots waiting= max_lora=2" sets "S=$u"
+    # For the adapter in S's CPU cache, the load-state scorer prefers S, which holds it; the
+    # affinity scorer, which sees no CPU cache, prefers B's free slot over S's full ones.
+    view "1 S 0.7 cpu-resident;2 B 0.6 free-slot" load-state "$on_cpu" "$(ep B resident)" "S=$u"
+    view "1 B 0.8;2 S 0.0" score "$on_cpu" "$(ep B resident)" "S=$u"
 }
