@@ -28,13 +28,13 @@ broken() {
     fi
     run $CHECK "${FILES[@]/#/$T/}"
     expect_status 1
-    [[ "$output" == *"$want"* ]] || { echo "expected a line with '$want', got: $output" >&2; return 1; }
+    [[ "$output" == *"$want"* ]] ||
+        { echo "expected a line with '$want', got: $output" >&2; return 1; }
     cp "$K8S/$file" "$T/$file"
 }
 
 @test "kubernetes: the example files are the four a user applies, one job each" {
-    run ls "$K8S"
-    [ "$(echo "$output" | sort | paste -sd ' ')" = "$(printf '%s\n' "${FILES[@]}" | sort | paste -sd ' ')" ]
+    [ "$(ls "$K8S" | paste -sd ' ')" = "$(printf '%s\n' "${FILES[@]}" | sort | paste -sd ' ')" ]
     run "$PYTHON" -c 'import sys, yaml
 for f in sys.argv[1:]:
     print(f.rsplit("/", 1)[1], " ".join(d["kind"] for d in yaml.safe_load_all(open(f))))' \
@@ -43,10 +43,11 @@ for f in sys.argv[1:]:
     [ "${lines[0]}" = "lora-stack.yaml Deployment Service PodMonitor" ]
     [ "${lines[1]}" = "lora-stack-inferencepool.yaml InferencePool" ]
     [ "${lines[2]}" = "lora-stack-endpoint-picker-config.yaml ConfigMap" ]
-    [ "${lines[3]}" = "lora-stack-endpoint-picker.yaml ServiceAccount Role RoleBinding Deployment Service" ]
+    [ "${lines[3]}" = \
+        "lora-stack-endpoint-picker.yaml ServiceAccount Role RoleBinding Deployment Service" ]
 }
 
-@test "kubernetes: the InferencePool, the picker's configuration and its Deployment pass the check" {
+@test "kubernetes: the pool, the picker's configuration and its Deployment pass the check" {
     run $CHECK "${FILES[@]/#/$K8S/}"
     expect_status 0
     [ -z "$output" ]
@@ -57,11 +58,14 @@ for f in sys.argv[1:]:
 cm = next(yaml.safe_load_all(open(sys.argv[1])))
 cfg = yaml.safe_load(cm["data"]["epp-config.yaml"])
 print(" ".join(sorted(p["type"] for p in cfg["plugins"])))
-print(" ".join("%s=%s" % (e["pluginRef"], e.get("weight", "-")) for e in cfg["schedulingProfiles"][0]["plugins"]))' \
+profile = cfg["schedulingProfiles"][0]["plugins"]
+print(" ".join("%s=%s" % (e["pluginRef"], e.get("weight", "-")) for e in profile))' \
         "$K8S/lora-stack-endpoint-picker-config.yaml"
     expect_status 0
-    [ "${lines[0]}" = "core-metrics-extractor kv-cache-utilization-scorer lora-affinity-scorer max-score-picker metrics-data-source queue-scorer single-profile-handler" ]
-    [ "${lines[1]}" = "lora-affinity-scorer=2 queue-scorer=1 kv-cache-utilization-scorer=1 max-score-picker=-" ]
+    [ "${lines[0]}" = "core-metrics-extractor kv-cache-utilization-scorer lora-affinity-scorer \
+max-score-picker metrics-data-source queue-scorer single-profile-handler" ]
+    [ "${lines[1]}" = \
+        "lora-affinity-scorer=2 queue-scorer=1 kv-cache-utilization-scorer=1 max-score-picker=-" ]
 }
 
 @test "kubernetes: the picker scrapes /metrics on the port the model server serves the API on" {
@@ -110,11 +114,13 @@ EOF
         's/- type: lora-affinity-scorer/- type: lora-affinity/'
     broken "profile plugin pluginRef 'queue' names no declared plugin" $c \
         's/- pluginRef: queue-scorer/- pluginRef: queue/'
-    broken "the weight of 'lora-affinity-scorer' is not a number: '2'" $c 's/weight: 2/weight: "2"/'
+    broken "the weight of 'lora-affinity-scorer' is not a number: '2'" $c \
+        's/weight: 2/weight: "2"/'
     broken "plugin type 'metrics-data-source' has no parameter 'port_number'" $c \
         's/path: \/metrics/port_number: 8000/'
     broken "profile plugin has the key 'score'" $c 's/weight: 1$/score: 1/'
-    broken "top-level key 'metrics' is in none of the router's samples" $c 's/^    dataLayer:/    metrics:/'
+    broken "top-level key 'metrics' is in none of the router's samples" $c \
+        's/^    dataLayer:/    metrics:/'
     broken "apiVersion 'llm-d.ai/v1' is none the router's samples use" $c \
         's/apiVersion: llm-d.ai\/v1alpha1/apiVersion: llm-d.ai\/v1/'
     broken "plugin name 'queue-scorer' is declared twice" $c \
@@ -126,26 +132,34 @@ EOF
 @test "kubernetes: an InferencePool its CRD refuses is named" {
     local p=lora-stack-inferencepool.yaml
     broken "spec: 'targetPorts' is a required property" $p 's/targetPorts:/targetPortNumber:/'
-    broken "spec.targetPorts: port number must be unique" $p 's/    - number: 8000/    - number: 8000\n    - number: 8000/'
-    broken "spec.endpointPickerRef: port is required when kind is 'Service'" $p '/^    port:$/,/^      number: 9002$/d'
-    broken "spec.endpointPickerRef.failureMode: 'Sometimes' is not one of" $p 's/FailClose/Sometimes/'
-    broken "spec.targetPorts.0.number: 70000 is greater than the maximum of 65535" $p 's/number: 8000/number: 70000/'
+    broken "spec.targetPorts: port number must be unique" $p \
+        's/    - number: 8000/    - number: 8000\n    - number: 8000/'
+    broken "spec.endpointPickerRef: port is required when kind is 'Service'" $p \
+        '/^    port:$/,/^      number: 9002$/d'
+    broken "spec.endpointPickerRef.failureMode: 'Sometimes' is not one of" $p \
+        's/FailClose/Sometimes/'
+    broken "spec.targetPorts.0.number: 70000 is greater than the maximum of 65535" $p \
+        's/number: 8000/number: 70000/'
 }
 
 @test "kubernetes: the picker's Deployment, Service and pool must point at each other" {
     local e=lora-stack-endpoint-picker.yaml
-    broken "--config-file /etc/epp/config.yaml: ConfigMap 'lora-stack-epp-config' has no key 'config.yaml'" $e \
+    broken "ConfigMap 'lora-stack-epp-config' has no key 'config.yaml'" $e \
         's/--config-file=\/etc\/epp\/epp-config.yaml/--config-file=\/etc\/epp\/config.yaml/'
-    broken "is under no volume mount of the container" $e 's/mountPath: \/etc\/epp,/mountPath: \/etc\/picker,/'
-    broken "no ConfigMap 'epp-config' here" $e 's/configMap: {name: lora-stack-epp-config}/configMap: {name: epp-config}/'
-    broken "--pool-name 'pool' names no InferencePool here" $e 's/--pool-name=lora-stack/--pool-name=pool/'
+    broken "is under no volume mount of the container" $e \
+        's/mountPath: \/etc\/epp,/mountPath: \/etc\/picker,/'
+    broken "no ConfigMap 'epp-config' here" $e \
+        's/configMap: {name: lora-stack-epp-config}/configMap: {name: epp-config}/'
+    broken "--pool-name 'pool' names no InferencePool here" $e \
+        's/--pool-name=lora-stack/--pool-name=pool/'
     broken "Service 'lora-stack-epp' has no port 9002 to the picker's gRPC port 9102" $e \
         's/--grpc-port=9002/--grpc-port=9102/'
     broken "Service 'lora-stack-epp' does not select the picker's pods" $e \
         's/selector: {app: lora-stack-epp}/selector: {app: epp}/'
     broken "target port 8000 is no container port of the pool's pods" lora-stack.yaml \
         's/containerPort: 8000/containerPort: 8080/'
-    broken "matches no Deployment's pods here" lora-stack.yaml 's/^        app: lora-stack$/        app: server/'
+    broken "matches no Deployment's pods here" lora-stack.yaml \
+        's/^        app: lora-stack$/        app: server/'
 }
 
 @test "kubernetes: k8s_check.py usage errors exit 100" {

@@ -241,10 +241,12 @@ until_resident() { # DIR REGEX...
     until_resident "$C" '^vllm:lora_adapter_loaded\{.*adapter_name="x",level="cpu"' \
         '^vllm:lora_adapter_loaded\{.*adapter_name="y",level="gpu"'
     until_resident "$P" '^vllm:lora_adapter_loaded\{.*adapter_name="x",level="gpu",pinned="true"'
-    view "A loaded=x:gpu,y:gpu gpu=2 max=2 active=x,y;B loaded=w:gpu gpu=1 max=2 active=w;C loaded=x:cpu,y:gpu gpu=1 max=1 active=y;P loaded=x:gpu:pinned gpu=1 max=1 active=x" \
+    local a="A loaded=x:gpu,y:gpu gpu=2 max=2" b="B loaded=w:gpu gpu=1 max=2"
+    local c="C loaded=x:cpu,y:gpu gpu=1 max=1" p="P loaded=x:gpu:pinned gpu=1 max=1"
+    view "$a active=x,y;$b active=w;$c active=y;$p active=x" \
         residency "$(ep A resident)" "$(ep B resident)" "$(ep C resident)" "$(ep P resident)"
     # In vLLM's meaning nothing is in flight, so no resident is busy.
-    view "A loaded=x:gpu,y:gpu gpu=2 max=2 active=;B loaded=w:gpu gpu=1 max=2 active=;C loaded=x:cpu,y:gpu gpu=1 max=1 active=;P loaded=x:gpu:pinned gpu=1 max=1 active=" \
+    view "$a active=;$b active=;$c active=;$p active=" \
         residency "$(ep A inflight)" "$(ep B inflight)" "$(ep C inflight)" "$(ep P inflight)"
 }
 
@@ -291,7 +293,8 @@ until_resident() { # DIR REGEX...
     # The engine's own account of every rank, independently of the scrape.
     levels=$("$LORA_BIN/lora-inspect" residency --run-dir "$STACK_RUN" --json |
         jq -r 'select(.kind == "adapter") | "\(.adapter):\(.level)"' | sort | paste -sd ,)
-    [[ "$levels" =~ ^x:(gpu|cpu),y:(gpu|cpu),z:(gpu|cpu)$ ]] || { echo "levels: $levels" >&2; return 1; }
+    [[ "$levels" =~ ^x:(gpu|cpu),y:(gpu|cpu),z:(gpu|cpu)$ ]] ||
+        { echo "levels: $levels" >&2; return 1; }
     local in_slots on_cpu
     in_slots=$(echo "$levels" | tr , '\n' | sed -n 's/:gpu$//p' | paste -sd ,)
     on_cpu=$(echo "$levels" | tr , '\n' | sed -n 's/:cpu$//p')
