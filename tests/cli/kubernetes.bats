@@ -10,7 +10,7 @@ bats_require_minimum_version 1.5.0
 K8S="$ROOT/examples/kubernetes"
 CHECK="$PYTHON $ROOT/tests/ref/k8s_check.py"
 FILES=(lora-stack.yaml lora-stack-inferencepool.yaml lora-stack-endpoint-picker-config.yaml
-    lora-stack-endpoint-picker.yaml)
+    lora-stack-endpoint-picker.yaml lora-stack-httproute.yaml)
 
 setup() {
     T=$BATS_TEST_TMPDIR
@@ -33,7 +33,7 @@ broken() {
     cp "$K8S/$file" "$T/$file"
 }
 
-@test "kubernetes: the example files are the four a user applies, one job each" {
+@test "kubernetes: the example files are the five a user applies, one job each" {
     [ "$(ls "$K8S" | paste -sd ' ')" = "$(printf '%s\n' "${FILES[@]}" | sort | paste -sd ' ')" ]
     run "$PYTHON" -c 'import sys, yaml
 for f in sys.argv[1:]:
@@ -45,6 +45,7 @@ for f in sys.argv[1:]:
     [ "${lines[2]}" = "lora-stack-endpoint-picker-config.yaml ConfigMap" ]
     [ "${lines[3]}" = \
         "lora-stack-endpoint-picker.yaml ServiceAccount Role RoleBinding Deployment Service" ]
+    [ "${lines[4]}" = "lora-stack-httproute.yaml HTTPRoute" ]
 }
 
 @test "kubernetes: the pool, the picker's configuration and its Deployment pass the check" {
@@ -158,6 +159,10 @@ EOF
         's/selector: {app: lora-stack-epp}/selector: {app: epp}/'
     broken "target port 8000 is no container port of the pool's pods" lora-stack.yaml \
         's/containerPort: 8000/containerPort: 8080/'
+    broken "backendRef names no InferencePool here: 'pool'" lora-stack-httproute.yaml \
+        's/name: lora-stack$/name: pool/'
+    broken "has group 'inference.networking.x-k8s.io'" lora-stack-httproute.yaml \
+        's/group: inference.networking.k8s.io/group: inference.networking.x-k8s.io/'
     broken "matches no Deployment's pods here" lora-stack.yaml \
         's/^        app: lora-stack$/        app: server/'
 }

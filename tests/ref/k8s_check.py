@@ -22,7 +22,7 @@ What is checked:
   - the picker's Deployment: --config-file is a file of a mounted ConfigMap that exists here,
     --pool-name an InferencePool here; the pool's endpointPickerRef a Service here that selects
     the picker's pods on its gRPC port; the pool's selector some Deployment's pods, and its target
-    ports their container ports.
+    ports their container ports; an HTTPRoute's InferencePool backends pools here.
 """
 
 import os
@@ -382,6 +382,18 @@ def check_set(docs, ref, out):
         if not ok:
             out.add(where, "Service '%s' has no port %r to the picker's gRPC port %d"
                     % (epp.get("name"), want, grpc))
+
+    pool_names = {p["metadata"].get("name") for _, p in pools}
+    for where, route in by_kind.get("HTTPRoute", []):
+        for rule in (route.get("spec") or {}).get("rules") or []:
+            for b in rule.get("backendRefs") or []:
+                if b.get("kind") != "InferencePool":
+                    continue
+                if b.get("group") != ref.pool_group:
+                    out.add(where, "backendRef to InferencePool '%s' has group %r, not %s"
+                            % (b.get("name"), b.get("group"), ref.pool_group))
+                if b.get("name") not in pool_names:
+                    out.add(where, "backendRef names no InferencePool here: %r" % b.get("name"))
 
     for where, pool in pools:
         spec = pool.get("spec") or {}
