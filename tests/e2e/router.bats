@@ -1,15 +1,19 @@
 #!/usr/bin/env bats
-# The router's view of lora-metrics: tests/ref/router_view.py scores endpoints for an adapter by
-# the published rules of the LoRA affinity scorer (1.0 active, 0.8 room for one more, 0.6
-# waiting, else 0.0) from real engines' scrapes, one engine and worker per endpoint, each engine
-# with two exporters: the default --lora-info resident and --lora-info inflight (vLLM's
-# meaning; router_view.py --as-vllm adds vLLM's habit of writing one list into both labels). The
-# cases are those where vLLM's sets mislead the router: an adapter whose only request is queued,
-# a resident adapter with no requests, and an endpoint whose slots are full.
+# The router's view of lora-stack: tests/ref/router_view.py ranks endpoints for an adapter with
+# two scorers of the llm-d router's endpoint picker, from real engines' scrapes, one engine and
+# worker per endpoint, each engine scraped in two meanings of vllm:lora_requests_info: the
+# default --lora-info resident and --lora-info inflight (vLLM's meaning; router_view.py
+# --as-vllm adds vLLM's habit of writing one list into both labels).
+#   - The lora-affinity-scorer (1.0 active, 0.8 room for one more, 0.6 waiting, else 0.0), in
+#     the cases where vLLM's sets mislead it: an adapter whose only request is queued, a
+#     resident adapter with no requests, and an endpoint whose slots are full.
+#   - The lora-load-state-scorer (1.0 in a slot, 0.7 in the CPU cache only, 0.6 a free slot,
+#     0.3 an idle unpinned adapter to evict, else 0.0), once per tier.
 #
-# Endpoints A and B are shared by the file and never get requests: A (2 slots) holds x and y in
-# its slots, B (2 slots) holds w only. Q (1 slot, with a frontend) is started by the test that
-# queues requests on it. Every process is recorded in a pid file and stopped in teardown.
+# Endpoints shared by the file, which never get requests: A (2 slots) holds x and y in its
+# slots; B (2 slots) holds w only; C (1 slot) holds y in its slot and x in its CPU cache; P (1
+# slot) holds x pinned. Q (1 slot, with a frontend) is started by the test that queues requests
+# on it. Every process is recorded in a pid file and stopped in teardown.
 
 load ../helpers
 bats_require_minimum_version 1.5.0
@@ -34,8 +38,18 @@ finish_endpoint() {
     done
 }
 
+# The page the router scrapes for the endpoint whose directory is $dir, in the --lora-info
+# meaning $mode: today the endpoint's lora-metrics for that meaning ($dir/$mode.port). The one
+# place to change to scrape another port of the endpoint.
+SCRAPE_URL='http://127.0.0.1:$(cat "$dir/$mode.port")/metrics'
+
+# For a stack started with lora-stack up --port PORT --metrics-port PORT+1: the port the router
+# scrapes, as an offset from PORT. Today the exporter's; the frontend's own page would be 0.
+STACK_SCRAPE_OFFSET=1
+
 url() { # DIR MODE
-    echo "http://127.0.0.1:$(cat "$1/$2.port")/metrics"
+    local dir=$1 mode=$2
+    eval "echo \"$SCRAPE_URL\""
 }
 
 ep() { # NAME MODE: the endpoint argument of router_view.py for the endpoint whose dir is $NAME
@@ -49,13 +63,24 @@ setup_file() {
     export D=$BATS_FILE_TMPDIR
     : > "$D/pids"
     make_model_and_adapters "$D" w x y z
-    export A=$D/A B=$D/B
+    export A=$D/A B=$D/B C=$D/C P=$D/P
     start_engine_group "$A" "$D/pids" "$D/m" --max-loras 2 --max-cpu-loras 4 \
         --lora-modules "x=$D/x" --lora-modules "y=$D/y"
     start_engine_group "$B" "$D/pids" "$D/m" --max-loras 2 --max-cpu-loras 4 \
         --lora-modules "w=$D/w"
-    finish_endpoint "$A" "$D/pids"
-    finish_endpoint "$B" "$D/pids"
+    # One slot for two adapters: the second one loaded takes it, the first stays in the cache.
+    start_engine_group "$C" "$D/pids" "$D/m" --max-loras 1 --max-cpu-loras 4 \
+        --lora-modules "x=$D/x" --lora-modules "y=$D/y"
+    start_engine_group "$P" "$D/pids" "$D/m" --max-loras 1 --max-cpu-loras 4 \
+        --lora-modules "x=$D/x"
+    for e in "$A" "$B" "$C" "$P"; do
+        finish_endpoint "$e" "$D/pids"
+    done
+    "$PYTHON" -c 'import sys
+sys.path.insert(0, sys.argv[1])
+import client
+r = client.control(sys.argv[2], "pin", "x")
+sys.exit(0 if r.get("ok") else "pin x: %r" % r)' "$ROOT/tests/ref" "$P"
 }
 
 teardown_file() {
@@ -69,6 +94,9 @@ setup() {
 
 teardown() {
     stop_pids "$T/pids"
+    if [ -n "${STACK_RUN:-}" ]; then
+        "$LORA_BIN/lora-stack" down --run-dir "$STACK_RUN" > /dev/null 2>&1 || true
+    fi
 }
 
 # Scrapes URL $1 into $T/scrape until every further argument, an extended regular expression,
@@ -168,6 +196,14 @@ view() {
     # The waiting set counts towards max_lora: Q's one slot is taken by x and y wants it, so a
     # third adapter scores 0.0 there.
     view "1 B 0.8;2 Q 0.0" score z "$(ep Q resident)" "$(ep B resident)"
+    # The load-state scorer: Q's one slot holds x, busy with a request, so a third adapter finds
+    # Q saturated in either meaning.
+    for mode in resident inflight; do
+        view "1 B 0.6 free-slot;2 Q 0.0 saturated" load-state z "$(ep Q $mode)" "$(ep B $mode)"
+    done
+    # y sits in Q's CPU cache, and the scorer prices activating it there (0.7) above a load into
+    # B's free slot (0.6), although Q's slot is busy: its tiers look at residency alone.
+    view "1 Q 0.7 cpu-resident;2 B 0.6 free-slot" load-state y "$(ep B inflight)" "$(ep Q inflight)"
 }
 
 @test "(b) a resident adapter with no requests is active by default: 1.0; inflight hides it" {
@@ -189,4 +225,83 @@ view() {
     view "1 B 0.8;2 A 0.0" score z "$(ep B resident)" "$(ep A resident)"
     # vLLM's meaning hides that A's slots are taken: z would evict x or y there.
     view "1 A 0.8;1 B 0.8" score z "$(ep A inflight)" "$(ep B inflight)"
+}
+
+# Waits until both of the endpoint's scrapes show its residency as set up.
+until_resident() { # DIR REGEX...
+    local dir=$1 mode
+    shift
+    for mode in resident inflight; do
+        until_scrape "$(url "$dir" $mode)" "$@"
+    done
+}
+
+@test "the load-state scorer's view: residency, slots and the adapters in flight, per endpoint" {
+    until_resident "$A" '^vllm:num_gpu_loaded_lora_adapters\{.*\} 2\.0$'
+    until_resident "$C" '^vllm:lora_adapter_loaded\{.*adapter_name="x",level="cpu"' \
+        '^vllm:lora_adapter_loaded\{.*adapter_name="y",level="gpu"'
+    until_resident "$P" '^vllm:lora_adapter_loaded\{.*adapter_name="x",level="gpu",pinned="true"'
+    local a="A loaded=x:gpu,y:gpu gpu=2 max=2" b="B loaded=w:gpu gpu=1 max=2"
+    local c="C loaded=x:cpu,y:gpu gpu=1 max=1" p="P loaded=x:gpu:pinned gpu=1 max=1"
+    view "$a active=x,y;$b active=w;$c active=y;$p active=x" \
+        residency "$(ep A resident)" "$(ep B resident)" "$(ep C resident)" "$(ep P resident)"
+    # In vLLM's meaning nothing is in flight, so no resident is busy.
+    view "$a active=;$b active=;$c active=;$p active=" \
+        residency "$(ep A inflight)" "$(ep B inflight)" "$(ep C inflight)" "$(ep P inflight)"
+}
+
+@test "load-state: an adapter in a slot (1.0) beats a free slot (0.6)" {
+    until_resident "$A" '^vllm:lora_adapter_loaded\{.*adapter_name="x",level="gpu"'
+    for mode in resident inflight; do
+        view "1 A 1.0 gpu-resident;2 B 0.6 free-slot" load-state x "$(ep B $mode)" "$(ep A $mode)"
+    done
+}
+
+@test "load-state: an adapter in the CPU cache only (0.7) beats a free slot (0.6)" {
+    until_resident "$C" '^vllm:lora_adapter_loaded\{.*adapter_name="x",level="cpu"'
+    for mode in resident inflight; do
+        view "1 C 0.7 cpu-resident;2 B 0.6 free-slot" load-state x "$(ep B $mode)" "$(ep C $mode)"
+    done
+}
+
+@test "load-state: a free slot (0.6) beats evicting an idle adapter (0.3), in vLLM's meaning" {
+    until_resident "$A" '^vllm:num_gpu_loaded_lora_adapters\{.*\} 2\.0$'
+    view "1 B 0.6 free-slot;2 A 0.3 evictable" load-state z "$(ep A inflight)" "$(ep B inflight)"
+    # The default meaning lists every adapter in a slot as running, so the scorer takes A's
+    # idle x and y for busy ones: A is saturated, and still below B.
+    view "1 B 0.6 free-slot;2 A 0.0 saturated" load-state z "$(ep A resident)" "$(ep B resident)"
+}
+
+@test "load-state: evicting an idle adapter (0.3) beats a slot held by a pinned one (0.0)" {
+    until_resident "$P" '^vllm:lora_adapter_loaded\{.*adapter_name="x",level="gpu",pinned="true"'
+    view "1 A 0.3 evictable;2 P 0.0 saturated" load-state z "$(ep P inflight)" "$(ep A inflight)"
+    # In the default meaning both look saturated, and the scorer cannot tell them apart.
+    view "1 P 0.0 saturated;1 A 0.0 saturated" load-state z "$(ep P resident)" "$(ep A resident)"
+}
+
+@test "a stack started with lora-stack up: the router reads its scrape as the engine holds it" {
+    local port=$((21000 + ($$ % 400) * 20)) levels
+    STACK_RUN=$T/stack
+    "$LORA_BIN/lora-stack" up --run-dir "$STACK_RUN" --model "$D/m" --port "$port" \
+        --metrics-port $((port + 1)) --max-loras 2 --max-cpu-loras 4 --lora-modules "x=$D/x" \
+        --lora-modules "y=$D/y" --lora-modules "z=$D/z" > "$T/up.out" 2> "$T/up.err" 3>&- ||
+        { cat "$T/up.err" >&2; return 1; }
+    local u="http://127.0.0.1:$((port + STACK_SCRAPE_OFFSET))/metrics"
+    # Three adapters, two slots: one of them waits in the CPU cache.
+    until_scrape "$u" '^vllm:num_gpu_loaded_lora_adapters\{.*\} 2\.0$' \
+        '^vllm:lora_adapter_loaded\{.*level="cpu"'
+    # The engine's own account of every rank, independently of the scrape.
+    levels=$("$LORA_BIN/lora-inspect" residency --run-dir "$STACK_RUN" --json |
+        jq -r 'select(.kind == "adapter") | "\(.adapter):\(.level)"' | sort | paste -sd ,)
+    [[ "$levels" =~ ^x:(gpu|cpu),y:(gpu|cpu),z:(gpu|cpu)$ ]] ||
+        { echo "levels: $levels" >&2; return 1; }
+    local in_slots on_cpu
+    in_slots=$(echo "$levels" | tr , '\n' | sed -n 's/:gpu$//p' | paste -sd ,)
+    on_cpu=$(echo "$levels" | tr , '\n' | sed -n 's/:cpu$//p')
+    view "S loaded=$levels gpu=2 max=2 active=$in_slots" residency "S=$u"
+    view "S running=$in_slots waiting= max_lora=2" sets "S=$u"
+    # For the adapter in S's CPU cache, the load-state scorer prefers S, which holds it; the
+    # affinity scorer, which sees no CPU cache, prefers B's free slot over S's full ones.
+    view "1 S 0.7 cpu-resident;2 B 0.6 free-slot" load-state "$on_cpu" "$(ep B resident)" "S=$u"
+    view "1 B 0.8;2 S 0.0" score "$on_cpu" "$(ep B resident)" "S=$u"
 }
