@@ -81,6 +81,7 @@ static void seq_free(struct fe_seq *s)
     free(s->top_ids);
     free(s->top_lps);
     free(s->prompt_lps);
+    free(s->prompt_ranks);
     free(s);
 }
 
@@ -542,6 +543,10 @@ static void append_output_locked(struct fe_seq *s, const struct lora_msg_output 
             memcpy(s->prompt_lps, m->prompt_logprobs, sizeof(float) * (size_t)m->n_prompt_logprobs);
             s->n_prompt_lps = m->n_prompt_logprobs;
         }
+        if (s->prompt_lps && m->prompt_ranks &&
+            (s->prompt_ranks = malloc(sizeof(int32_t) * (size_t)m->n_prompt_logprobs)))
+            memcpy(s->prompt_ranks, m->prompt_ranks,
+                   sizeof(int32_t) * (size_t)m->n_prompt_logprobs);
     }
     s->num_prompt_tokens = m->num_prompt_tokens;
     if (m->finished) {

@@ -32,6 +32,12 @@ struct gen_params {
     int32_t stop_ids[16];
     int n_stop_ids;
     const char *user;
+    bool include_stop_str_in_output; /* the stop string stays at the end of the text */
+    bool return_tokens_as_token_ids; /* log-probability tokens as "token_id:N" */
+    int truncate_prompt_tokens;      /* 0: none; else keep the last N prompt tokens */
+    int prompt_logprobs;             /* -1: none; 0: the prompt tokens' own */
+    int32_t allowed[LORA_MSG_MAX_ALLOWED]; /* allowed_token_ids */
+    int n_allowed;
 };
 
 /* Fills p from body. Returns 0, or -1 with the message in err and the field in *param. */

@@ -59,6 +59,7 @@ struct worker {
     int32_t *top_ids;
     float *top_lps;
     float *prompt_lps;
+    int32_t *prompt_ranks; /* beside prompt_lps: each prompt token's vocabulary rank */
     float *masked; /* (vocab) one row of logits with a sequence's banned tokens at -inf */
 };
 
