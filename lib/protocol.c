@@ -1996,10 +1996,15 @@ static int output_fields(struct dec *d, const msgpack_object_map *m, void *p)
             return -1;
         o->n_prompt_logprobs = (int)plps->size;
     }
+    if (!v) {
+        const msgpack_object *ranks;
+        if (find(d, m, "prompt_ranks", &ranks) < 0)
+            return -1;
+        if (ranks)
+            return FAIL(d, "prompt_logprobs", -1, "missing (prompt_ranks needs it)");
+    }
     if (prompt_ranks(d, m, (uint32_t)o->n_prompt_logprobs, &o->prompt_ranks) < 0)
         return -1;
-    if (v == NULL && o->prompt_ranks)
-        return FAIL(d, "prompt_ranks", -1, "without prompt_logprobs");
     if (get_bool(d, m, "finished", &o->finished) < 0 ||
         opt_str(d, m, "finish_reason", &o->finish_reason) < 0 ||
         get_int(d, m, "num_prompt_tokens", 0, INT_MAX, &o->num_prompt_tokens) < 0 ||
