@@ -346,17 +346,17 @@ int main(int argc, char **argv)
         puts("lora-engine " LORA_VERSION);
         return 0;
     }
+    if (!lora_generation_config_is_source(gen_source)) {
+        fprintf(stderr, "lora-engine: fatal: --generation-config '%s' must be auto, vllm or a "
+                        "directory\n", gen_source);
+        return EXIT_USAGE;
+    }
     struct lora_model_config cfg;
     char path[4200];
     snprintf(path, sizeof(path), "%s/config.json", e.model);
     if (lora_model_config_load(path, &cfg, err, sizeof(err)) < 0) {
         fprintf(stderr, "lora-engine: fatal: %s\n", err);
         return 1;
-    }
-    if (!lora_generation_config_is_source(gen_source)) {
-        fprintf(stderr, "lora-engine: fatal: --generation-config '%s' must be auto, vllm or a "
-                        "directory\n", gen_source);
-        return EXIT_USAGE;
     }
     if (lora_generation_config_load(gen_source, e.model, &e.gen, err, sizeof(err)) < 0) {
         fprintf(stderr, "lora-engine: fatal: --generation-config: %s\n", err);

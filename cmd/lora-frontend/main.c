@@ -19,6 +19,7 @@
 
 #include "cli.h"
 #include "frontend.h"
+#include "params.h"
 #include "sock.h"
 
 struct setup_args {
@@ -228,6 +229,7 @@ int main(int argc, char **argv)
         rc = 1;
         goto stop;
     }
+    params_note_defaults(&fe);
     if (load_model_files(&fe, chat_name, err, sizeof(err)) < 0 ||
         adapters_load_modules(&fe, &mods, err, sizeof(err)) < 0) {
         fprintf(stderr, "lora-frontend: fatal: %s\n", err);

@@ -225,6 +225,26 @@ static int get_allowed(json_t *body, struct gen_params *p, int vocab, char *err,
     return 0;
 }
 
+void params_note_defaults(const struct frontend *fe)
+{
+    const struct lora_generation_config *g = &fe->gen;
+    char buf[256] = "";
+    size_t n = 0;
+
+    if (!lora_generation_config_any(g))
+        return;
+    if (g->has_temperature)
+        n += (size_t)snprintf(buf + n, sizeof(buf) - n, " temperature %g", g->temperature);
+    if (g->has_top_p && n < sizeof(buf))
+        n += (size_t)snprintf(buf + n, sizeof(buf) - n, " top_p %g", g->top_p);
+    if (g->has_top_k && n < sizeof(buf))
+        n += (size_t)snprintf(buf + n, sizeof(buf) - n, " top_k %d", g->top_k);
+    if (g->has_max_tokens && n < sizeof(buf))
+        snprintf(buf + n, sizeof(buf) - n, " max_tokens at most %d", g->max_tokens);
+    fprintf(stderr, "lora-frontend: note: default sampling parameters from '%s':%s "
+                    "(--generation-config vllm ignores them)\n", g->source, buf);
+}
+
 int params_parse(struct frontend *fe, json_t *body, bool chat, struct gen_params *p,
                  const char **param, char *err, size_t err_len)
 {

@@ -44,6 +44,9 @@ struct gen_params {
 int params_parse(struct frontend *fe, json_t *body, bool chat, struct gen_params *p,
                  const char **param, char *err, size_t err_len);
 
+/* Says on stderr which defaults the generation config sets, as vLLM warns of them. */
+void params_note_defaults(const struct frontend *fe);
+
 /* Reads an optional integer field in [lo, hi]: absent or null leaves *out. 0 / -1 (err). */
 int params_int(json_t *body, const char *key, long long lo, long long hi, long long *out,
                char *err, size_t err_len);
