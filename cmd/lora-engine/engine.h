@@ -73,6 +73,9 @@ struct eng_request {
     const char *error_code; /* with an error output: "not_found", "invalid" or "unavailable" */
     float *prompt_lps; /* (n_prompt), filled as prefill chunks run */
     int32_t *prompt_ranks; /* (n_prompt), beside prompt_lps; [0] is 0 */
+    int prompt_top_n;      /* the top tokens of each prompt position wanted, or 0 */
+    int32_t *prompt_top_ids; /* (n_prompt * prompt_top_n), row 0 unused */
+    float *prompt_top_lps;
     bool sent_first;
 };
 

@@ -113,6 +113,9 @@ int frontends_send_output(struct engine *e, struct eng_request *r, int n_new, co
         o.n_prompt_logprobs = r->n_prompt;
         o.prompt_logprobs = r->prompt_lps;
         o.prompt_ranks = r->prompt_ranks;
+        o.prompt_top_n = r->prompt_top_n;
+        o.prompt_top_ids = r->prompt_top_ids;
+        o.prompt_top_logprobs = r->prompt_top_lps;
     }
     if (reason)
         o.finish_reason = (struct lora_str){reason, strlen(reason)};
@@ -143,6 +146,8 @@ void request_release(struct engine *e, struct eng_request *r)
     free(r->tokens);
     free(r->prompt_lps);
     free(r->prompt_ranks);
+    free(r->prompt_top_ids);
+    free(r->prompt_top_lps);
     free(r->allowed);
     memset(r, 0, sizeof(*r));
 }
@@ -263,6 +268,11 @@ static void handle_request(struct engine *e, int fe, const struct lora_msg_frame
     r->tokens = malloc(sizeof(int32_t) * (m.n_prompt + (size_t)m.max_tokens));
     r->prompt_lps = malloc(sizeof(float) * m.n_prompt);
     r->prompt_ranks = calloc(m.n_prompt, sizeof(int32_t));
+    r->prompt_top_n = m.prompt_logprobs ? m.prompt_top_n : 0;
+    if (r->prompt_top_n > 0) {
+        r->prompt_top_ids = calloc(m.n_prompt * (size_t)r->prompt_top_n, sizeof(int32_t));
+        r->prompt_top_lps = calloc(m.n_prompt * (size_t)r->prompt_top_n, sizeof(float));
+    }
     if (m.n_allowed_token_ids > 0) {
         r->allowed = malloc(sizeof(int32_t) * (size_t)m.n_allowed_token_ids);
         if (r->allowed) {
@@ -271,7 +281,9 @@ static void handle_request(struct engine *e, int fe, const struct lora_msg_frame
             r->n_allowed = m.n_allowed_token_ids;
         }
     }
-    if (!r->tokens || !r->prompt_lps || !r->prompt_ranks || (m.n_allowed_token_ids > 0 && !r->allowed)) {
+    if (!r->tokens || !r->prompt_lps || !r->prompt_ranks ||
+        (r->prompt_top_n > 0 && (!r->prompt_top_ids || !r->prompt_top_lps)) ||
+        (m.n_allowed_token_ids > 0 && !r->allowed)) {
         request_release(e, r);
         return refuse(e, fe, &m, "unavailable", "out of memory");
     }

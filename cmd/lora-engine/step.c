@@ -113,6 +113,7 @@ static int send_step(struct engine *e)
             .n_blocks = sq->n_table_blocks,
             .slot = sq->adapter_slot,
             .all_logits = r->prompt_logprobs && sq->pos < r->n_prompt,
+            .prompt_top_n = r->prompt_logprobs && sq->pos < r->n_prompt ? r->prompt_top_n : 0,
             .sample = sq->samples,
             .temperature = r->temperature,
             .top_p = r->top_p,
@@ -166,6 +167,13 @@ static int absorb(struct engine *e, const struct lora_msg_step_reply *rep)
             r->prompt_lps[sq->pos + t + 1] = o->prompt_logprobs[t];
             if (o->prompt_ranks)
                 r->prompt_ranks[sq->pos + t + 1] = o->prompt_ranks[t];
+            if (o->prompt_top_n == r->prompt_top_n && r->prompt_top_n > 0) {
+                size_t k = (size_t)r->prompt_top_n, at = (size_t)(sq->pos + t + 1) * k;
+                memcpy(r->prompt_top_ids + at, o->prompt_top_ids + (size_t)t * k,
+                       sizeof(int32_t) * k);
+                memcpy(r->prompt_top_lps + at, o->prompt_top_logprobs + (size_t)t * k,
+                       sizeof(float) * k);
+            }
         }
         if (o->token < 0)
             continue;

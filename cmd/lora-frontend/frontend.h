@@ -45,6 +45,9 @@ struct fe_seq {
     float *prompt_lps; /* (n_prompt_lps), [0] NaN */
     int32_t *prompt_ranks; /* (n_prompt_lps) or NULL; [0] is 0 */
     int n_prompt_lps;
+    int prompt_top_n;        /* the top tokens of each prompt position, or 0 */
+    int32_t *prompt_top_ids; /* (n_prompt_lps * prompt_top_n) */
+    float *prompt_top_lps;
     bool finished;
     char finish_reason[16];
     char error[512];

@@ -62,6 +62,9 @@ struct choice {
     float *prompt_lps;
     int32_t *prompt_ranks; /* NULL when the engine sent none */
     int n_prompt_lps;
+    int prompt_top_n;        /* the top tokens of each prompt position, or 0 */
+    int32_t *prompt_top_ids; /* (n_prompt_lps * prompt_top_n) */
+    float *prompt_top_lps;
     bool heard;         /* the engine said something about it */
     bool done;
     bool final_sent;    /* streaming: the chunk with the finish reason went out */
@@ -115,6 +118,8 @@ static void gen_free(struct gen *g)
         free(c->top_lps);
         free(c->prompt_lps);
         free(c->prompt_ranks);
+        free(c->prompt_top_ids);
+        free(c->prompt_top_lps);
     }
     for (int i = 0; i < g->n_prompts; i++) {
         free(g->prompts[i]);
@@ -423,6 +428,11 @@ static int submit(struct gen *g, unsigned *status, const char **param, char *err
             .seed = g->p.seed + (uint64_t)(k % g->p.n),
             .logprobs = g->p.logprobs > 0 ? g->p.logprobs : 0,
             .prompt_logprobs = (g->p.echo && g->p.logprobs >= 0) || g->p.prompt_logprobs >= 0,
+            /* An explicit prompt_logprobs wins; else echo shows logprobs alternatives, as
+             * vLLM sets prompt_logprobs from logprobs under echo. */
+            .prompt_top_n = g->p.prompt_logprobs >= 0     ? g->p.prompt_logprobs
+                            : g->p.echo && g->p.logprobs > 0 ? g->p.logprobs
+                                                             : 0,
             .ignore_eos = g->p.ignore_eos,
             .n_stop_token_ids = g->p.n_stop_ids,
             .stop_token_ids = g->p.stop_ids,
@@ -568,6 +578,13 @@ static void advance(struct gen *g, struct choice *c)
         if (c->prompt_lps && s->prompt_ranks &&
             (c->prompt_ranks = malloc(sizeof(int32_t) * (size_t)s->n_prompt_lps)))
             memcpy(c->prompt_ranks, s->prompt_ranks, sizeof(int32_t) * (size_t)s->n_prompt_lps);
+        size_t n_top = (size_t)s->n_prompt_lps * (size_t)s->prompt_top_n;
+        if (c->prompt_lps && n_top && (c->prompt_top_ids = malloc(sizeof(int32_t) * n_top)) &&
+            (c->prompt_top_lps = malloc(sizeof(float) * n_top))) {
+            memcpy(c->prompt_top_ids, s->prompt_top_ids, sizeof(int32_t) * n_top);
+            memcpy(c->prompt_top_lps, s->prompt_top_lps, sizeof(float) * n_top);
+            c->prompt_top_n = s->prompt_top_n;
+        }
     }
     size_t from = c->n;
     for (size_t i = from; i < upto && !stopped; i++) {
@@ -745,12 +762,20 @@ static json_t *completion_logprobs(struct gen *g, const struct choice *c, bool w
 
     for (size_t i = 0; with_prompt && i < np; i++) {
         json_t *t = token_json(g, prompt[i]);
-        bool known = i > 0 && (int)i < c->n_prompt_lps && isfinite(c->prompt_lps[i]);
+        bool known = i > 0 && (int)i < c->n_prompt_lps && !isnan(c->prompt_lps[i]);
         json_array_append(tokens, t);
-        json_array_append_new(lps, known ? json_real(c->prompt_lps[i]) : json_null());
-        json_array_append_new(tops, known ? json_pack("{s:f}", json_string_value(t),
-                                                      (double)c->prompt_lps[i])
-                                          : json_null());
+        json_array_append_new(lps, known ? json_real(lp_value(c->prompt_lps[i])) : json_null());
+        json_t *top = known ? json_object() : json_null();
+        for (int k = 0; known && k < g->p.logprobs && k < c->prompt_top_n; k++) {
+            size_t at = i * (size_t)c->prompt_top_n + (size_t)k;
+            json_t *tt = token_json(g, c->prompt_top_ids[at]);
+            json_object_set_new(top, json_string_value(tt),
+                                json_real(lp_value(c->prompt_top_lps[at])));
+            json_decref(tt);
+        }
+        if (known) /* the prompt token itself is always there */
+            json_object_set_new(top, json_string_value(t), json_real(lp_value(c->prompt_lps[i])));
+        json_array_append_new(tops, top);
         json_array_append_new(offs, json_integer((json_int_t)offset));
         offset += json_string_length(t);
         json_decref(t);
@@ -777,8 +802,31 @@ static json_t *completion_logprobs(struct gen *g, const struct choice *c, bool w
                      tokens, "top_logprobs", tops);
 }
 
+/* One entry of vLLM's prompt_logprobs: "ID": {"logprob", "rank", "decoded_token"}, set in pos
+ * unless the id is there already. rank < 0: unknown (null). */
+static void prompt_entry(struct gen *g, json_t *pos, int32_t id, float lp, int rank)
+{
+    char key[16], *s = NULL;
+    size_t n = 0;
+    json_t *text = json_null();
+
+    snprintf(key, sizeof(key), "%" PRId32, id);
+    if (json_object_get(pos, key))
+        return;
+    if (g->fe->tok && lora_tokenizer_decode(g->fe->tok, &id, 1, false, &s, &n, NULL, 0) == 0) {
+        json_decref(text);
+        text = jstr(s, n);
+    }
+    free(s);
+    json_object_set_new(pos, key,
+                        json_pack("{s:f, s:o, s:o}", "logprob", lp_value(lp), "rank",
+                                  rank >= 0 ? json_integer(rank) : json_null(), "decoded_token",
+                                  text));
+}
+
 /* vLLM's prompt_logprobs of one prompt: null for the first token (nothing predicts it), then
- * per token {"ID": {"logprob", "rank", "decoded_token"}}, -inf written as -9999.0. */
+ * per token the prompt token's entry followed by its position's N most likely (ranks 1 to N),
+ * -inf written as -9999.0. */
 static json_t *prompt_logprobs_json(struct gen *g, const struct choice *c)
 {
     size_t np = g->n_prompt[c->prompt_index];
@@ -790,20 +838,14 @@ static json_t *prompt_logprobs_json(struct gen *g, const struct choice *c)
             json_array_append_new(a, json_null());
             continue;
         }
-        char key[16], *s = NULL;
-        size_t n = 0;
-        json_t *text = json_null();
-        snprintf(key, sizeof(key), "%" PRId32, prompt[i]);
-        if (g->fe->tok &&
-            lora_tokenizer_decode(g->fe->tok, &prompt[i], 1, false, &s, &n, NULL, 0) == 0) {
-            json_decref(text);
-            text = jstr(s, n);
+        json_t *pos = json_object();
+        prompt_entry(g, pos, prompt[i], c->prompt_lps[i],
+                     c->prompt_ranks ? c->prompt_ranks[i] : -1);
+        for (int k = 0; k < g->p.prompt_logprobs && k < c->prompt_top_n; k++) {
+            size_t at = i * (size_t)c->prompt_top_n + (size_t)k;
+            prompt_entry(g, pos, c->prompt_top_ids[at], c->prompt_top_lps[at], k + 1);
         }
-        free(s);
-        json_t *lp = json_pack("{s:f, s:o, s:o}", "logprob", lp_value(c->prompt_lps[i]), "rank",
-                               c->prompt_ranks ? json_integer(c->prompt_ranks[i]) : json_null(),
-                               "decoded_token", text);
-        json_array_append_new(a, json_pack("{s:o}", key, lp));
+        json_array_append_new(a, pos);
     }
     return a;
 }

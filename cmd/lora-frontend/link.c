@@ -82,6 +82,8 @@ static void seq_free(struct fe_seq *s)
     free(s->top_lps);
     free(s->prompt_lps);
     free(s->prompt_ranks);
+    free(s->prompt_top_ids);
+    free(s->prompt_top_lps);
     free(s);
 }
 
@@ -547,6 +549,13 @@ static void append_output_locked(struct fe_seq *s, const struct lora_msg_output 
             (s->prompt_ranks = malloc(sizeof(int32_t) * (size_t)m->n_prompt_logprobs)))
             memcpy(s->prompt_ranks, m->prompt_ranks,
                    sizeof(int32_t) * (size_t)m->n_prompt_logprobs);
+        size_t n_top = (size_t)m->n_prompt_logprobs * (size_t)m->prompt_top_n;
+        if (s->prompt_lps && n_top && (s->prompt_top_ids = malloc(sizeof(int32_t) * n_top)) &&
+            (s->prompt_top_lps = malloc(sizeof(float) * n_top))) {
+            memcpy(s->prompt_top_ids, m->prompt_top_ids, sizeof(int32_t) * n_top);
+            memcpy(s->prompt_top_lps, m->prompt_top_logprobs, sizeof(float) * n_top);
+            s->prompt_top_n = m->prompt_top_n;
+        }
     }
     s->num_prompt_tokens = m->num_prompt_tokens;
     if (m->finished) {

@@ -393,19 +393,13 @@ int params_parse(struct frontend *fe, json_t *body, bool chat, struct gen_params
         return -1;
     }
     p->truncate_prompt_tokens = (int)v;
-    /* The prompt tokens' own log-probabilities; the top alternatives at each prompt position
-     * are not computed by the engine, so only 0 is accepted. */
+    /* Each prompt token's log-probability, with the N most likely tokens of its position. */
     v = -1;
     FIELD("prompt_logprobs",
           params_int(body, "prompt_logprobs", 0, FE_MAX_LOGPROBS, &v, err, err_len));
-    if (v > 0) {
-        lora_errf(err, err_len, "'prompt_logprobs' above 0 is not supported by this server "
-                                "(only 0: the log-probability of each prompt token)");
-        return -1;
-    }
     p->prompt_logprobs = (int)v;
     if (p->prompt_logprobs >= 0 && p->stream) {
-        /* vLLM's stream chunks have no place for them. */
+        /* vLLM's stream chunks have no place for them (it refuses above 0, and drops 0). */
         lora_errf(err, err_len, "'prompt_logprobs' are not available when 'stream' is true");
         return -1;
     }

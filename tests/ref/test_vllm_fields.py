@@ -183,9 +183,33 @@ def prompt_logprobs():
     assert c["prompt_logprobs"][0] is None and all(c["prompt_logprobs"][1:]), c
     status, c = post("/v1/chat/completions", chat_body())
     assert status == 200 and c["prompt_logprobs"] is None, c
+    # With N: the N most likely tokens of each position too, ranks 1 to N, the same as a
+    # generation step from that prefix reports.
+    r = completion(max_tokens=1, prompt_logprobs=3)["choices"][0]["prompt_logprobs"]
+    for i in (1, 4):
+        step = completion(prompt=PROMPT[:i], max_tokens=1, logprobs=3,
+                          return_tokens_as_token_ids=True)["choices"][0]["logprobs"]
+        want = sorted(((int(k.split(":")[1]), v) for k, v in step["top_logprobs"][0].items()),
+                      key=lambda kv: -kv[1])[:3]
+        pos = r[i]
+        assert list(pos)[0] == str(PROMPT[i]), pos  # the prompt token first
+        tops = sorted(((int(k), e) for k, e in pos.items() if e["rank"] <= 3),
+                      key=lambda kv: kv[1]["rank"])
+        if pos[str(PROMPT[i])]["rank"] > 3:
+            assert len(pos) == 4, pos
+        assert [t for t, _ in tops] == [t for t, _ in want], (pos, want)
+        assert [e["rank"] for _, e in tops] == [1, 2, 3], pos
+        for (_, e), (_, lp) in zip(tops, want):
+            assert abs(e["logprob"] - lp) < 1e-4, (e, lp)
+    # echo with logprobs shows the prompt positions' alternatives too, as vLLM does.
+    lp = completion(max_tokens=1, echo=True, logprobs=2,
+                    return_tokens_as_token_ids=True)["choices"][0]["logprobs"]
+    assert lp["top_logprobs"][0] is None, lp
+    for tops in lp["top_logprobs"][1:len(PROMPT)]:
+        assert 2 <= len(tops) <= 3, tops
     refused("/v1/completions", {"prompt": PROMPT, "prompt_logprobs": 0, "stream": True},
             "prompt_logprobs")
-    for bad in (1, -1, 21, "0"):
+    for bad in (-1, 21, "0", 2.5):
         refused("/v1/completions", {"prompt": PROMPT, "prompt_logprobs": bad},
                 "prompt_logprobs")
 

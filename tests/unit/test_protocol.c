@@ -121,7 +121,8 @@ static const struct lora_msg_step_seq step_seqs[] = {
      .n_banned = 2,
      .banned = step_banned,
      .n_allowed = 3,
-     .allowed = step_allowed},
+     .allowed = step_allowed,
+     .prompt_top_n = 2},
     {.seq_id = 12,
      .n_tokens = 1,
      .pos = 20,
@@ -152,6 +153,8 @@ static const int32_t out0_top_ids[] = {42, 7};
 static const float out0_top_lps[] = {-0.25f, -1.5f};
 static const float out0_prompt_lps[] = {NAN, -2.0f, -0.5f};
 static const int32_t out0_prompt_ranks[] = {0, 12, 1};
+static const int32_t out0_prompt_top_ids[] = {0, 0, 9, 4, 5, 6};
+static const float out0_prompt_top_lps[] = {0, 0, -0.5f, -1.0f, -0.5f, -2.5f};
 static const struct lora_msg_step_out step_outs[] = {
     {.seq_id = 11,
      .token = 42,
@@ -161,7 +164,10 @@ static const struct lora_msg_step_out step_outs[] = {
      .top_logprobs = out0_top_lps,
      .n_prompt_logprobs = 3,
      .prompt_logprobs = out0_prompt_lps,
-     .prompt_ranks = out0_prompt_ranks},
+     .prompt_ranks = out0_prompt_ranks,
+     .prompt_top_n = 2,
+     .prompt_top_ids = out0_prompt_top_ids,
+     .prompt_top_logprobs = out0_prompt_top_lps},
     {.seq_id = 12, .token = -1, .logprob = 0.0f},
 };
 static const struct lora_msg_step_reply step_reply_full = {
@@ -239,7 +245,8 @@ static const struct lora_msg_request request_full = {.request_id = STR("req-1"),
                                                      .n_stop_token_ids = 2,
                                                      .stop_token_ids = request_stop,
                                                      .n_allowed_token_ids = 3,
-                                                     .allowed_token_ids = request_allowed};
+                                                     .allowed_token_ids = request_allowed,
+                                                     .prompt_top_n = 5};
 static const int32_t request_min_prompt[] = {5};
 static const struct lora_msg_request request_min = {.request_id = STR("r"),
                                                     .prompt = request_min_prompt,
@@ -256,6 +263,8 @@ static const int32_t output_top_ids[] = {42, 9, 7, 3};
 static const float output_top_lps[] = {-0.5f, -2.0f, -1.25f, -3.0f};
 static const float output_prompt_lps[] = {NAN, -1.0f, -2.0f};
 static const int32_t output_prompt_ranks[] = {0, 4, 1};
+static const int32_t output_prompt_top_ids[] = {0, 3, 8};
+static const float output_prompt_top_lps[] = {0, -0.75f, -2.0f};
 static const struct lora_msg_output output_full = {.request_id = STR("req-1"),
                                                    .n_tokens = 2,
                                                    .tokens = output_tokens,
@@ -266,6 +275,9 @@ static const struct lora_msg_output output_full = {.request_id = STR("req-1"),
                                                    .n_prompt_logprobs = 3,
                                                    .prompt_logprobs = output_prompt_lps,
                                                    .prompt_ranks = output_prompt_ranks,
+                                                   .prompt_top_n = 1,
+                                                   .prompt_top_ids = output_prompt_top_ids,
+                                                   .prompt_top_logprobs = output_prompt_top_lps,
                                                    .finished = true,
                                                    .finish_reason = STR("length"),
                                                    .num_prompt_tokens = 4,
@@ -524,6 +536,8 @@ static json_t *dump_step(const void *p)
             set(q, "banned", j_i32s(s->banned, (size_t)s->n_banned));
         if (s->n_allowed) /* likewise */
             set(q, "allowed", j_i32s(s->allowed, (size_t)s->n_allowed));
+        if (s->prompt_top_n)
+            set(q, "prompt_top_n", json_integer(s->prompt_top_n));
         json_array_append_new(seqs, q);
     }
     set(o, "seqs", seqs);
@@ -555,6 +569,12 @@ static json_t *dump_step_reply(const void *p)
         set(q, "prompt_logprobs", j_f32s(s->prompt_logprobs, (size_t)s->n_prompt_logprobs));
         if (s->prompt_ranks)
             set(q, "prompt_ranks", j_i32s(s->prompt_ranks, (size_t)s->n_prompt_logprobs));
+        if (s->prompt_top_n) {
+            size_t n = (size_t)s->n_prompt_logprobs * (size_t)s->prompt_top_n;
+            set(q, "prompt_top_n", json_integer(s->prompt_top_n));
+            set(q, "prompt_top_ids", j_i32s(s->prompt_top_ids, n));
+            set(q, "prompt_top_logprobs", j_f32s(s->prompt_top_logprobs, n));
+        }
         json_array_append_new(outs, q);
     }
     set(o, "outs", outs);
@@ -645,6 +665,8 @@ static json_t *dump_request(const void *p)
     if (m->n_allowed_token_ids) /* optional: absent when empty */
         set(o, "allowed_token_ids",
             j_i32s(m->allowed_token_ids, (size_t)m->n_allowed_token_ids));
+    if (m->prompt_top_n)
+        set(o, "prompt_top_n", json_integer(m->prompt_top_n));
     return o;
 }
 
@@ -670,6 +692,12 @@ static json_t *dump_output(const void *p)
     set(o, "prompt_logprobs", j_f32s(m->prompt_logprobs, (size_t)m->n_prompt_logprobs));
     if (m->prompt_ranks)
         set(o, "prompt_ranks", j_i32s(m->prompt_ranks, (size_t)m->n_prompt_logprobs));
+    if (m->prompt_top_n) {
+        size_t n = (size_t)m->n_prompt_logprobs * (size_t)m->prompt_top_n;
+        set(o, "prompt_top_n", json_integer(m->prompt_top_n));
+        set(o, "prompt_top_ids", j_i32s(m->prompt_top_ids, n));
+        set(o, "prompt_top_logprobs", j_f32s(m->prompt_top_logprobs, n));
+    }
     set(o, "finished", json_boolean(m->finished));
     set(o, "finish_reason", j_str(m->finish_reason));
     set(o, "num_prompt_tokens", json_integer(m->num_prompt_tokens));
@@ -876,13 +904,14 @@ static const struct codec codecs[LORA_MSG_TYPE_COUNT] = {
     [LORA_MSG_READY] = ROW(ready, NULL, {NULL}),
     [LORA_MSG_SETUP] = ROW(setup, &setup_min, {"shm"}),
     [LORA_MSG_SETUP_DONE] = ROW(setup_done, &setup_done_min, {"error"}),
-    [LORA_MSG_STEP] = ROW(step, &step_min, {"banned", "allowed"}),
+    [LORA_MSG_STEP] = ROW(step, &step_min, {"banned", "allowed", "prompt_top_n"}),
     [LORA_MSG_STEP_REPLY] = ROW(step_reply, &step_reply_min, {"error", "prompt_ranks"}),
     [LORA_MSG_ADAPTER_OP] = ROW(adapter_op, &adapter_op_min, {"slot"}),
     [LORA_MSG_ADAPTER_OP_REPLY] = ROW(adapter_op_reply, &adapter_op_reply_min, {"error"}),
     [LORA_MSG_NOTIFICATIONS] = ROW(notifications, &notifications_min, {"engine"}),
     [LORA_MSG_RESIDENCY_REPLY] = ROW(residency_reply, &residency_reply_min, {"engine"}),
-    [LORA_MSG_REQUEST] = ROW(request, &request_min, {"lora", "seed", "allowed_token_ids"}),
+    [LORA_MSG_REQUEST] = ROW(request, &request_min,
+                             {"lora", "seed", "allowed_token_ids", "prompt_top_n"}),
     [LORA_MSG_ABORT] = ROW(abort, NULL, {NULL}),
     [LORA_MSG_OUTPUT] = ROW(output, &output_min,
                                  {"prompt_ranks", "finish_reason", "error", "error_code",
@@ -1639,6 +1668,12 @@ static void test_array_bounds(void)
     CHECK(decode_edited(LORA_MSG_OUTPUT, &output_full, "prompt_ranks", arr, EDIT_REPLACE, &o,
                         err, sizeof(err)) == -1);
     CHECK_CONTAINS(err, "output: prompt_ranks: 1 values, but prompt_logprobs has 3");
+    CHECK(decode_edited(LORA_MSG_OUTPUT, &output_full, "prompt_top_ids", arr, EDIT_REPLACE, &o,
+                        err, sizeof(err)) == -1);
+    CHECK_CONTAINS(err, "output: prompt_top_ids: 1 values, prompt positions * prompt_top_n is 3");
+    CHECK(decode_edited(LORA_MSG_STEP_REPLY, &step_reply_full, "outs.0.prompt_top_logprobs", arr,
+                        EDIT_REPLACE, &o, err, sizeof(err)) == -1);
+    CHECK_CONTAINS(err, "outs[0].prompt_top_logprobs: 1 values, prompt positions * prompt_top_n");
 
     /* one element over each bound: well-formed arrays of nil */
     static const struct {
