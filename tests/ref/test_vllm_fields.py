@@ -15,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tap import check, done  # noqa: E402
@@ -103,6 +104,23 @@ def allowed_token_ids():
     # Unrestricted, the same seed goes elsewhere: the mask is what kept the tokens in the set.
     free = completion(max_tokens=16, temperature=1.0, seed=5, return_token_ids=True)
     assert not set(free["choices"][0]["token_ids"]) <= set(allowed), free
+    # The mask is the request's own: run beside unrestricted neighbours, in shared steps, both
+    # give what they give alone.
+    got = {}
+
+    def one(name, **kw):
+        got[name] = completion(max_tokens=16, temperature=1.0, seed=5, return_token_ids=True,
+                               **kw)["choices"][0]["token_ids"]
+    threads = [threading.Thread(target=one, args=("masked%d" % i,),
+                                kwargs={"allowed_token_ids": allowed}) for i in range(3)]
+    threads += [threading.Thread(target=one, args=("free%d" % i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for i in range(3):
+        assert got["masked%d" % i] == r["token_ids"], (got, r)
+        assert got["free%d" % i] == free["choices"][0]["token_ids"], (got, free)
     # Greedy picks the most likely allowed token, and its log-probability is the model's raw
     # one (vLLM computes log-probabilities before the allowed-token mask).
     top = completion(max_tokens=1, logprobs=20, return_tokens_as_token_ids=True)
