@@ -26,7 +26,8 @@ setup_file() {
         --intermediate 128 --vocab 258 --seed 81 --max-position-embeddings 4096 > /dev/null
     # The model's own defaults: only max_new_tokens counts (50 and 1.0 are Hugging Face's).
     jq '. + {max_new_tokens: 5, top_k: 50, temperature: 1.0, do_sample: true}' \
-        "$D/m/generation_config.json" > "$D/tmp.json" && mv "$D/tmp.json" "$D/m/generation_config.json"
+        "$D/m/generation_config.json" > "$D/tmp.json"
+    mv "$D/tmp.json" "$D/m/generation_config.json"
     mkdir -p "$D/gc"
     echo '{"temperature": 0.0, "top_k": 5, "top_p": 1.0, "max_new_tokens": 7}' \
         > "$D/gc/generation_config.json"
