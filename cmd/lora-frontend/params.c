@@ -1,7 +1,8 @@
 /* lora-frontend: request fields, checked as vLLM's OpenAI server checks them. Absent and null
  * are the same (clients send null for "default"). Fields we do not know are ignored, as vLLM
  * ignores them; fields vLLM knows and we do not implement (penalties, best_of above n,
- * logit_bias, structured output, tools, beam search, suffix) are refused with 400 naming the
+ * logit_bias, structured output, tools, beam search, suffix, bad words, logits processors,
+ * priority, custom chat templates and their arguments, ...) are refused with 400 naming the
  * field unless they hold their neutral value, so a client never gets a silently different
  * answer. Sampling fields a request leaves out take the model's generation config defaults
  * (--generation-config), as vLLM's do. */
@@ -123,8 +124,21 @@ static int get_stop_ids(json_t *body, struct gen_params *p, int vocab, char *err
     return 0;
 }
 
+/* A boolean field that must hold its neutral value (or be absent or null). */
+static int neutral_bool(json_t *body, const char *key, bool neutral, const char **param,
+                        char *err, size_t len)
+{
+    json_t *v = json_object_get(body, key);
+    if (!v || json_is_null(v) || (json_is_boolean(v) && json_is_true(v) == neutral))
+        return 0;
+    *param = key;
+    lora_errf(err, len, "'%s' is not supported by this server (only %s)", key,
+              neutral ? "true" : "false");
+    return -1;
+}
+
 /* Fields we know and do not implement: refused unless neutral. */
-static int unsupported(json_t *body, const char **param, char *err, size_t len)
+static int unsupported(json_t *body, bool chat, const char **param, char *err, size_t len)
 {
     static const struct {
         const char *key;
@@ -133,10 +147,15 @@ static int unsupported(json_t *body, const char **param, char *err, size_t len)
                 {"min_p", 0}};
     /* Refused unless null (or an empty object or list). "lora" is llama-server's per-request
      * adapter list: here the adapter is named in "model". */
-    static const char *const objs[] = {"logit_bias",      "tools",          "functions",
-                                       "guided_json",     "guided_regex",   "guided_choice",
-                                       "guided_grammar",  "structural_tag", "structured_outputs",
-                                       "lora"};
+    static const char *const objs[] = {
+        "logit_bias",         "tools",         "functions",      "guided_json",
+        "guided_regex",       "guided_choice", "guided_grammar", "structural_tag",
+        "structured_outputs", "lora",          "bad_words",      "logits_processors",
+        "kv_transfer_params", "prompt_embeds",
+        /* Chat only (a completion request's are unknown fields): a template of the request's
+         * own, its arguments and documents for it. */
+        "chat_template",      "chat_template_kwargs", "documents"};
+    size_t n_objs = sizeof(objs) / sizeof(objs[0]) - (chat ? 0 : 3);
 
     for (size_t i = 0; i < sizeof(nums) / sizeof(nums[0]); i++) {
         json_t *v = json_object_get(body, nums[i].key);
@@ -149,7 +168,7 @@ static int unsupported(json_t *body, const char **param, char *err, size_t len)
             return -1;
         }
     }
-    for (size_t i = 0; i < sizeof(objs) / sizeof(objs[0]); i++) {
+    for (size_t i = 0; i < n_objs; i++) {
         json_t *v = json_object_get(body, objs[i]);
         if (v && !json_is_null(v) && !(json_is_object(v) && json_object_size(v) == 0) &&
             !(json_is_array(v) && json_array_size(v) == 0)) {
@@ -158,8 +177,21 @@ static int unsupported(json_t *body, const char **param, char *err, size_t len)
             return -1;
         }
     }
+    /* Booleans that would change the prompt or the text: continue_final_message and chat's
+     * echo reshape the conversation, spaces_between_special_tokens false the detokenization. */
+    if (neutral_bool(body, "spaces_between_special_tokens", true, param, err, len) < 0 ||
+        (chat && neutral_bool(body, "continue_final_message", false, param, err, len) < 0) ||
+        (chat && neutral_bool(body, "echo", false, param, err, len) < 0))
+        return -1;
+    /* vLLM refuses a priority without priority scheduling, which this server does not have. */
+    json_t *v = json_object_get(body, "priority");
+    if (v && !json_is_null(v) && !(json_is_integer(v) && json_integer_value(v) == 0)) {
+        *param = "priority";
+        lora_errf(err, len, "'priority' is not supported by this server (only 0)");
+        return -1;
+    }
     /* Refused unless null: vLLM refuses a suffix whatever it holds. */
-    json_t *v = json_object_get(body, "suffix");
+    v = json_object_get(body, "suffix");
     if (v && !json_is_null(v)) {
         *param = "suffix";
         lora_errf(err, len, "'suffix' is not supported by this server");
@@ -404,6 +436,6 @@ int params_parse(struct frontend *fe, json_t *body, bool chat, struct gen_params
         return -1;
     }
     *param = NULL;
-    return unsupported(body, param, err, err_len);
+    return unsupported(body, chat, param, err, err_len);
 #undef FIELD
 }

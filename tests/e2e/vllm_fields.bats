@@ -77,7 +77,7 @@ check() {
     check response_format_text
 }
 
-@test "vllm fields: suffix, beam search, structured output, tools and lora are refused" {
+@test "vllm fields: suffix, beam search, structured output, tools, lora and the rest refused" {
     check refused_fields
 }
 

@@ -281,7 +281,9 @@ def refused_fields():
         ("suffix", "tail"), ("suffix", ""), ("use_beam_search", True),
         ("structured_outputs", {"regex": "a+"}), ("guided_grammar", "root ::= \"a\""),
         ("functions", [{"name": "f", "parameters": {}}]),
-        ("lora", [{"id": 0, "scale": 1.0}]),
+        ("lora", [{"id": 0, "scale": 1.0}]), ("bad_words", ["the"]),
+        ("logits_processors", ["my.Processor"]), ("kv_transfer_params", {"do_remote_decode": 1}),
+        ("prompt_embeds", "AAAA"), ("spaces_between_special_tokens", False), ("priority", 1),
     ]
     for key, value in cases:
         refused("/v1/completions", {"prompt": PROMPT, key: value}, key)
@@ -290,12 +292,24 @@ def refused_fields():
         refused("/v1/chat/completions", chat_body(stream=True, **{key: value}), key)
     for choice in ("required", {"type": "function", "function": {"name": "f"}}, "sometimes"):
         refused("/v1/chat/completions", chat_body(tool_choice=choice), "tool_choice")
+    # What would change the conversation's rendering or the reply's shape in chat.
+    for key, value in (("chat_template", "{{ messages }}"),
+                       ("chat_template_kwargs", {"enable_thinking": False}),
+                       ("documents", [{"title": "t", "text": "x"}]),
+                       ("continue_final_message", True), ("echo", True)):
+        refused("/v1/chat/completions", chat_body(**{key: value}), key)
     # The neutral values pass: no tools means "none" and "auto" answer in plain text.
     a = post("/v1/chat/completions", chat_body())[1]["choices"][0]["message"]["content"]
     for choice in ("none", "auto", None):
         status, c = post("/v1/chat/completions", chat_body(tool_choice=choice))
         assert status == 200 and c["choices"][0]["message"]["content"] == a, c
-    assert completion(use_beam_search=False, suffix=None, lora=None)["choices"]
+    assert completion(use_beam_search=False, suffix=None, lora=None, bad_words=[], priority=0,
+                      spaces_between_special_tokens=True, logits_processors=None,
+                      chat_template="not a chat field here")["choices"]
+    status, c = post("/v1/chat/completions",
+                     chat_body(chat_template_kwargs={}, continue_final_message=False, echo=False,
+                               documents=None))
+    assert status == 200 and c["choices"][0]["message"]["content"] == a, c
 
 
 # ---- generation config ---------------------------------------------------------------------
