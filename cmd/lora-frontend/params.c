@@ -218,12 +218,15 @@ static int unsupported(json_t *body, bool chat, const char **param, char *err, s
             return -1;
         }
     }
-    /* Without tools, "none" and "auto" both mean a plain answer; anything else asks for a
-     * tool call we cannot make. */
+    /* Without tools, "none" and "auto" both mean a plain answer, and so does "required" with
+     * an empty tools list (vLLM turns it into "none", as OpenAI does); anything else asks for
+     * a tool call we cannot make. */
     v = json_object_get(body, "tool_choice");
-    if (v && !json_is_null(v) &&
-        !(json_is_string(v) && (strcmp(json_string_value(v), "none") == 0 ||
-                                strcmp(json_string_value(v), "auto") == 0))) {
+    json_t *tools = json_object_get(body, "tools");
+    const char *choice = json_is_string(v) ? json_string_value(v) : "";
+    if (v && !json_is_null(v) && strcmp(choice, "none") != 0 && strcmp(choice, "auto") != 0 &&
+        !(strcmp(choice, "required") == 0 && json_is_array(tools) &&
+          json_array_size(tools) == 0)) {
         *param = "tool_choice";
         lora_errf(err, len, "'tool_choice' other than \"none\" or \"auto\" is not supported by "
                             "this server, which has no tool calling");

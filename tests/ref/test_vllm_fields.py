@@ -303,6 +303,8 @@ def refused_fields():
     for choice in ("none", "auto", None):
         status, c = post("/v1/chat/completions", chat_body(tool_choice=choice))
         assert status == 200 and c["choices"][0]["message"]["content"] == a, c
+    status, c = post("/v1/chat/completions", chat_body(tool_choice="required", tools=[]))
+    assert status == 200 and c["choices"][0]["message"]["content"] == a, c
     assert completion(use_beam_search=False, suffix=None, lora=None, bad_words=[], priority=0,
                       spaces_between_special_tokens=True, logits_processors=None,
                       chat_template="not a chat field here")["choices"]
