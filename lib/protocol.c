@@ -1337,9 +1337,13 @@ int lora_msg_encode_step(struct lora_msg_buf *b, const struct lora_msg_step *m,
             invalid(&e);
         sum_tokens += (uint64_t)s->n_tokens;
         sum_blocks += (uint64_t)s->n_blocks;
-        if (s->n_banned < 0 || s->n_banned > LORA_MSG_MAX_BANNED)
+        if (s->n_banned < 0 || s->n_banned > LORA_MSG_MAX_BANNED || s->n_allowed < 0 ||
+            s->n_allowed > LORA_MSG_MAX_ALLOWED)
             invalid(&e);
-        map_(&e, N_STEP_SEQ_KEYS + (s->n_banned > 0));
+        if (s->prompt_top_n < 0 || s->prompt_top_n > LORA_MSG_MAX_PROMPT_TOP)
+            invalid(&e);
+        map_(&e, N_STEP_SEQ_KEYS + (s->n_banned > 0) + (s->n_allowed > 0) +
+                     (s->prompt_top_n > 0));
         kv_u64(&e, "seq_id", s->seq_id);
         kv_int(&e, "n_tokens", s->n_tokens);
         kv_int(&e, "pos", s->pos);
@@ -1356,6 +1360,10 @@ int lora_msg_encode_step(struct lora_msg_buf *b, const struct lora_msg_step *m,
         kv_int(&e, "next_token", s->next_token);
         if (s->n_banned > 0)
             kv_i32s(&e, "banned", s->banned, s->n_banned);
+        if (s->n_allowed > 0)
+            kv_i32s(&e, "allowed", s->allowed, s->n_allowed);
+        if (s->prompt_top_n > 0)
+            kv_int(&e, "prompt_top_n", s->prompt_top_n);
     }
     if (sum_tokens != m->n_tokens_total || sum_blocks != m->n_block_entries)
         invalid(&e);
@@ -1398,6 +1406,9 @@ static int step_seq_fields(struct dec *d, const msgpack_object_map *m, void *p)
 
     s->n_banned = 0; /* arena memory is not zeroed */
     s->banned = NULL;
+    s->n_allowed = 0;
+    s->allowed = NULL;
+    s->prompt_top_n = 0;
     if (get_u64(d, m, "seq_id", &s->seq_id) < 0 ||
         get_int(d, m, "n_tokens", 0, INT_MAX, &s->n_tokens) < 0 ||
         get_int(d, m, "pos", 0, INT_MAX, &s->pos) < 0 ||
@@ -1423,7 +1434,17 @@ static int step_seq_fields(struct dec *d, const msgpack_object_map *m, void *p)
             return -1;
         s->n_banned = (int)banned->size;
     }
-    return 0;
+    const msgpack_object_array *allowed;
+    if (find(d, m, "allowed", &v) < 0)
+        return -1;
+    if (v) {
+        if (as_array(d, "allowed", v, LORA_MSG_MAX_ALLOWED, &allowed) < 0 ||
+            i32_list(d, "allowed", allowed, &s->allowed) < 0)
+            return -1;
+        s->n_allowed = (int)allowed->size;
+    }
+    bool present;
+    return opt_int(d, m, "prompt_top_n", 0, LORA_MSG_MAX_PROMPT_TOP, &s->prompt_top_n, &present);
 }
 
 static int step_fields(struct dec *d, const msgpack_object_map *m, void *p)
@@ -1480,7 +1501,11 @@ int lora_msg_encode_step_reply(struct lora_msg_buf *b, const struct lora_msg_ste
     kv_array(&e, "outs", m->n_outs, m->outs, LORA_MSG_MAX_SEQS);
     for (int i = 0; i < m->n_outs && !e.error; i++) {
         const struct lora_msg_step_out *s = &m->outs[i];
-        map_(&e, 6);
+        bool has_ranks = s->prompt_ranks && s->n_prompt_logprobs > 0;
+        bool has_ptop = s->prompt_top_n > 0;
+        if (s->prompt_top_n < 0 || s->prompt_top_n > LORA_MSG_MAX_PROMPT_TOP)
+            invalid(&e);
+        map_(&e, 6 + has_ranks + 3 * has_ptop);
         kv_u64(&e, "seq_id", s->seq_id);
         kv_int(&e, "token", s->token);
         kv_f32(&e, "logprob", s->logprob);
@@ -1489,8 +1514,74 @@ int lora_msg_encode_step_reply(struct lora_msg_buf *b, const struct lora_msg_ste
         kv_i32s(&e, "top_ids", s->top_ids, s->n_top);
         kv_f32s(&e, "top_logprobs", s->top_logprobs, s->n_top);
         kv_f32s(&e, "prompt_logprobs", s->prompt_logprobs, s->n_prompt_logprobs);
+        if (has_ranks)
+            kv_i32s(&e, "prompt_ranks", s->prompt_ranks, s->n_prompt_logprobs);
+        if (has_ptop) {
+            long n = (long)s->n_prompt_logprobs * s->prompt_top_n;
+            kv_int(&e, "prompt_top_n", s->prompt_top_n);
+            kv_i32s(&e, "prompt_top_ids", s->prompt_top_ids, n);
+            kv_f32s(&e, "prompt_top_logprobs", s->prompt_top_logprobs, n);
+        }
     }
     return enc_end(&e);
+}
+
+/* The optional "prompt_ranks" beside "prompt_logprobs": as many values, or absent (NULL). */
+static int prompt_ranks(struct dec *d, const msgpack_object_map *m, uint32_t n,
+                        const int32_t **out)
+{
+    const msgpack_object *v;
+    const msgpack_object_array *a;
+
+    *out = NULL; /* arena memory is not zeroed */
+    if (find(d, m, "prompt_ranks", &v) < 0)
+        return -1;
+    if (!v)
+        return 0;
+    if (as_array(d, "prompt_ranks", v, LORA_MSG_MAX_BODY, &a) < 0)
+        return -1;
+    if (a->size != n)
+        return FAIL(d, "prompt_ranks", -1, "%" PRIu32 " values, but prompt_logprobs has %" PRIu32,
+                    a->size, n);
+    return i32_list(d, "prompt_ranks", a, out);
+}
+
+/* The optional "prompt_top_n" with "prompt_top_ids" and "prompt_top_logprobs", n positions of
+ * top_n values each; all absent (0, NULL) or all present. */
+static int prompt_top(struct dec *d, const msgpack_object_map *m, uint32_t n, int *top_n,
+                      const int32_t **ids, const float **lps)
+{
+    static const char *const keys[2] = {"prompt_top_ids", "prompt_top_logprobs"};
+    bool present;
+
+    *top_n = 0; /* arena memory is not zeroed */
+    *ids = NULL;
+    *lps = NULL;
+    if (opt_int(d, m, "prompt_top_n", 0, LORA_MSG_MAX_PROMPT_TOP, top_n, &present) < 0)
+        return -1;
+    uint64_t want = (uint64_t)n * (uint64_t)*top_n;
+    for (int k = 0; k < 2; k++) {
+        const msgpack_object *v;
+        const msgpack_object_array *a;
+        if (find(d, m, keys[k], &v) < 0)
+            return -1;
+        if (!v) {
+            if (*top_n)
+                return FAIL(d, keys[k], -1, "missing (prompt_top_n is %d)", *top_n);
+            continue;
+        }
+        if (!present)
+            return FAIL(d, "prompt_top_n", -1, "missing (%s is given)", keys[k]);
+        if (as_array(d, keys[k], v, LORA_MSG_MAX_BODY, &a) < 0)
+            return -1;
+        if (a->size != want)
+            return FAIL(d, keys[k], -1,
+                        "%" PRIu32 " values, prompt positions * prompt_top_n is %" PRIu64,
+                        a->size, want);
+        if (k == 0 ? i32_list(d, keys[k], a, ids) : f32_list(d, keys[k], a, lps))
+            return -1;
+    }
+    return 0;
 }
 
 static int step_out_fields(struct dec *d, const msgpack_object_map *m, void *p)
@@ -1514,7 +1605,10 @@ static int step_out_fields(struct dec *d, const msgpack_object_map *m, void *p)
         return -1;
     s->n_top = (int)ids->size;
     s->n_prompt_logprobs = (int)plps->size;
-    return 0;
+    if (prompt_ranks(d, m, plps->size, &s->prompt_ranks) < 0)
+        return -1;
+    return prompt_top(d, m, plps->size, &s->prompt_top_n, &s->prompt_top_ids,
+                      &s->prompt_top_logprobs);
 }
 
 static int step_reply_fields(struct dec *d, const msgpack_object_map *m, void *p)
@@ -1771,7 +1865,13 @@ int lora_msg_encode_request(struct lora_msg_buf *b, const struct lora_msg_reques
 
     if (n_bins)
         *n_bins = 1;
-    enc_begin(&e, b, LORA_MSG_REQUEST, 11 + HAS(m->lora) + m->has_seed);
+    bool has_allowed = m->n_allowed_token_ids > 0;
+
+    enc_begin(&e, b, LORA_MSG_REQUEST,
+              11 + HAS(m->lora) + m->has_seed + has_allowed + (m->prompt_top_n > 0));
+    if (m->n_allowed_token_ids < 0 || m->n_allowed_token_ids > LORA_MSG_MAX_ALLOWED ||
+        m->prompt_top_n < 0 || m->prompt_top_n > LORA_MSG_MAX_PROMPT_TOP)
+        invalid(&e);
     kv_str(&e, "request_id", m->request_id);
     kv_ostr(&e, "lora", m->lora);
     kv_u64(&e, "n_prompt", m->n_prompt);
@@ -1788,6 +1888,10 @@ int lora_msg_encode_request(struct lora_msg_buf *b, const struct lora_msg_reques
     kv_bool(&e, "prompt_logprobs", m->prompt_logprobs);
     kv_bool(&e, "ignore_eos", m->ignore_eos);
     kv_i32s(&e, "stop_token_ids", m->stop_token_ids, m->n_stop_token_ids);
+    if (has_allowed)
+        kv_i32s(&e, "allowed_token_ids", m->allowed_token_ids, m->n_allowed_token_ids);
+    if (m->prompt_top_n > 0)
+        kv_int(&e, "prompt_top_n", m->prompt_top_n);
     bin_frame(&e, bins, 0, m->prompt, m->n_prompt);
     return enc_end(&e);
 }
@@ -1796,9 +1900,15 @@ static int request_fields(struct dec *d, const msgpack_object_map *m, void *p)
 {
     struct lora_msg_request *o = p;
     const msgpack_object *seed;
-    const msgpack_object_array *stop;
+    const msgpack_object_array *stop, *allowed;
+    const msgpack_object *v;
     uint64_t n_prompt;
 
+    bool present;
+
+    o->n_allowed_token_ids = 0;
+    o->allowed_token_ids = NULL;
+    o->prompt_top_n = 0;
     if (get_str(d, m, "request_id", &o->request_id) < 0 || opt_str(d, m, "lora", &o->lora) < 0 ||
         get_u64(d, m, "n_prompt", &n_prompt) < 0 ||
         get_int(d, m, "max_tokens", 0, INT_MAX, &o->max_tokens) < 0 ||
@@ -1812,8 +1922,16 @@ static int request_fields(struct dec *d, const msgpack_object_map *m, void *p)
         get_bool(d, m, "ignore_eos", &o->ignore_eos) < 0 ||
         get_array(d, m, "stop_token_ids", MAX_LIST, &stop) < 0 ||
         i32_list(d, "stop_token_ids", stop, &o->stop_token_ids) < 0 ||
-        frame_i32(d, 0, "n_prompt", n_prompt, &o->prompt) < 0)
+        frame_i32(d, 0, "n_prompt", n_prompt, &o->prompt) < 0 ||
+        opt_int(d, m, "prompt_top_n", 0, LORA_MSG_MAX_PROMPT_TOP, &o->prompt_top_n, &present) < 0 ||
+        find(d, m, "allowed_token_ids", &v) < 0)
         return -1;
+    if (v) {
+        if (as_array(d, "allowed_token_ids", v, LORA_MSG_MAX_ALLOWED, &allowed) < 0 ||
+            i32_list(d, "allowed_token_ids", allowed, &o->allowed_token_ids) < 0)
+            return -1;
+        o->n_allowed_token_ids = (int)allowed->size;
+    }
     o->has_seed = seed != NULL;
     o->n_stop_token_ids = (int)stop->size;
     o->n_prompt = (size_t)n_prompt;
@@ -1848,6 +1966,8 @@ int lora_msg_encode_output(struct lora_msg_buf *b, const struct lora_msg_output 
 {
     struct enc e;
     bool has_top = m->top_n > 0, has_plp = m->n_prompt_logprobs > 0;
+    bool has_ranks = has_plp && m->prompt_ranks;
+    bool has_ptop = has_plp && m->prompt_top_n > 0;
     long n_top = 0;
 
     if (n_bins)
@@ -1858,7 +1978,8 @@ int lora_msg_encode_output(struct lora_msg_buf *b, const struct lora_msg_output 
     for (int i = 0; i < 4; i++)
         n_times += times[i] != 0;
     enc_begin(&e, b, LORA_MSG_OUTPUT,
-              5 + 3 * has_top + has_plp + HAS(m->finish_reason) + HAS(m->error) +
+              5 + 3 * has_top + has_plp + has_ranks + 3 * has_ptop + HAS(m->finish_reason) +
+                  HAS(m->error) +
                   HAS(m->error_code) + n_times);
     if (m->n_tokens < 0 || m->top_n < 0 || m->top_n > LORA_MSG_MAX_TOP)
         invalid(&e);
@@ -1874,6 +1995,16 @@ int lora_msg_encode_output(struct lora_msg_buf *b, const struct lora_msg_output 
     }
     if (has_plp)
         kv_f32s(&e, "prompt_logprobs", m->prompt_logprobs, m->n_prompt_logprobs);
+    if (has_ranks)
+        kv_i32s(&e, "prompt_ranks", m->prompt_ranks, m->n_prompt_logprobs);
+    if (m->prompt_top_n < 0 || m->prompt_top_n > LORA_MSG_MAX_PROMPT_TOP)
+        invalid(&e);
+    if (has_ptop) {
+        long n = (long)m->n_prompt_logprobs * m->prompt_top_n;
+        kv_int(&e, "prompt_top_n", m->prompt_top_n);
+        kv_i32s(&e, "prompt_top_ids", m->prompt_top_ids, n);
+        kv_f32s(&e, "prompt_top_logprobs", m->prompt_top_logprobs, n);
+    }
     kv_bool(&e, "finished", m->finished);
     kv_ostr(&e, "finish_reason", m->finish_reason);
     kv_int(&e, "num_prompt_tokens", m->num_prompt_tokens);
@@ -1940,6 +2071,17 @@ static int output_fields(struct dec *d, const msgpack_object_map *m, void *p)
             return -1;
         o->n_prompt_logprobs = (int)plps->size;
     }
+    if (!v) {
+        const msgpack_object *ranks;
+        if (find(d, m, "prompt_ranks", &ranks) < 0)
+            return -1;
+        if (ranks)
+            return FAIL(d, "prompt_logprobs", -1, "missing (prompt_ranks needs it)");
+    }
+    if (prompt_ranks(d, m, (uint32_t)o->n_prompt_logprobs, &o->prompt_ranks) < 0 ||
+        prompt_top(d, m, (uint32_t)o->n_prompt_logprobs, &o->prompt_top_n, &o->prompt_top_ids,
+                   &o->prompt_top_logprobs) < 0)
+        return -1;
     if (get_bool(d, m, "finished", &o->finished) < 0 ||
         opt_str(d, m, "finish_reason", &o->finish_reason) < 0 ||
         get_int(d, m, "num_prompt_tokens", 0, INT_MAX, &o->num_prompt_tokens) < 0 ||

@@ -84,6 +84,8 @@
 #define LORA_MSG_MAX_ADAPTERS 65536       /* adapters in one list */
 #define LORA_MSG_MAX_TOP      1024        /* top log-probabilities per token */
 #define LORA_MSG_MAX_BANNED   64          /* banned tokens of one sequence in a step */
+#define LORA_MSG_MAX_ALLOWED  1024        /* allowed tokens of one request (allowed_token_ids) */
+#define LORA_MSG_MAX_PROMPT_TOP 20        /* top log-probabilities per prompt position */
 
 /* Values only grow at the end. */
 enum lora_msg_type {
@@ -222,6 +224,14 @@ struct lora_msg_step_seq {
      * ids, as vLLM masks them); log-probabilities stay those of the raw distribution. */
     int n_banned;
     const int32_t *banned; /* arena, at most LORA_MSG_MAX_BANNED */
+    /* When n_allowed > 0, only these tokens may be sampled (allowed_token_ids); the banned
+     * ones are taken out of them. Log-probabilities stay those of the raw distribution, as
+     * vLLM reports them. Absent on the wire when empty. */
+    int n_allowed;
+    const int32_t *allowed; /* arena, at most LORA_MSG_MAX_ALLOWED */
+    /* With all_logits: the top prompt_top_n tokens of each prompt position too (vLLM's
+     * prompt_logprobs above 0); 0 and absent on the wire: none. */
+    int prompt_top_n;
 };
 
 struct lora_msg_step {
@@ -245,6 +255,14 @@ struct lora_msg_step_out {
     const float *top_logprobs; /* arena, n_top */
     int n_prompt_logprobs;
     const float *prompt_logprobs; /* arena */
+    /* The vocabulary rank of each prompt token (1: the most likely), as vLLM reports it: NULL
+     * or n_prompt_logprobs values; absent on the wire from an older worker. */
+    const int32_t *prompt_ranks; /* arena */
+    /* With the step's prompt_top_n: n_prompt_logprobs * prompt_top_n ids and log-probabilities,
+     * each position's most likely first; absent when prompt_top_n is 0. */
+    int prompt_top_n;
+    const int32_t *prompt_top_ids;    /* arena */
+    const float *prompt_top_logprobs; /* arena */
 };
 
 struct lora_msg_step_reply {
@@ -349,6 +367,13 @@ struct lora_msg_request {
     bool ignore_eos;
     int n_stop_token_ids;
     const int32_t *stop_token_ids; /* arena */
+    /* Only these tokens may be sampled; 0: any. Absent on the wire when empty, so an older
+     * engine sees the request it knew. */
+    int n_allowed_token_ids;
+    const int32_t *allowed_token_ids; /* arena, at most LORA_MSG_MAX_ALLOWED */
+    /* With prompt_logprobs: the top prompt_top_n tokens of each prompt position too; 0 (absent
+     * on the wire): only the prompt tokens' own. */
+    int prompt_top_n;
 };
 
 struct lora_msg_abort {
@@ -365,6 +390,10 @@ struct lora_msg_output {
     const float *top_logprobs;
     int n_prompt_logprobs;
     const float *prompt_logprobs; /* first output only; [0] is NAN */
+    const int32_t *prompt_ranks;  /* NULL, or n_prompt_logprobs ranks ([0] is 0: none) */
+    int prompt_top_n;             /* per prompt position: ids and log-probabilities, or 0 */
+    const int32_t *prompt_top_ids;    /* n_prompt_logprobs * prompt_top_n; [0..top_n) unused */
+    const float *prompt_top_logprobs;
     bool finished;
     struct lora_str finish_reason; /* "stop", "length", "abort", "error" */
     int num_prompt_tokens;

@@ -311,13 +311,38 @@ static void pack_config(struct engine *e, msgpack_packer *pk)
         {"idle_notify_ms", e->idle_ms},
     };
     size_t n = sizeof(ints) / sizeof(ints[0]);
-    msgpack_pack_map(pk, n + 1);
+    const struct lora_generation_config *g = &e->gen;
+    msgpack_pack_map(pk, n + 6);
     pack_str(pk, "model");
     pack_str(pk, e->model);
     for (size_t i = 0; i < n; i++) {
         pack_str(pk, ints[i].k);
         msgpack_pack_int(pk, ints[i].v);
     }
+    /* The defaults a request that leaves the field out gets (nil: the server's own, that is
+     * temperature 1, top_p 1, top_k off, max_tokens up to the context). */
+    pack_str(pk, "generation_config");
+    pack_str(pk, g->source);
+    pack_str(pk, "default_temperature");
+    if (g->has_temperature)
+        msgpack_pack_double(pk, g->temperature);
+    else
+        msgpack_pack_nil(pk);
+    pack_str(pk, "default_top_p");
+    if (g->has_top_p)
+        msgpack_pack_double(pk, g->top_p);
+    else
+        msgpack_pack_nil(pk);
+    pack_str(pk, "default_top_k");
+    if (g->has_top_k)
+        msgpack_pack_int(pk, g->top_k);
+    else
+        msgpack_pack_nil(pk);
+    pack_str(pk, "default_max_tokens");
+    if (g->has_max_tokens)
+        msgpack_pack_int(pk, g->max_tokens);
+    else
+        msgpack_pack_nil(pk);
 }
 
 static void pack_health(struct engine *e, msgpack_packer *pk)

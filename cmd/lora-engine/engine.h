@@ -8,6 +8,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "generation_config.h"
 #include "protocol.h"
 #include "scheduler.h"
 #include "sock.h"
@@ -64,17 +65,24 @@ struct eng_request {
     int n_stop;
     int32_t banned[24]; /* EOS (unless ignore_eos) and stop ids: masked before min_tokens */
     int n_banned;
+    int32_t *allowed; /* allowed_token_ids, (n_allowed); NULL: any token */
+    int n_allowed;
     double arrival;        /* QUEUED, Unix time */
     double scheduled_at;   /* the first SCHEDULED, 0 before */
     double first_token_at; /* 0 before the first token */
     const char *error_code; /* with an error output: "not_found", "invalid" or "unavailable" */
     float *prompt_lps; /* (n_prompt), filled as prefill chunks run */
+    int32_t *prompt_ranks; /* (n_prompt), beside prompt_lps; [0] is 0 */
+    int prompt_top_n;      /* the top tokens of each prompt position wanted, or 0 */
+    int32_t *prompt_top_ids; /* (n_prompt * prompt_top_n), row 0 unused */
+    float *prompt_top_lps;
     bool sent_first;
 };
 
 struct engine {
     /* Options. */
     const char *model;
+    struct lora_generation_config gen; /* reported in the config reply */
     int engine_index;
     int world;
     int max_loras, max_cpu_loras, max_lora_rank;

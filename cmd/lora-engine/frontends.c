@@ -112,6 +112,10 @@ int frontends_send_output(struct engine *e, struct eng_request *r, int n_new, co
     if (!r->sent_first && r->prompt_logprobs) {
         o.n_prompt_logprobs = r->n_prompt;
         o.prompt_logprobs = r->prompt_lps;
+        o.prompt_ranks = r->prompt_ranks;
+        o.prompt_top_n = r->prompt_top_n;
+        o.prompt_top_ids = r->prompt_top_ids;
+        o.prompt_top_logprobs = r->prompt_top_lps;
     }
     if (reason)
         o.finish_reason = (struct lora_str){reason, strlen(reason)};
@@ -141,6 +145,10 @@ void request_release(struct engine *e, struct eng_request *r)
         return;
     free(r->tokens);
     free(r->prompt_lps);
+    free(r->prompt_ranks);
+    free(r->prompt_top_ids);
+    free(r->prompt_top_lps);
+    free(r->allowed);
     memset(r, 0, sizeof(*r));
 }
 
@@ -219,6 +227,13 @@ static void handle_request(struct engine *e, int fe, const struct lora_msg_frame
             return refuse(e, fe, &m, "invalid", err);
         }
     }
+    for (int i = 0; i < m.n_allowed_token_ids; i++) {
+        if (m.allowed_token_ids[i] < 0 || m.allowed_token_ids[i] >= e->vocab_size) {
+            snprintf(err, sizeof(err), "allowed token %d is outside the vocabulary (%d)",
+                     m.allowed_token_ids[i], e->vocab_size);
+            return refuse(e, fe, &m, "invalid", err);
+        }
+    }
     if (m.n_prompt < 1 || m.max_tokens < 1 || m.n_stop_token_ids > 16 ||
         (int)m.n_prompt + m.max_tokens > e->max_model_len) {
         snprintf(err, sizeof(err),
@@ -252,7 +267,23 @@ static void handle_request(struct engine *e, int fe, const struct lora_msg_frame
     r->arrival = eng_now();
     r->tokens = malloc(sizeof(int32_t) * (m.n_prompt + (size_t)m.max_tokens));
     r->prompt_lps = malloc(sizeof(float) * m.n_prompt);
-    if (!r->tokens || !r->prompt_lps) {
+    r->prompt_ranks = calloc(m.n_prompt, sizeof(int32_t));
+    r->prompt_top_n = m.prompt_logprobs ? m.prompt_top_n : 0;
+    if (r->prompt_top_n > 0) {
+        r->prompt_top_ids = calloc(m.n_prompt * (size_t)r->prompt_top_n, sizeof(int32_t));
+        r->prompt_top_lps = calloc(m.n_prompt * (size_t)r->prompt_top_n, sizeof(float));
+    }
+    if (m.n_allowed_token_ids > 0) {
+        r->allowed = malloc(sizeof(int32_t) * (size_t)m.n_allowed_token_ids);
+        if (r->allowed) {
+            memcpy(r->allowed, m.allowed_token_ids,
+                   sizeof(int32_t) * (size_t)m.n_allowed_token_ids);
+            r->n_allowed = m.n_allowed_token_ids;
+        }
+    }
+    if (!r->tokens || !r->prompt_lps || !r->prompt_ranks ||
+        (r->prompt_top_n > 0 && (!r->prompt_top_ids || !r->prompt_top_lps)) ||
+        (m.n_allowed_token_ids > 0 && !r->allowed)) {
         request_release(e, r);
         return refuse(e, fe, &m, "unavailable", "out of memory");
     }

@@ -283,6 +283,7 @@ int main(int argc, char **argv)
     long tp = 1, idx = 0, max_loras = 4, max_cpu = 0, max_rank = 64, bs = 16, blocks = 0;
     long kv_bytes = 256L << 20, mbt = 512, mns = 64, mml = 0, idle = 100, startup = 120000, maxreq = 1024;
     long publish_ms = 1000;
+    const char *gen_source = "auto";
     double kv_fraction = 0;
     bool help = false, version = false;
     const struct lora_opt options[] = {
@@ -321,6 +322,9 @@ int main(int argc, char **argv)
          "publish the whole state this often (1000)", 10, 600000},
         {"startup-timeout-ms", LORA_OPT_INT, &startup, "MS", "wait for workers (default 120000)",
          100, 1e8},
+        {"generation-config", LORA_OPT_STRING, &gen_source, "SRC",
+         "default sampling parameters: auto (the model's generation_config.json), vllm (none) "
+         "or a directory holding generation_config.json (default auto)"},
         {"help", LORA_OPT_FLAG, &help, NULL, "show this help"},
         {"version", LORA_OPT_FLAG, &version, NULL, "show the version"},
         {0},
@@ -342,11 +346,20 @@ int main(int argc, char **argv)
         puts("lora-engine " LORA_VERSION);
         return 0;
     }
+    if (!lora_generation_config_is_source(gen_source)) {
+        fprintf(stderr, "lora-engine: fatal: --generation-config '%s' must be auto, vllm or a "
+                        "directory\n", gen_source);
+        return EXIT_USAGE;
+    }
     struct lora_model_config cfg;
     char path[4200];
     snprintf(path, sizeof(path), "%s/config.json", e.model);
     if (lora_model_config_load(path, &cfg, err, sizeof(err)) < 0) {
         fprintf(stderr, "lora-engine: fatal: %s\n", err);
+        return 1;
+    }
+    if (lora_generation_config_load(gen_source, e.model, &e.gen, err, sizeof(err)) < 0) {
+        fprintf(stderr, "lora-engine: fatal: --generation-config: %s\n", err);
         return 1;
     }
     e.world = (int)tp;

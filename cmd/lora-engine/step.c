@@ -113,6 +113,7 @@ static int send_step(struct engine *e)
             .n_blocks = sq->n_table_blocks,
             .slot = sq->adapter_slot,
             .all_logits = r->prompt_logprobs && sq->pos < r->n_prompt,
+            .prompt_top_n = r->prompt_logprobs && sq->pos < r->n_prompt ? r->prompt_top_n : 0,
             .sample = sq->samples,
             .temperature = r->temperature,
             .top_p = r->top_p,
@@ -125,6 +126,10 @@ static int send_step(struct engine *e)
         if (sq->samples && r->n_generated < r->min_tokens) {
             e->step_seqs[i].n_banned = r->n_banned;
             e->step_seqs[i].banned = r->banned;
+        }
+        if (sq->samples && r->n_allowed > 0) {
+            e->step_seqs[i].n_allowed = r->n_allowed;
+            e->step_seqs[i].allowed = r->allowed;
         }
         tok_at += (size_t)sq->n_tokens;
         blk_at += (size_t)sq->n_table_blocks;
@@ -158,8 +163,18 @@ static int absorb(struct engine *e, const struct lora_msg_step_reply *rep)
         e->results[i] = (struct lora_scheduler_result){false, false};
         if (!r || o->seq_id != sq->request_id)
             continue;
-        for (int t = 0; t < o->n_prompt_logprobs && sq->pos + t + 1 < r->n_prompt; t++)
+        for (int t = 0; t < o->n_prompt_logprobs && sq->pos + t + 1 < r->n_prompt; t++) {
             r->prompt_lps[sq->pos + t + 1] = o->prompt_logprobs[t];
+            if (o->prompt_ranks)
+                r->prompt_ranks[sq->pos + t + 1] = o->prompt_ranks[t];
+            if (o->prompt_top_n == r->prompt_top_n && r->prompt_top_n > 0) {
+                size_t k = (size_t)r->prompt_top_n, at = (size_t)(sq->pos + t + 1) * k;
+                memcpy(r->prompt_top_ids + at, o->prompt_top_ids + (size_t)t * k,
+                       sizeof(int32_t) * k);
+                memcpy(r->prompt_top_lps + at, o->prompt_top_logprobs + (size_t)t * k,
+                       sizeof(float) * k);
+            }
+        }
         if (o->token < 0)
             continue;
         r->tokens[r->n_prompt + r->n_generated] = o->token;

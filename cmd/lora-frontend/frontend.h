@@ -14,6 +14,7 @@
 #include <stdint.h>
 
 #include "chat_template.h"
+#include "generation_config.h"
 #include "cli.h"
 #include "http.h"
 #include "protocol.h"
@@ -42,7 +43,11 @@ struct fe_seq {
     int top_n;
     size_t n, cap;
     float *prompt_lps; /* (n_prompt_lps), [0] NaN */
+    int32_t *prompt_ranks; /* (n_prompt_lps) or NULL; [0] is 0 */
     int n_prompt_lps;
+    int prompt_top_n;        /* the top tokens of each prompt position, or 0 */
+    int32_t *prompt_top_ids; /* (n_prompt_lps * prompt_top_n) */
+    float *prompt_top_lps;
     bool finished;
     char finish_reason[16];
     char error[512];
@@ -89,6 +94,8 @@ struct frontend {
     bool runtime_lora;
     int max_pending; /* engine requests in flight before 503 */
     const char *version;
+    /* Defaults for fields a request leaves out (--generation-config). */
+    struct lora_generation_config gen;
     /* Start-up adapters' base_model_name (JSON form of --lora-modules), for /v1/models. */
     struct {
         char name[FE_NAME_MAX + 1];

@@ -60,7 +60,11 @@ struct choice {
     size_t n, cap;
     size_t lp_streamed; /* tokens whose log-probabilities were sent */
     float *prompt_lps;
+    int32_t *prompt_ranks; /* NULL when the engine sent none */
     int n_prompt_lps;
+    int prompt_top_n;        /* the top tokens of each prompt position, or 0 */
+    int32_t *prompt_top_ids; /* (n_prompt_lps * prompt_top_n) */
+    float *prompt_top_lps;
     bool heard;         /* the engine said something about it */
     bool done;
     bool final_sent;    /* streaming: the chunk with the finish reason went out */
@@ -113,6 +117,9 @@ static void gen_free(struct gen *g)
         free(c->top_ids);
         free(c->top_lps);
         free(c->prompt_lps);
+        free(c->prompt_ranks);
+        free(c->prompt_top_ids);
+        free(c->prompt_top_lps);
     }
     for (int i = 0; i < g->n_prompts; i++) {
         free(g->prompts[i]);
@@ -333,6 +340,22 @@ static int read_messages(struct gen *g, char *err, size_t err_len)
     return rc;
 }
 
+/* truncate_prompt_tokens: each prompt keeps its last N tokens, as vLLM truncates on the left.
+ * The prompt text of a truncated prompt is dropped, so echo shows the tokens that ran. */
+static void truncate_prompts(struct gen *g)
+{
+    size_t keep = (size_t)g->p.truncate_prompt_tokens;
+
+    for (int i = 0; keep > 0 && i < g->n_prompts; i++) {
+        if (g->n_prompt[i] <= keep)
+            continue;
+        memmove(g->prompts[i], g->prompts[i] + (g->n_prompt[i] - keep), sizeof(int32_t) * keep);
+        g->n_prompt[i] = keep;
+        free(g->prompt_text[i]);
+        g->prompt_text[i] = NULL;
+    }
+}
+
 static void new_id(struct frontend *fe, const char *prefix, char *out, size_t len)
 {
     uint64_t n = atomic_fetch_add(&fe->next_id, 1);
@@ -404,10 +427,17 @@ static int submit(struct gen *g, unsigned *status, const char **param, char *err
             .has_seed = g->p.has_seed,
             .seed = g->p.seed + (uint64_t)(k % g->p.n),
             .logprobs = g->p.logprobs > 0 ? g->p.logprobs : 0,
-            .prompt_logprobs = g->p.echo && g->p.logprobs >= 0,
+            .prompt_logprobs = (g->p.echo && g->p.logprobs >= 0) || g->p.prompt_logprobs >= 0,
+            /* An explicit prompt_logprobs wins; else echo shows logprobs alternatives, as
+             * vLLM sets prompt_logprobs from logprobs under echo. */
+            .prompt_top_n = g->p.prompt_logprobs >= 0     ? g->p.prompt_logprobs
+                            : g->p.echo && g->p.logprobs > 0 ? g->p.logprobs
+                                                             : 0,
             .ignore_eos = g->p.ignore_eos,
             .n_stop_token_ids = g->p.n_stop_ids,
             .stop_token_ids = g->p.stop_ids,
+            .n_allowed_token_ids = g->p.n_allowed,
+            .allowed_token_ids = g->p.allowed,
         };
         int32_t stops[17];
         if (fe->eos_id >= 0 && !g->p.ignore_eos) {
@@ -466,7 +496,8 @@ static void finish_choice(struct choice *c, const char *reason)
     snprintf(c->finish_reason, sizeof(c->finish_reason), "%s", reason);
 }
 
-/* Looks for a stop string in the text added since old_len; cuts the text before it. */
+/* Looks for a stop string in the text added since old_len; cuts the text before it, or after it
+ * with include_stop_str_in_output. */
 static bool find_stop(const struct gen_params *p, struct choice *c, size_t old_len)
 {
     size_t from = old_len + 1 > p->max_stop_len ? old_len + 1 - p->max_stop_len : 0;
@@ -483,6 +514,8 @@ static bool find_stop(const struct gen_params *p, struct choice *c, size_t old_l
     }
     if (!which)
         return false;
+    if (p->include_stop_str_in_output)
+        best += strlen(which);
     c->text.len = best;
     c->text.s[best] = 0;
     c->stop_reason = which;
@@ -541,6 +574,16 @@ static void advance(struct gen *g, struct choice *c)
         if (c->prompt_lps) {
             memcpy(c->prompt_lps, s->prompt_lps, sizeof(float) * (size_t)s->n_prompt_lps);
             c->n_prompt_lps = s->n_prompt_lps;
+        }
+        if (c->prompt_lps && s->prompt_ranks &&
+            (c->prompt_ranks = malloc(sizeof(int32_t) * (size_t)s->n_prompt_lps)))
+            memcpy(c->prompt_ranks, s->prompt_ranks, sizeof(int32_t) * (size_t)s->n_prompt_lps);
+        size_t n_top = (size_t)s->n_prompt_lps * (size_t)s->prompt_top_n;
+        if (c->prompt_lps && n_top && (c->prompt_top_ids = malloc(sizeof(int32_t) * n_top)) &&
+            (c->prompt_top_lps = malloc(sizeof(float) * n_top))) {
+            memcpy(c->prompt_top_ids, s->prompt_top_ids, sizeof(int32_t) * n_top);
+            memcpy(c->prompt_top_lps, s->prompt_top_lps, sizeof(float) * n_top);
+            c->prompt_top_n = s->prompt_top_n;
         }
     }
     size_t from = c->n;
@@ -648,11 +691,13 @@ static json_t *jstr(const char *s, size_t n)
     return j ? j : json_string("\xef\xbf\xbd"); /* never reached: pieces are valid UTF-8 */
 }
 
-/* The text of one token, as vLLM shows it in log-probabilities. */
-static json_t *token_json(struct frontend *fe, int32_t id)
+/* The text of one token, as vLLM shows it in log-probabilities: "token_id:N" with
+ * return_tokens_as_token_ids (or without a tokenizer). */
+static json_t *token_json(struct gen *g, int32_t id)
 {
+    struct frontend *fe = g->fe;
     char buf[32];
-    if (!fe->tok) {
+    if (!fe->tok || g->p.return_tokens_as_token_ids) {
         snprintf(buf, sizeof(buf), "token_id:%d", id);
         return json_string(buf);
     }
@@ -686,11 +731,11 @@ static json_t *chat_logprobs(struct gen *g, const struct choice *c, size_t from,
 {
     json_t *content = json_array();
     for (size_t i = from; i < to; i++) {
-        json_t *t = token_json(g->fe, c->ids[i]);
+        json_t *t = token_json(g, c->ids[i]);
         json_t *tops = json_array();
         for (int k = 0; k < g->p.logprobs && k < c->top_n; k++) {
             int32_t id = c->top_ids[i * (size_t)c->top_n + (size_t)k];
-            json_t *tt = token_json(g->fe, id);
+            json_t *tt = token_json(g, id);
             json_array_append_new(
                 tops, json_pack("{s:O, s:f, s:o}", "token", tt, "logprob",
                                 lp_value(c->top_lps[i * (size_t)c->top_n + (size_t)k]), "bytes",
@@ -716,22 +761,30 @@ static json_t *completion_logprobs(struct gen *g, const struct choice *c, bool w
     const int32_t *prompt = g->prompts[c->prompt_index];
 
     for (size_t i = 0; with_prompt && i < np; i++) {
-        json_t *t = token_json(g->fe, prompt[i]);
-        bool known = i > 0 && (int)i < c->n_prompt_lps && isfinite(c->prompt_lps[i]);
+        json_t *t = token_json(g, prompt[i]);
+        bool known = i > 0 && (int)i < c->n_prompt_lps && !isnan(c->prompt_lps[i]);
         json_array_append(tokens, t);
-        json_array_append_new(lps, known ? json_real(c->prompt_lps[i]) : json_null());
-        json_array_append_new(tops, known ? json_pack("{s:f}", json_string_value(t),
-                                                      (double)c->prompt_lps[i])
-                                          : json_null());
+        json_array_append_new(lps, known ? json_real(lp_value(c->prompt_lps[i])) : json_null());
+        json_t *top = known ? json_object() : json_null();
+        for (int k = 0; known && k < g->p.logprobs && k < c->prompt_top_n; k++) {
+            size_t at = i * (size_t)c->prompt_top_n + (size_t)k;
+            json_t *tt = token_json(g, c->prompt_top_ids[at]);
+            json_object_set_new(top, json_string_value(tt),
+                                json_real(lp_value(c->prompt_top_lps[at])));
+            json_decref(tt);
+        }
+        if (known) /* the prompt token itself is always there */
+            json_object_set_new(top, json_string_value(t), json_real(lp_value(c->prompt_lps[i])));
+        json_array_append_new(tops, top);
         json_array_append_new(offs, json_integer((json_int_t)offset));
         offset += json_string_length(t);
         json_decref(t);
     }
     for (size_t i = from; i < to; i++) {
-        json_t *t = token_json(g->fe, c->ids[i]);
+        json_t *t = token_json(g, c->ids[i]);
         json_t *top = json_object();
         for (int k = 0; k < g->p.logprobs && k < c->top_n; k++) {
-            json_t *tt = token_json(g->fe, c->top_ids[i * (size_t)c->top_n + (size_t)k]);
+            json_t *tt = token_json(g, c->top_ids[i * (size_t)c->top_n + (size_t)k]);
             json_object_set_new(top, json_string_value(tt),
                                 json_real(lp_value(c->top_lps[i * (size_t)c->top_n + (size_t)k])));
             json_decref(tt);
@@ -747,6 +800,54 @@ static json_t *completion_logprobs(struct gen *g, const struct choice *c, bool w
     }
     return json_pack("{s:o, s:o, s:o, s:o}", "text_offset", offs, "token_logprobs", lps, "tokens",
                      tokens, "top_logprobs", tops);
+}
+
+/* One entry of vLLM's prompt_logprobs: "ID": {"logprob", "rank", "decoded_token"}, set in pos
+ * unless the id is there already. rank < 0: unknown (null). */
+static void prompt_entry(struct gen *g, json_t *pos, int32_t id, float lp, int rank)
+{
+    char key[16], *s = NULL;
+    size_t n = 0;
+    json_t *text = json_null();
+
+    snprintf(key, sizeof(key), "%" PRId32, id);
+    if (json_object_get(pos, key))
+        return;
+    if (g->fe->tok && lora_tokenizer_decode(g->fe->tok, &id, 1, false, &s, &n, NULL, 0) == 0) {
+        json_decref(text);
+        text = jstr(s, n);
+    }
+    free(s);
+    json_object_set_new(pos, key,
+                        json_pack("{s:f, s:o, s:o}", "logprob", lp_value(lp), "rank",
+                                  rank >= 0 ? json_integer(rank) : json_null(), "decoded_token",
+                                  text));
+}
+
+/* vLLM's prompt_logprobs of one prompt: null for the first token (nothing predicts it), then
+ * per token the prompt token's entry followed by its position's N most likely (ranks 1 to N),
+ * -inf written as -9999.0. */
+static json_t *prompt_logprobs_json(struct gen *g, const struct choice *c)
+{
+    size_t np = g->n_prompt[c->prompt_index];
+    const int32_t *prompt = g->prompts[c->prompt_index];
+    json_t *a = json_array();
+
+    for (size_t i = 0; i < np; i++) {
+        if (i == 0 || (int)i >= c->n_prompt_lps || isnan(c->prompt_lps[i])) {
+            json_array_append_new(a, json_null());
+            continue;
+        }
+        json_t *pos = json_object();
+        prompt_entry(g, pos, prompt[i], c->prompt_lps[i],
+                     c->prompt_ranks ? c->prompt_ranks[i] : -1);
+        for (int k = 0; k < g->p.prompt_logprobs && k < c->prompt_top_n; k++) {
+            size_t at = i * (size_t)c->prompt_top_n + (size_t)k;
+            prompt_entry(g, pos, c->prompt_top_ids[at], c->prompt_top_lps[at], k + 1);
+        }
+        json_array_append_new(a, pos);
+    }
+    return a;
 }
 
 static json_t *ids_json(const int32_t *ids, size_t n)
@@ -838,6 +939,8 @@ static json_t *completion_choice(struct gen *g, struct choice *c)
                                               : json_null(),
                            "finish_reason", c->finish_reason, "stop_reason",
                            stop_reason_json(c));
+    json_object_set_new(ch, "prompt_logprobs",
+                        g->p.prompt_logprobs >= 0 ? prompt_logprobs_json(g, c) : json_null());
     if (g->p.return_token_ids || !g->fe->tok) {
         json_object_set_new(ch, "prompt_token_ids",
                             ids_json(g->prompts[c->prompt_index], g->n_prompt[c->prompt_index]));
@@ -885,6 +988,10 @@ static void respond_whole(struct gen *g, struct lora_http_request *req)
     json_t *r = head_json(g, g->p.chat ? "chat.completion" : "text_completion");
     json_object_set_new(r, "choices", choices);
     json_object_set_new(r, "usage", usage_json(g));
+    if (g->p.chat) /* one prompt: its log-probabilities sit beside the choices */
+        json_object_set_new(r, "prompt_logprobs", g->p.prompt_logprobs >= 0
+                                                      ? prompt_logprobs_json(g, &g->choices[0])
+                                                      : json_null());
     reply_json(req, 200, r);
     double last = 0;
     for (int i = 0; i < g->n_choices; i++)
@@ -920,10 +1027,12 @@ static json_t *stream_chunk(struct gen *g, json_t *choice)
 }
 
 /* How much of the text may be sent: all of it once done, else all but what could still be
- * the start of a stop string, cut back to a UTF-8 character boundary. */
+ * the start of a stop string, cut back to a UTF-8 character boundary. A stop string that stays
+ * in the output needs no holding back: the text is cut after it as soon as it is complete, as
+ * vLLM streams it. */
 static size_t sendable(const struct gen *g, const struct choice *c)
 {
-    if (c->done || !g->p.n_stop)
+    if (c->done || !g->p.n_stop || g->p.include_stop_str_in_output)
         return c->text.len;
     size_t hold = g->p.max_stop_len - 1;
     size_t n = c->text.len > hold ? c->text.len - hold : 0;
@@ -1089,6 +1198,7 @@ static void generate(struct frontend *fe, struct lora_http_request *req, json_t 
     param = chat ? "messages" : "prompt";
     if ((chat ? read_messages(g, err, sizeof(err)) : read_prompts(g, err, sizeof(err))) < 0)
         goto fail;
+    truncate_prompts(g);
     param = NULL;
     if (submit(g, &status, &param, err, sizeof(err)) < 0)
         goto fail;

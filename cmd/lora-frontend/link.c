@@ -81,6 +81,9 @@ static void seq_free(struct fe_seq *s)
     free(s->top_ids);
     free(s->top_lps);
     free(s->prompt_lps);
+    free(s->prompt_ranks);
+    free(s->prompt_top_ids);
+    free(s->prompt_top_lps);
     free(s);
 }
 
@@ -541,6 +544,17 @@ static void append_output_locked(struct fe_seq *s, const struct lora_msg_output 
         if (s->prompt_lps) {
             memcpy(s->prompt_lps, m->prompt_logprobs, sizeof(float) * (size_t)m->n_prompt_logprobs);
             s->n_prompt_lps = m->n_prompt_logprobs;
+        }
+        if (s->prompt_lps && m->prompt_ranks &&
+            (s->prompt_ranks = malloc(sizeof(int32_t) * (size_t)m->n_prompt_logprobs)))
+            memcpy(s->prompt_ranks, m->prompt_ranks,
+                   sizeof(int32_t) * (size_t)m->n_prompt_logprobs);
+        size_t n_top = (size_t)m->n_prompt_logprobs * (size_t)m->prompt_top_n;
+        if (s->prompt_lps && n_top && (s->prompt_top_ids = malloc(sizeof(int32_t) * n_top)) &&
+            (s->prompt_top_lps = malloc(sizeof(float) * n_top))) {
+            memcpy(s->prompt_top_ids, m->prompt_top_ids, sizeof(int32_t) * n_top);
+            memcpy(s->prompt_top_lps, m->prompt_top_logprobs, sizeof(float) * n_top);
+            s->prompt_top_n = m->prompt_top_n;
         }
     }
     s->num_prompt_tokens = m->num_prompt_tokens;

@@ -19,6 +19,7 @@
 
 #include "cli.h"
 #include "frontend.h"
+#include "params.h"
 #include "sock.h"
 
 struct setup_args {
@@ -91,7 +92,7 @@ int main(int argc, char **argv)
 {
     static struct frontend fe;
     const char *run_dir = NULL, *engine_ep = NULL, *control_ep = NULL, *publish_ep = NULL;
-    const char *host = "127.0.0.1", *chat_name = NULL, *lora_root = NULL;
+    const char *host = "127.0.0.1", *chat_name = NULL, *lora_root = NULL, *gen_source = "auto";
     struct lora_opt_list mods = {0};
     long port = 8000, max_body = 16L << 20, max_conn = 1024, timeout_s = 60, wait_ms = 60000;
     long max_pending = 4096;
@@ -122,6 +123,9 @@ int main(int argc, char **argv)
         {"chat-template", LORA_OPT_STRING, &chat_name, "NAME",
          "chatml, qwen2.5, qwen3, llama3, llama3.1, llama2, mistral or mistral-v1, instead of "
          "the model's"},
+        {"generation-config", LORA_OPT_STRING, &gen_source, "SRC",
+         "defaults for fields a request leaves out: auto (the model's generation_config.json), "
+         "vllm (none) or a directory holding generation_config.json (default auto)"},
         {"max-body-bytes", LORA_OPT_INT, &max_body, "N", "larger bodies get 413 (16 MiB)", 1024,
          1L << 30},
         {"max-connections", LORA_OPT_INT, &max_conn, "N", "concurrent connections (1024)", 1,
@@ -153,6 +157,11 @@ int main(int argc, char **argv)
     if (version) {
         puts("lora-frontend " LORA_VERSION);
         return 0;
+    }
+    if (!lora_generation_config_is_source(gen_source)) {
+        fprintf(stderr, "lora-frontend: fatal: --generation-config '%s' must be auto, vllm or a "
+                        "directory\n", gen_source);
+        return EXIT_USAGE;
     }
     const char *allow = getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING");
     if (allow && (strcasecmp(allow, "true") == 0 || strcmp(allow, "1") == 0))
@@ -215,6 +224,12 @@ int main(int argc, char **argv)
         fe.model_dir = fe.link.model;
     if (!fe.served_name)
         fe.served_name = fe.model_dir;
+    if (lora_generation_config_load(gen_source, fe.model_dir, &fe.gen, err, sizeof(err)) < 0) {
+        fprintf(stderr, "lora-frontend: fatal: --generation-config: %s\n", err);
+        rc = 1;
+        goto stop;
+    }
+    params_note_defaults(&fe);
     if (load_model_files(&fe, chat_name, err, sizeof(err)) < 0 ||
         adapters_load_modules(&fe, &mods, err, sizeof(err)) < 0) {
         fprintf(stderr, "lora-frontend: fatal: %s\n", err);

@@ -24,8 +24,8 @@ static const struct cmd_info stats_info = {
 static const struct cmd_info config_info = {
     "config",
     "[--run-dir DIR | --control-endpoint EP] [OPTIONS]",
-    "The engine's model directory and limits (slots, CPU cache, ranks, blocks, lengths), as one\n"
-    "record.",
+    "The engine's model directory and limits (slots, CPU cache, ranks, blocks, lengths) and the\n"
+    "default sampling parameters of its generation config, as one record.",
 };
 
 static const struct cmd_info health_info = {

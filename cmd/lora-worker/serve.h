@@ -59,6 +59,9 @@ struct worker {
     int32_t *top_ids;
     float *top_lps;
     float *prompt_lps;
+    int32_t *prompt_ranks; /* beside prompt_lps: each prompt token's vocabulary rank */
+    int32_t *prompt_top_ids; /* (tokens * LORA_MSG_MAX_PROMPT_TOP) prompt positions' top ids */
+    float *prompt_top_lps;   /* likewise, their log-probabilities */
     float *masked; /* (vocab) one row of logits with a sequence's banned tokens at -inf */
 };
 

@@ -30,9 +30,13 @@ int worker_step_alloc(struct worker *w, char *err, size_t err_len)
     w->top_ids = calloc(top, sizeof(int32_t));
     w->top_lps = calloc(top, sizeof(float));
     w->prompt_lps = calloc(toks, sizeof(float));
+    w->prompt_ranks = calloc(toks, sizeof(int32_t));
+    w->prompt_top_ids = calloc(toks * LORA_MSG_MAX_PROMPT_TOP, sizeof(int32_t));
+    w->prompt_top_lps = calloc(toks * LORA_MSG_MAX_PROMPT_TOP, sizeof(float));
     w->masked = calloc((size_t)w->model->cfg.vocab_size, sizeof(float));
     if (!w->steps || !w->first_row || !w->tokens || !w->tables || !w->outs || !w->top_ids ||
-        !w->top_lps || !w->prompt_lps || !w->masked) {
+        !w->top_lps || !w->prompt_lps || !w->prompt_ranks || !w->prompt_top_ids ||
+        !w->prompt_top_lps || !w->masked) {
         snprintf(err, err_len, "out of memory for step buffers");
         return -1;
     }
@@ -49,6 +53,9 @@ void worker_step_free(struct worker *w)
     free(w->top_ids);
     free(w->top_lps);
     free(w->prompt_lps);
+    free(w->prompt_ranks);
+    free(w->prompt_top_ids);
+    free(w->prompt_top_lps);
     free(w->masked);
 }
 
@@ -70,7 +77,8 @@ static int prepare(struct worker *w, const struct lora_msg_step *m, char *err, s
     for (int i = 0; i < m->n_seqs; i++) {
         const struct lora_msg_step_seq *q = &m->seqs[i];
         int need = (q->pos + q->n_tokens + l->block_size - 1) / l->block_size;
-        if (q->n_blocks < need || q->top_n < 0 || q->top_n > LORA_MSG_MAX_TOP) {
+        if (q->n_blocks < need || q->top_n < 0 || q->top_n > LORA_MSG_MAX_TOP ||
+            q->prompt_top_n < 0 || q->prompt_top_n > LORA_MSG_MAX_PROMPT_TOP) {
             snprintf(err, err_len, "step %llu: sequence %llu has %d blocks for %d positions",
                      (unsigned long long)m->step_id, (unsigned long long)q->seq_id, q->n_blocks,
                      q->pos + q->n_tokens);
@@ -90,10 +98,34 @@ static int prepare(struct worker *w, const struct lora_msg_step *m, char *err, s
     return 0;
 }
 
+/* Whether every allowed token is also banned: then the ban gives way, since a step must draw
+ * some token and the allowed set is the request's hard constraint. */
+static bool all_banned(const struct lora_msg_step_seq *q)
+{
+    for (int a = 0; a < q->n_allowed; a++) {
+        bool banned = false;
+        for (int b = 0; b < q->n_banned && !banned; b++)
+            banned = q->allowed[a] == q->banned[b];
+        if (!banned)
+            return false;
+    }
+    return true;
+}
+
+/* The rank of token in a row of logits as vLLM counts it: the number of tokens at least as
+ * likely, itself included (1: the most likely). */
+static int32_t vocab_rank(const float *row, int vocab, int token)
+{
+    int32_t n = 0;
+    for (int t = 0; t < vocab; t++)
+        n += row[t] >= row[token];
+    return n;
+}
+
 /* Output rank: the sampled token, its log-probability, the top-N and prompt log-probabilities of
  * sequence i. Arrays go to the scratch at the given offsets. */
 static void emit(struct worker *w, const struct lora_msg_step *m, int i, const float *logits,
-                 size_t *top_at, size_t *plp_at)
+                 size_t *top_at, size_t *plp_at, size_t *ptop_at)
 {
     const struct lora_msg_step_seq *q = &m->seqs[i];
     const struct lora_seq_step *st = &w->steps[i];
@@ -104,13 +136,22 @@ static void emit(struct worker *w, const struct lora_msg_step *m, int i, const f
     *o = (struct lora_msg_step_out){.seq_id = q->seq_id, .token = -1};
     if (q->all_logits) {
         /* Row t predicts the token after it: the chunk's own next token, or next_token. */
+        int ptop = q->prompt_top_n < vocab ? q->prompt_top_n : vocab;
         o->prompt_logprobs = w->prompt_lps + *plp_at;
+        o->prompt_ranks = w->prompt_ranks + *plp_at;
+        o->prompt_top_n = ptop;
+        o->prompt_top_ids = w->prompt_top_ids + *ptop_at;
+        o->prompt_top_logprobs = w->prompt_top_lps + *ptop_at;
         for (int t = 0; t < st->n_tokens; t++) {
             int next = t + 1 < st->n_tokens ? st->tokens[t + 1] : q->next_token;
             if (next < 0 || next >= vocab)
                 break;
-            w->prompt_lps[(*plp_at)++] = lora_sampler_logprobs(
-                w->sampler, rows + (size_t)t * vocab, next, 0, NULL, NULL);
+            const float *row = rows + (size_t)t * vocab;
+            w->prompt_ranks[*plp_at] = vocab_rank(row, vocab, next);
+            w->prompt_lps[(*plp_at)++] =
+                lora_sampler_logprobs(w->sampler, row, next, ptop, w->prompt_top_ids + *ptop_at,
+                                      w->prompt_top_lps + *ptop_at);
+            *ptop_at += (size_t)ptop;
             o->n_prompt_logprobs++;
         }
     }
@@ -123,10 +164,20 @@ static void emit(struct worker *w, const struct lora_msg_step *m, int i, const f
 
     lora_rng_seed_draw(&rng, q->seed, (uint64_t)q->n_generated);
     const float *pick = last;
-    if (q->n_banned > 0) {
+    if (q->n_allowed > 0) {
+        /* allowed_token_ids: every other token is out, as vLLM's mask sets it to -inf. */
+        for (int t = 0; t < vocab; t++)
+            w->masked[t] = -INFINITY;
+        for (int a = 0; a < q->n_allowed; a++)
+            if (q->allowed[a] >= 0 && q->allowed[a] < vocab)
+                w->masked[q->allowed[a]] = last[q->allowed[a]];
+        pick = w->masked;
+    }
+    if (q->n_banned > 0 && !(q->n_allowed > 0 && all_banned(q))) {
         /* min_tokens not reached: these tokens cannot be drawn, the log-probabilities stay
          * those of the model. */
-        memcpy(w->masked, last, sizeof(float) * (size_t)vocab);
+        if (pick == last)
+            memcpy(w->masked, last, sizeof(float) * (size_t)vocab);
         for (int b = 0; b < q->n_banned; b++)
             if (q->banned[b] >= 0 && q->banned[b] < vocab)
                 w->masked[q->banned[b]] = -INFINITY;
@@ -207,9 +258,9 @@ int worker_handle_step(struct worker *w, const struct lora_msg_frames *f)
         .doorbell = !lora_notify_ring_is_empty(w->ring),
     };
     if (w->rank == 0) {
-        size_t top_at = 0, plp_at = 0;
+        size_t top_at = 0, plp_at = 0, ptop_at = 0;
         for (int i = 0; i < m.n_seqs; i++)
-            emit(w, &m, i, logits, &top_at, &plp_at);
+            emit(w, &m, i, logits, &top_at, &plp_at, &ptop_at);
         r.n_outs = m.n_seqs;
         r.outs = w->outs;
     }

@@ -440,3 +440,39 @@ help_options() {
     expect_status 0
     [[ "$output" == *"EXIT STATUS"* ]]
 }
+
+# ---- --generation-config
+
+@test "--generation-config: auto, vllm or a directory; anything else exits 100 naming it" {
+    run --separate-stderr "$ENGINE" --help
+    [[ "$output" == *"  --generation-config SRC "* ]]
+    for v in bogus "$D/m/config.json" "$BATS_TEST_TMPDIR/none"; do
+        run --separate-stderr "$ENGINE" --model "$D/m" --run-dir "$RUN" --generation-config "$v"
+        expect_status 100
+        expect_message "--generation-config '$v' must be auto, vllm or a directory"
+    done
+    LORA_ENGINE_GENERATION_CONFIG=bogus run --separate-stderr "$ENGINE" --model "$D/m" \
+        --run-dir "$RUN"
+    expect_status 100
+    expect_message "--generation-config 'bogus'"
+    [ -z "$(ls -A "$RUN")" ]
+}
+
+@test "--generation-config: a default the engine cannot honour, or a broken file, exits 1" {
+    mkdir -p "$BATS_TEST_TMPDIR/rp" "$BATS_TEST_TMPDIR/bad" "$BATS_TEST_TMPDIR/nofile"
+    echo '{"min_p": 0.1}' > "$BATS_TEST_TMPDIR/rp/generation_config.json"
+    echo '{"top_p": 2}' > "$BATS_TEST_TMPDIR/bad/generation_config.json"
+    run --separate-stderr "$ENGINE" --model "$D/m" --run-dir "$RUN" \
+        --generation-config "$BATS_TEST_TMPDIR/rp"
+    expect_status 1
+    expect_message "$BATS_TEST_TMPDIR/rp/generation_config.json: 'min_p' is 0.1"
+    run --separate-stderr "$ENGINE" --model "$D/m" --run-dir "$RUN" \
+        --generation-config "$BATS_TEST_TMPDIR/bad"
+    expect_status 1
+    expect_message "'top_p' must be between"
+    run --separate-stderr "$ENGINE" --model "$D/m" --run-dir "$RUN" \
+        --generation-config "$BATS_TEST_TMPDIR/nofile"
+    expect_status 1
+    expect_message "$BATS_TEST_TMPDIR/nofile/generation_config.json: unable to open"
+    [ -z "$(ls -A "$RUN")" ]
+}

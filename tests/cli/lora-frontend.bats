@@ -71,3 +71,16 @@ help_options() {
 @test "the man page lists exactly the options of --help" {
     diff <(help_options) <(man_page_options "$MAN")
 }
+
+@test "--generation-config is listed; a value that is not auto, vllm or a directory exits 100" {
+    run "$FRONTEND" --help
+    [[ "$output" == *"  --generation-config SRC "* ]]
+    for v in bogus /etc/passwd "$BATS_TEST_TMPDIR/none"; do
+        run --separate-stderr "$FRONTEND" --run-dir /tmp --generation-config "$v"
+        expect_status 100
+        expect_message "--generation-config '$v' must be auto, vllm or a directory"
+    done
+    LORA_FRONTEND_GENERATION_CONFIG=bogus run --separate-stderr "$FRONTEND" --run-dir /tmp
+    expect_status 100
+    expect_message "--generation-config 'bogus'"
+}

@@ -130,3 +130,18 @@ wait_serving() { # PORT MODEL: waits up to 30 s for a 200
     expect_status 1
     [[ "$stderr" == *"already running"* ]]
 }
+
+@test "up --generation-config DIR reaches the engine and the frontends" {
+    mkdir -p "$BATS_TEST_TMPDIR/gc"
+    echo '{"temperature": 0.0, "max_new_tokens": 2}' > "$BATS_TEST_TMPDIR/gc/generation_config.json"
+    up "$BATS_TEST_TMPDIR/g" "$BASE" --generation-config "$BATS_TEST_TMPDIR/gc"
+    expect_status 0
+    # The frontend caps max_tokens 3 at the file's 2.
+    n=$(curl -s -m 30 "http://127.0.0.1:$BASE/v1/completions" -H 'Content-Type: application/json' \
+        -d '{"prompt":"hi","max_tokens":3,"ignore_eos":true}' | jq '.usage.completion_tokens')
+    [ "$n" = 2 ]
+    run "$LORA_BIN/lora-inspect" config --run-dir "$BATS_TEST_TMPDIR/g" --json
+    expect_status 0
+    [ "$(jq -r .generation_config <<< "$output")" = "$BATS_TEST_TMPDIR/gc/generation_config.json" ]
+    [ "$(jq .default_max_tokens <<< "$output")" = 2 ]
+}

@@ -102,6 +102,7 @@ static const struct lora_msg_setup_done setup_done_full = {
 static const struct lora_msg_setup_done setup_done_min = {.ok = true, .rank = 0};
 
 static const int32_t step_banned[] = {257, 2};
+static const int32_t step_allowed[] = {3, 17, 255};
 static const struct lora_msg_step_seq step_seqs[] = {
     {.seq_id = 11,
      .n_tokens = 3,
@@ -118,7 +119,10 @@ static const struct lora_msg_step_seq step_seqs[] = {
      .top_n = 2,
      .next_token = 5,
      .n_banned = 2,
-     .banned = step_banned},
+     .banned = step_banned,
+     .n_allowed = 3,
+     .allowed = step_allowed,
+     .prompt_top_n = 2},
     {.seq_id = 12,
      .n_tokens = 1,
      .pos = 20,
@@ -148,6 +152,9 @@ static const struct lora_msg_step step_min = {.step_id = 1};
 static const int32_t out0_top_ids[] = {42, 7};
 static const float out0_top_lps[] = {-0.25f, -1.5f};
 static const float out0_prompt_lps[] = {NAN, -2.0f, -0.5f};
+static const int32_t out0_prompt_ranks[] = {0, 12, 1};
+static const int32_t out0_prompt_top_ids[] = {0, 0, 9, 4, 5, 6};
+static const float out0_prompt_top_lps[] = {0, 0, -0.5f, -1.0f, -0.5f, -2.5f};
 static const struct lora_msg_step_out step_outs[] = {
     {.seq_id = 11,
      .token = 42,
@@ -156,7 +163,11 @@ static const struct lora_msg_step_out step_outs[] = {
      .top_ids = out0_top_ids,
      .top_logprobs = out0_top_lps,
      .n_prompt_logprobs = 3,
-     .prompt_logprobs = out0_prompt_lps},
+     .prompt_logprobs = out0_prompt_lps,
+     .prompt_ranks = out0_prompt_ranks,
+     .prompt_top_n = 2,
+     .prompt_top_ids = out0_prompt_top_ids,
+     .prompt_top_logprobs = out0_prompt_top_lps},
     {.seq_id = 12, .token = -1, .logprob = 0.0f},
 };
 static const struct lora_msg_step_reply step_reply_full = {
@@ -216,6 +227,7 @@ static const struct lora_msg_residency_reply residency_reply_min = {.engine = -1
 
 static const int32_t request_prompt[] = {1, 15043, 3186, 2};
 static const int32_t request_stop[] = {2, 32000};
+static const int32_t request_allowed[] = {7, 8, 31999};
 static const struct lora_msg_request request_full = {.request_id = STR("req-1"),
                                                      .lora = STR("sql"),
                                                      .prompt = request_prompt,
@@ -231,7 +243,10 @@ static const struct lora_msg_request request_full = {.request_id = STR("req-1"),
                                                      .prompt_logprobs = true,
                                                      .ignore_eos = true,
                                                      .n_stop_token_ids = 2,
-                                                     .stop_token_ids = request_stop};
+                                                     .stop_token_ids = request_stop,
+                                                     .n_allowed_token_ids = 3,
+                                                     .allowed_token_ids = request_allowed,
+                                                     .prompt_top_n = 5};
 static const int32_t request_min_prompt[] = {5};
 static const struct lora_msg_request request_min = {.request_id = STR("r"),
                                                     .prompt = request_min_prompt,
@@ -247,6 +262,9 @@ static const float output_lps[] = {-0.5f, -1.25f};
 static const int32_t output_top_ids[] = {42, 9, 7, 3};
 static const float output_top_lps[] = {-0.5f, -2.0f, -1.25f, -3.0f};
 static const float output_prompt_lps[] = {NAN, -1.0f, -2.0f};
+static const int32_t output_prompt_ranks[] = {0, 4, 1};
+static const int32_t output_prompt_top_ids[] = {0, 3, 8};
+static const float output_prompt_top_lps[] = {0, -0.75f, -2.0f};
 static const struct lora_msg_output output_full = {.request_id = STR("req-1"),
                                                    .n_tokens = 2,
                                                    .tokens = output_tokens,
@@ -256,6 +274,10 @@ static const struct lora_msg_output output_full = {.request_id = STR("req-1"),
                                                    .top_logprobs = output_top_lps,
                                                    .n_prompt_logprobs = 3,
                                                    .prompt_logprobs = output_prompt_lps,
+                                                   .prompt_ranks = output_prompt_ranks,
+                                                   .prompt_top_n = 1,
+                                                   .prompt_top_ids = output_prompt_top_ids,
+                                                   .prompt_top_logprobs = output_prompt_top_lps,
                                                    .finished = true,
                                                    .finish_reason = STR("length"),
                                                    .num_prompt_tokens = 4,
@@ -512,6 +534,10 @@ static json_t *dump_step(const void *p)
         set(q, "next_token", json_integer(s->next_token));
         if (s->n_banned) /* optional: absent when empty */
             set(q, "banned", j_i32s(s->banned, (size_t)s->n_banned));
+        if (s->n_allowed) /* likewise */
+            set(q, "allowed", j_i32s(s->allowed, (size_t)s->n_allowed));
+        if (s->prompt_top_n)
+            set(q, "prompt_top_n", json_integer(s->prompt_top_n));
         json_array_append_new(seqs, q);
     }
     set(o, "seqs", seqs);
@@ -541,6 +567,14 @@ static json_t *dump_step_reply(const void *p)
         set(q, "top_ids", j_i32s(s->top_ids, (size_t)s->n_top));
         set(q, "top_logprobs", j_f32s(s->top_logprobs, (size_t)s->n_top));
         set(q, "prompt_logprobs", j_f32s(s->prompt_logprobs, (size_t)s->n_prompt_logprobs));
+        if (s->prompt_ranks)
+            set(q, "prompt_ranks", j_i32s(s->prompt_ranks, (size_t)s->n_prompt_logprobs));
+        if (s->prompt_top_n) {
+            size_t n = (size_t)s->n_prompt_logprobs * (size_t)s->prompt_top_n;
+            set(q, "prompt_top_n", json_integer(s->prompt_top_n));
+            set(q, "prompt_top_ids", j_i32s(s->prompt_top_ids, n));
+            set(q, "prompt_top_logprobs", j_f32s(s->prompt_top_logprobs, n));
+        }
         json_array_append_new(outs, q);
     }
     set(o, "outs", outs);
@@ -628,6 +662,11 @@ static json_t *dump_request(const void *p)
     set(o, "prompt_logprobs", json_boolean(m->prompt_logprobs));
     set(o, "ignore_eos", json_boolean(m->ignore_eos));
     set(o, "stop_token_ids", j_i32s(m->stop_token_ids, (size_t)m->n_stop_token_ids));
+    if (m->n_allowed_token_ids) /* optional: absent when empty */
+        set(o, "allowed_token_ids",
+            j_i32s(m->allowed_token_ids, (size_t)m->n_allowed_token_ids));
+    if (m->prompt_top_n)
+        set(o, "prompt_top_n", json_integer(m->prompt_top_n));
     return o;
 }
 
@@ -651,6 +690,14 @@ static json_t *dump_output(const void *p)
     set(o, "top_ids", j_i32s(m->top_ids, n_top));
     set(o, "top_logprobs", j_f32s(m->top_logprobs, n_top));
     set(o, "prompt_logprobs", j_f32s(m->prompt_logprobs, (size_t)m->n_prompt_logprobs));
+    if (m->prompt_ranks)
+        set(o, "prompt_ranks", j_i32s(m->prompt_ranks, (size_t)m->n_prompt_logprobs));
+    if (m->prompt_top_n) {
+        size_t n = (size_t)m->n_prompt_logprobs * (size_t)m->prompt_top_n;
+        set(o, "prompt_top_n", json_integer(m->prompt_top_n));
+        set(o, "prompt_top_ids", j_i32s(m->prompt_top_ids, n));
+        set(o, "prompt_top_logprobs", j_f32s(m->prompt_top_logprobs, n));
+    }
     set(o, "finished", json_boolean(m->finished));
     set(o, "finish_reason", j_str(m->finish_reason));
     set(o, "num_prompt_tokens", json_integer(m->num_prompt_tokens));
@@ -857,16 +904,17 @@ static const struct codec codecs[LORA_MSG_TYPE_COUNT] = {
     [LORA_MSG_READY] = ROW(ready, NULL, {NULL}),
     [LORA_MSG_SETUP] = ROW(setup, &setup_min, {"shm"}),
     [LORA_MSG_SETUP_DONE] = ROW(setup_done, &setup_done_min, {"error"}),
-    [LORA_MSG_STEP] = ROW(step, &step_min, {"banned"}),
-    [LORA_MSG_STEP_REPLY] = ROW(step_reply, &step_reply_min, {"error"}),
+    [LORA_MSG_STEP] = ROW(step, &step_min, {"banned", "allowed", "prompt_top_n"}),
+    [LORA_MSG_STEP_REPLY] = ROW(step_reply, &step_reply_min, {"error", "prompt_ranks"}),
     [LORA_MSG_ADAPTER_OP] = ROW(adapter_op, &adapter_op_min, {"slot"}),
     [LORA_MSG_ADAPTER_OP_REPLY] = ROW(adapter_op_reply, &adapter_op_reply_min, {"error"}),
     [LORA_MSG_NOTIFICATIONS] = ROW(notifications, &notifications_min, {"engine"}),
     [LORA_MSG_RESIDENCY_REPLY] = ROW(residency_reply, &residency_reply_min, {"engine"}),
-    [LORA_MSG_REQUEST] = ROW(request, &request_min, {"lora", "seed"}),
+    [LORA_MSG_REQUEST] = ROW(request, &request_min,
+                             {"lora", "seed", "allowed_token_ids", "prompt_top_n"}),
     [LORA_MSG_ABORT] = ROW(abort, NULL, {NULL}),
     [LORA_MSG_OUTPUT] = ROW(output, &output_min,
-                                 {"prompt_logprobs", "finish_reason", "error", "error_code",
+                                 {"prompt_ranks", "finish_reason", "error", "error_code",
                                   "queued_time", "scheduled_time", "first_token_time",
                                   "finished_time"}),
     [LORA_MSG_EVENT] = ROW(event, &event_min, {"lora", "finish_reason"}),
@@ -1614,6 +1662,18 @@ static void test_array_bounds(void)
     CHECK(decode_edited(LORA_MSG_STEP_REPLY, &step_reply_full, "outs.0.top_logprobs", arr,
                         EDIT_REPLACE, &o, err, sizeof(err)) == -1);
     CHECK_CONTAINS(err, "step_reply: outs[0].top_logprobs: 1 values, but top_ids has 2");
+    CHECK(decode_edited(LORA_MSG_STEP_REPLY, &step_reply_full, "outs.0.prompt_ranks", arr,
+                        EDIT_REPLACE, &o, err, sizeof(err)) == -1);
+    CHECK_CONTAINS(err, "step_reply: outs[0].prompt_ranks: 1 values, but prompt_logprobs has 3");
+    CHECK(decode_edited(LORA_MSG_OUTPUT, &output_full, "prompt_ranks", arr, EDIT_REPLACE, &o,
+                        err, sizeof(err)) == -1);
+    CHECK_CONTAINS(err, "output: prompt_ranks: 1 values, but prompt_logprobs has 3");
+    CHECK(decode_edited(LORA_MSG_OUTPUT, &output_full, "prompt_top_ids", arr, EDIT_REPLACE, &o,
+                        err, sizeof(err)) == -1);
+    CHECK_CONTAINS(err, "output: prompt_top_ids: 1 values, prompt positions * prompt_top_n is 3");
+    CHECK(decode_edited(LORA_MSG_STEP_REPLY, &step_reply_full, "outs.0.prompt_top_logprobs", arr,
+                        EDIT_REPLACE, &o, err, sizeof(err)) == -1);
+    CHECK_CONTAINS(err, "outs[0].prompt_top_logprobs: 1 values, prompt positions * prompt_top_n");
 
     /* one element over each bound: well-formed arrays of nil */
     static const struct {
@@ -1637,6 +1697,10 @@ static void test_array_bounds(void)
          "notifications: items: 65537 elements"},
         {LORA_MSG_STEP_REPLY, &step_reply_full, "outs.0.top_ids", LORA_MSG_MAX_TOP + 1,
          "step_reply: outs[0].top_ids: 1025 elements, the limit is 1024"},
+        {LORA_MSG_STEP, &step_full, "seqs.0.allowed", LORA_MSG_MAX_ALLOWED + 1,
+         "step: seqs[0].allowed: 1025 elements, the limit is 1024"},
+        {LORA_MSG_REQUEST, &request_full, "allowed_token_ids", LORA_MSG_MAX_ALLOWED + 1,
+         "request: allowed_token_ids: 1025 elements, the limit is 1024"},
     };
     msgpack_object *nils = calloc(LORA_MSG_MAX_ADAPTERS + 1, sizeof(*nils));
     for (int i = 0; i < COUNT(over); i++) {
