@@ -238,7 +238,7 @@ static void handle_request(struct engine *e, int fe, const struct lora_msg_frame
     r->temperature = m.temperature;
     r->top_p = m.top_p > 0 ? m.top_p : 1.0f;
     r->top_k = m.top_k;
-    r->seed = m.has_seed ? m.seed : r->id;
+    r->seed = m.has_seed ? m.seed : e->seed + r->id;
     r->logprobs = m.logprobs;
     r->prompt_logprobs = m.prompt_logprobs;
     r->ignore_eos = m.ignore_eos;
