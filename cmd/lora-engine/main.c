@@ -1,14 +1,15 @@
 /* lora-engine: the engine core of lora-stack (DESIGN sections 2 to 7).
  *
  * Binds four sockets: frontends (ROUTER), workers (ROUTER), control (ROUTER) and publish (PUB).
- * Start-up: wait for every worker rank's hello, send each its setup, load the --lora-modules
- * adapters on every rank, gather every rank's notifications, then report ready (a line on
- * stderr). The loop: frontend
+ * Start-up: read the registry file (a corrupt one stops the engine here), wait for every worker
+ * rank's hello (saying which ranks it still waits for), send each its setup, load the registry
+ * file's adapters and then the --lora-modules it has not taken in yet on every rank, write the
+ * file, gather every rank's notifications, then report ready (a line on stderr). The loop: frontend
  * requests and aborts, control commands, worker heartbeats; one scheduled step at a time while
  * there is work; the notifications of every rank gathered after any adapter change, after a step
  * whose reply rang the doorbell, and every --idle-notify-ms while idle. A dead worker fails every
  * request in flight and marks the engine unhealthy. Exit codes: 0 on SIGTERM/SIGINT, 1 when the
- * model or an adapter of --lora-modules is bad, 100 usage, 111 system failure.
+ * model, the registry file or an adapter of --lora-modules is bad, 100 usage, 111 system failure.
  */
 #include <errno.h>
 #include <signal.h>
