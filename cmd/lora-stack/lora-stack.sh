@@ -41,7 +41,8 @@ usage: lora-stack up [MODEL] [--run-dir DIR] [--model DIR] [--tp N] [--frontends
 
   --run-dir DIR          sockets, logs and pids (default $XDG_RUNTIME_DIR/lora-stack, else
                          /tmp/lora-stack-UID); mode 0700
-  MODEL, --model DIR     Hugging Face model directory (default: the demo model and adapters)
+  --model DIR, MODEL     Hugging Face model directory (default: the demo model and adapters);
+                         as vLLM's `vllm serve MODEL`, it may be the first argument of up
   --tp N, --tensor-parallel-size N, -tp N
                          tensor-parallel ranks: worker processes (default 1)
   --frontends N          HTTP frontends (default 1), on ports PORT, PORT+1, ...
@@ -56,6 +57,8 @@ usage: lora-stack up [MODEL] [--run-dir DIR] [--model DIR] [--tp N] [--frontends
   --disable-log-requests accepted, as vLLM's: no program logs requests
   --uvicorn-log-level L  accepted, as vLLM's (critical, error, warning, info, debug, trace);
                          the frontends' HTTP server has no log levels
+  --generation-config G  checked as vLLM checks it (auto, vllm or a folder), then given to
+                         the programs that list it in their --help
   --host ADDR            HTTP address of the frontends and the exporter (default 127.0.0.1)
   -h, --help             this help
 Any other option goes to every program that lists it in its --help (for example --max-loras 2
