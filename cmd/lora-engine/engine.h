@@ -107,6 +107,11 @@ struct engine {
     const char *registry_path;
     bool registry_live;
     struct lora_registry startup_seen;
+    /* The load and activate timings gathered before ready (names owned here), carried in every
+     * "ready" so that a subscriber that joins later still counts the start-up loads. */
+    struct lora_msg_startup_load *startup_loads;
+    int n_startup_loads;
+    bool ready;
     struct lora_scheduler *sched;
     struct lora_scheduler_plan plan;
     struct lora_scheduler_result *results;

@@ -288,6 +288,8 @@ int encode_ready(struct engine *e)
         .version = LORA_PROTOCOL_VERSION,
         .engine_index = e->engine_index,
         .model = {e->model, strlen(e->model)},
+        .n_startup_loads = e->n_startup_loads,
+        .startup_loads = e->startup_loads,
     };
     engine_limits(e, &m.limits);
     lora_msg_buf_reset(&e->out);

@@ -253,6 +253,9 @@ static void teardown(struct engine *e)
     lora_msg_arena_destroy(&e->arena);
     lora_msg_buf_release(&e->out);
     lora_registry_release(&e->startup_seen);
+    for (int i = 0; i < e->n_startup_loads; i++)
+        free((char *)e->startup_loads[i].name.s);
+    free(e->startup_loads);
     lora_sock_destroy(&e->front);
     lora_sock_destroy(&e->work);
     lora_sock_destroy(&e->ctl);
@@ -496,6 +499,7 @@ int main(int argc, char **argv)
         goto out;
     }
     workers_gather_notifications(&e);
+    e.ready = true;
     publish_state(&e, true);
     fprintf(stderr, "lora-engine: ready: engine %d, %d rank%s, %d KV blocks of %d\n",
             e.engine_index, e.world, e.world == 1 ? "" : "s", e.num_kv_blocks, e.block_size);

@@ -359,6 +359,34 @@ static int count_disagreement(struct engine *e)
     return n;
 }
 
+/* Keeps rank r's load and activate timings of m while the engine is not ready yet. */
+static void keep_startup_loads(struct engine *e, int r, const struct lora_msg_notifications *m)
+{
+    for (int i = 0; i < m->n_items && !e->ready; i++) {
+        const struct lora_msg_notification *it = &m->items[i];
+        for (int t = 0; t < it->n_timings; t++) {
+            const struct lora_msg_timing *tm = &it->timings[t];
+            if (tm->transition != LORA_TRANSITION_LOAD &&
+                tm->transition != LORA_TRANSITION_ACTIVATE)
+                continue;
+            if (e->n_startup_loads >= 2 * ENGINE_MAX_ADAPTERS * ENGINE_MAX_WORLD)
+                return;
+            struct lora_msg_startup_load *v =
+                realloc(e->startup_loads, sizeof(*v) * (size_t)(e->n_startup_loads + 1));
+            char *name = strndup(tm->name.s ? tm->name.s : "", tm->name.len);
+            if (!v || !name) {
+                free(name);
+                if (v)
+                    e->startup_loads = v;
+                return;
+            }
+            e->startup_loads = v;
+            v[e->n_startup_loads++] = (struct lora_msg_startup_load){
+                r, it->seq, {name, strlen(name)}, (int)tm->transition, tm->seconds};
+        }
+    }
+}
+
 int workers_gather_notifications(struct engine *e)
 {
     struct lora_msg_frames replies[ENGINE_MAX_WORLD];
@@ -385,6 +413,7 @@ int workers_gather_notifications(struct engine *e)
         e->rank_dropped[r] = m.dropped;
         if (m.n_items > 0)
             store_state(e, r, &m.items[m.n_items - 1].state);
+        keep_startup_loads(e, r, &m);
         if (!news)
             continue;
         m.engine = e->engine_index;

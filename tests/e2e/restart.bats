@@ -5,7 +5,8 @@
 # /v1/models, `lora-inspect residency --json` and the lora-metrics scrape show exactly the runtime
 # state, and the supervisor's log says what it restarted and restored. Also: a corrupt registry
 # file stops the engine with its path; an adapter whose directory has gone is dropped with a
-# warning while the stack still starts; a start-up adapter added later is loaded. Every stack is
+# warning while the stack still starts; a start-up adapter added later is loaded. The scrape
+# counts the start-up loads, which happen before the exporter subscribes. Every stack is
 # brought down in teardown.
 
 load ../helpers
@@ -96,6 +97,22 @@ expect_runtime_state() {
     [ "$(complete sql)" = 404 ]
 }
 
+# Waits up to 20 s until the scrape counts $1 loads from disk in vllm:lora_adapter_load_seconds
+# (one per rank) and $2 in lora_adapter_loads_total{level="cpu"} (one per adapter).
+expect_load_counts() {
+    local h="" c=""
+    for _ in $(seq 1 100); do
+        curl -sf -m 10 "http://127.0.0.1:$((BASE + 5))/metrics" > "$BATS_TEST_TMPDIR/scrape"
+        h=$(sed -n 's/^vllm:lora_adapter_load_seconds_count{.*transition="load"} \(.*\)/\1/p' \
+            "$BATS_TEST_TMPDIR/scrape")
+        c=$(sed -n 's/^lora_adapter_loads_total{.*level="cpu"} \(.*\)/\1/p' "$BATS_TEST_TMPDIR/scrape")
+        [ "$h" = "$1.0" ] && [ "$c" = "$2.0" ] && return 0
+        sleep 0.2
+    done
+    echo "load_seconds_count{load} is '$h' (want $1), loads_total{cpu} '$c' (want $2)" >&2
+    return 1
+}
+
 wait_restarted() { # TEXT: waits up to 60 s for the supervisor's log to say it
     wait_for_text "$R/supervisor.log" "$1" 60
 }
@@ -103,11 +120,16 @@ wait_restarted() { # TEXT: waits up to 60 s for the supervisor's log to say it
 @test "SIGKILL of a worker: the engine group comes back with the runtime adapters" {
     up
     expect_status 0
+    # The exporter subscribed after the engine's start-up loads and counts them all the same.
+    expect_load_counts 3 3
     change_at_runtime
     expect_runtime_state
+    expect_load_counts 4 4
     kill -KILL "$(pid_of worker-0)"
     wait_restarted "restarted the engine and its 1 rank after worker-0 exited; restored: 3 adapters from '$R/adapters.json': doc (pinned), chat, law"
     expect_runtime_state
+    # A new engine: its own loads, counted once although the exporter saw them live.
+    expect_load_counts 3 3
 }
 
 @test "SIGKILL of the engine: it restores the registry before it reports ready" {
@@ -117,6 +139,7 @@ wait_restarted() { # TEXT: waits up to 60 s for the supervisor's log to say it
     kill -KILL "$(pid_of engine)"
     wait_restarted "restarted the engine and its 2 ranks after engine exited; restored: 3 adapters"
     expect_runtime_state
+    expect_load_counts 6 3
     # Every rank holds the restored adapters.
     [ "$("$LORA_BIN/lora-inspect" --run-dir "$R" residency --json |
         jq -s '[.[] | select(.kind == "adapter" and .agree)] | length')" -eq 6 ]
