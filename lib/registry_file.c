@@ -21,8 +21,7 @@ int lora_registry_add(struct lora_registry *r, const char *name, const char *pat
         errno = ENOSPC;
         return -1;
     }
-    struct lora_registry_entry *a =
-        realloc(r->adapters, sizeof(*a) * (size_t)(r->n_adapters + 1));
+    struct lora_registry_entry *a = realloc(r->adapters, sizeof(*a) * (size_t)(r->n_adapters + 1));
     if (!a)
         return -1;
     r->adapters = a;
@@ -159,7 +158,7 @@ static int decode(const char *path, json_t *root, struct lora_registry *r, char 
     }
     size_t i;
     json_t *a;
-    json_array_foreach(list, i, a) {
+    json_array_foreach (list, i, a) {
         json_t *name = json_object_get(a, "name"), *p = json_object_get(a, "path"),
                *pin = json_object_get(a, "pinned");
         if (!is_text(name, LORA_REGISTRY_NAME_MAX)) {
@@ -183,8 +182,8 @@ static int decode(const char *path, json_t *root, struct lora_registry *r, char 
                            json_string_value(name));
             return -1;
         }
-        if (lora_registry_add(r, json_string_value(name), json_string_value(p),
-                              json_is_true(pin)) < 0) {
+        if (lora_registry_add(r, json_string_value(name), json_string_value(p), json_is_true(pin)) <
+            0) {
             lora_errf_path(err, err_len, path, "out of memory");
             return -1;
         }
@@ -196,7 +195,7 @@ static int decode(const char *path, json_t *root, struct lora_registry *r, char 
                        LORA_REGISTRY_MAX);
         return -1;
     }
-    json_array_foreach(list, i, a) {
+    json_array_foreach (list, i, a) {
         if (!is_text(a, LORA_REGISTRY_NAME_MAX)) {
             lora_errf_path(err, err_len, path,
                            "startup_modules[%zu] must be a string of 1 to %d bytes", i,

@@ -331,11 +331,18 @@ supervise() {
     mkdir -p "$RUN_DIR/logs" "$RUN_DIR/ready"
     : > "$RUN_DIR/pids.new"
     local urls="" k
+    local from
+    from=$(($(stat -c %s "$RUN_DIR/logs/engine.log" 2> /dev/null || echo 0) + 1))
     if ! start_engine_group; then
         say "fatal: lora-engine did not become ready; see $RUN_DIR/logs/engine.log"
         printf 'failed engine\n' > "$RUN_DIR/up.fifo"
         shutdown
     fi
+    # A run directory used before: say what the engine's registry brought back.
+    local restored
+    restored=$(tail -c +"$from" "$RUN_DIR/logs/engine.log" | grep -a '^lora-engine: restored: ' |
+        tail -n 1)
+    [ -z "$restored" ] || say "started the engine; ${restored#lora-engine: }"
     for ((k = 0; k < FRONTENDS; k++)); do
         if ! start_frontend "$k"; then
             printf 'failed frontend-%s\n' "$k" > "$RUN_DIR/up.fifo"

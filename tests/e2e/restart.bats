@@ -177,6 +177,8 @@ wait_restarted() { # TEXT: waits up to 60 s for the supervisor's log to say it
     up --lora-modules "new=$D/new"
     expect_status 0
     [ "$(models)" = "chat,doc,law,new" ]
+    grep -q "lora-stack: started the engine; restored: 3 adapters from '$R/adapters.json': doc (pinned), chat, law" \
+        "$R/supervisor.log"
     grep -q "adapter 'gone' at '$D/law-copy' cannot be restored and is dropped from the registry" \
         "$R/logs/engine.log"
     grep -q "start-up adapter 'sql' stays unloaded" "$R/logs/engine.log"

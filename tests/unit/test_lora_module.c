@@ -29,10 +29,17 @@ static void test_vllm_json(void)
 static void test_malformed(void)
 {
     static const char *const bad[] = {
-        "noequals", "=path", "name=", "{\"name\":\"x\"}", "{\"path\":\"p\"}",
-        "{\"name\":\"\",\"path\":\"p\"}", "{\"name\":\"x\",\"path\":\"\"}",
-        "{\"name\":3,\"path\":\"p\"}", "{\"name\":\"x\",\"path\":\"p\",\"base_model_name\":1}",
-        "{\"name\":\"x\",\"path\":\"p\"", "{\"name\":\"x\",\"name\":\"y\",\"path\":\"p\"}",
+        "noequals",
+        "=path",
+        "name=",
+        "{\"name\":\"x\"}",
+        "{\"path\":\"p\"}",
+        "{\"name\":\"\",\"path\":\"p\"}",
+        "{\"name\":\"x\",\"path\":\"\"}",
+        "{\"name\":3,\"path\":\"p\"}",
+        "{\"name\":\"x\",\"path\":\"p\",\"base_model_name\":1}",
+        "{\"name\":\"x\",\"path\":\"p\"",
+        "{\"name\":\"x\",\"name\":\"y\",\"path\":\"p\"}",
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         struct lora_module m;
