@@ -2,6 +2,7 @@
  * told apart, atomic replacement (an open reader keeps the old file, no temporary file stays). */
 #include <dirent.h>
 #include <errno.h>
+#include <stdint.h>
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -230,6 +231,50 @@ static void test_write_error_names_path(void)
     CHECK_CONTAINS(err, "No such file or directory");
 }
 
+/* Mutants of a valid file (bytes changed, cut short): each is read back or refused with its
+ * path, never a crash; whatever is read back keeps the module's rules. */
+static void test_mutants(void)
+{
+    static const char valid[] = "{\"version\": 1, \"adapters\": [{\"name\": \"a\", \"path\": "
+                                "\"/p/a\", \"pinned\": true}, {\"name\": \"b\", \"path\": "
+                                "\"/p/b\", \"pinned\": false}], \"startup_modules\": [\"a\"]}";
+    static const char alphabet[] = "{}[]\":,01 truefalsenl\\ab/";
+    const char *path = in_dir("mutant.json");
+    uint64_t x = 0x9e3779b97f4a7c15u;
+    int n_read = 0, n_refused = 0;
+
+    for (int i = 0; i < 3000; i++) {
+        char text[sizeof(valid)];
+        memcpy(text, valid, sizeof(valid));
+        size_t len = sizeof(valid) - 1;
+        for (int k = 0; k < 1 + i % 4; k++) {
+            x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+            text[x % len] = alphabet[(x >> 32) % (sizeof(alphabet) - 1)];
+        }
+        if (i % 5 == 0)
+            len = (size_t)(x >> 40) % len;
+        text[len] = 0;
+        put(path, text);
+        struct lora_registry r;
+        char err[1024] = "";
+        int rc = lora_registry_file_read(path, &r, err, sizeof(err));
+        if (rc == 0) {
+            n_read++;
+            for (int a = 0; a < r.n_adapters; a++) {
+                CHECK(strlen(r.adapters[a].name) >= 1 && strlen(r.adapters[a].path) >= 1);
+                CHECK(lora_registry_find(&r, r.adapters[a].name) == a);
+            }
+            lora_registry_release(&r);
+        } else {
+            n_refused++;
+            CHECK(rc == -1);
+            CHECK_CONTAINS(err, path);
+        }
+    }
+    printf("# 3000 mutants: %d read, %d refused\n", n_read, n_refused);
+    CHECK(n_read > 0 && n_refused > 0);
+}
+
 int main(void)
 {
     snprintf(dir, sizeof(dir), "/tmp/test_registry_file.XXXXXX");
@@ -244,6 +289,7 @@ int main(void)
     RUN(test_unreadable);
     RUN(test_atomic_replace);
     RUN(test_write_error_names_path);
+    RUN(test_mutants);
     lora_fs_remove_tree(dir);
     return check_done();
 }
