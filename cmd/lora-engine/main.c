@@ -164,8 +164,15 @@ static int restore_adapters(struct engine *e, const struct lora_registry *file, 
         struct lora_module m;
         if (lora_module_parse(mods->items[i], &m, err, len) < 0)
             return -1;
-        if (lora_registry_find(file, m.name) >= 0)
-            continue; /* the file's entry wins: it holds what was loaded under that name */
+        int k = lora_registry_find(file, m.name);
+        if (k >= 0) {
+            /* The file's entry wins: it holds what was loaded under that name. */
+            if (strcmp(file->adapters[k].path, m.path) != 0)
+                fprintf(stderr, "lora-engine: note: start-up adapter '%s' keeps the registry's "
+                                "path '%s', not '%s' (registry '%s')\n",
+                        m.name, file->adapters[k].path, m.path, e->registry_path);
+            continue;
+        }
         if (lora_registry_has_startup(file, m.name)) {
             fprintf(stderr, "lora-engine: note: start-up adapter '%s' stays unloaded: it was "
                             "unloaded at run time (registry '%s')\n",

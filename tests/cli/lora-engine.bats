@@ -483,11 +483,13 @@ help_options() {
     fresh_run_dir
     start_worker 0
     start_engine --registry-file "$reg" --max-loras 2 --max-cpu-loras 3 --lora-modules "j=$D/a" \
-        --lora-modules "k=$D/a"
+        --lora-modules "k=$D/./a"
     wait_for_text "$BATS_TEST_TMPDIR/engine.err" "lora-engine: ready:" 15
     grep -q "lora-engine: restored: 2 adapters from '$reg': k (pinned), r" \
         "$BATS_TEST_TMPDIR/engine.err"
     grep -q "start-up adapter 'j' stays unloaded" "$BATS_TEST_TMPDIR/engine.err"
+    grep -q "start-up adapter 'k' keeps the registry's path '$D/a', not '$D/./a'" \
+        "$BATS_TEST_TMPDIR/engine.err"
     [ "$($PYTHON "$ROOT/tests/ref/client.py" control --run-dir "$RUN" residency |
         jq -c '[.data.adapters[] | [.name, .pinned]]')" = '[["k",true],["r",false]]' ]
 }
