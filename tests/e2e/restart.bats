@@ -26,7 +26,20 @@ setup() {
             [ "$v" = LORA_DEMO_DIR ] || unset "$v" ;; esac
     done
     RUNS=()
-    BASE=$((30000 + (BATS_TEST_NUMBER * 10) + ($$ % 500) * 40))
+    # Six ports in a row that nothing listens on now (other test runs may share the host).
+    BASE=$($PYTHON -c '
+import random, socket, sys
+for _ in range(200):
+    base = random.randrange(30000, 60000, 10)
+    try:
+        socks = [socket.create_server(("127.0.0.1", base + i)) for i in range(6)]
+    except OSError:
+        continue
+    for s in socks:
+        s.close()
+    print(base)
+    sys.exit(0)
+sys.exit(1)')
     R=$BATS_TEST_TMPDIR/run
 }
 
