@@ -390,6 +390,63 @@ static bool config_differs(const struct lora_mstate_engine *e, const struct lora
            e->max_model_len != l->max_model_len || e->start_time != start_time;
 }
 
+static int str_cmp(struct lora_str a, struct lora_str b)
+{
+    int c = memcmp(a.s, b.s, a.len < b.len ? a.len : b.len);
+    return c ? c : (a.len > b.len) - (a.len < b.len);
+}
+
+static int by_transition_name_rank(const void *pa, const void *pb)
+{
+    const struct lora_msg_startup_load *a = *(const struct lora_msg_startup_load *const *)pa,
+                                       *b = *(const struct lora_msg_startup_load *const *)pb;
+    if (a->transition != b->transition)
+        return a->transition < b->transition ? -1 : 1;
+    int c = str_cmp(a->name, b->name);
+    if (c)
+        return c;
+    return a->rank < b->rank ? -1 : a->rank > b->rank;
+}
+
+/* The start-up loads of ready (see the header): the timings not seen live into the histograms;
+ * per transition and adapter, the fewest times any rank of the engine did it into the loads. */
+static int apply_startup_loads(struct lora_mstate_engine *e, const struct lora_msg_ready *m)
+{
+    int world = m->limits.world_size, n = 0;
+    const struct lora_msg_startup_load **v = calloc((size_t)m->n_startup_loads + 1, sizeof(*v));
+
+    if (!v)
+        return -1;
+    for (int i = 0; i < m->n_startup_loads; i++) {
+        const struct lora_msg_startup_load *l = &m->startup_loads[i];
+        if (l->rank >= world || l->rank >= LORA_MSTATE_MAX_WORLD || !l->name.s ||
+            (l->transition != LORA_TRANSITION_LOAD && l->transition != LORA_TRANSITION_ACTIVATE))
+            continue;
+        v[n++] = l;
+        uint64_t first = e->first_seq[l->rank];
+        if (first == 0 || l->seq < first)
+            lora_expo_histogram_observe(&e->hist[l->transition == LORA_TRANSITION_LOAD
+                                                     ? LORA_H_LOAD_SECONDS
+                                                     : LORA_H_ACTIVATE_SECONDS],
+                                        l->seconds, 1);
+    }
+    qsort(v, (size_t)n, sizeof(*v), by_transition_name_rank);
+    for (int i = 0; i < n;) {
+        /* One run of one transition and name: count per rank, the least over all ranks. */
+        int j = i, count[LORA_MSTATE_MAX_WORLD] = {0};
+        while (j < n && v[j]->transition == v[i]->transition &&
+               str_cmp(v[j]->name, v[i]->name) == 0)
+            count[v[j++]->rank]++;
+        int least = count[0];
+        for (int r = 1; r < world && r < LORA_MSTATE_MAX_WORLD; r++)
+            least = count[r] < least ? count[r] : least;
+        e->loads[v[i]->transition == LORA_TRANSITION_LOAD ? 0 : 1] += (uint64_t)least;
+        i = j;
+    }
+    free(v);
+    return 0;
+}
+
 static int apply_ready(struct lora_mstate *s, struct lora_mstate_engine *e,
                        const struct lora_msg_ready *m, double start_time)
 {
@@ -421,6 +478,8 @@ static int apply_ready(struct lora_mstate *s, struct lora_mstate_engine *e,
     for (int i = 0; i < 3; i++)
         if (lora_expo_histogram_init(&e->hist[sized[i]], bounds, n) < 0)
             return -1;
+    if (apply_startup_loads(e, m) < 0)
+        return -1;
     e->has_config = true;
     derive(e, false, NULL, 0);
     collect(e);
@@ -519,6 +578,8 @@ static int apply_notifications(struct lora_mstate *s, struct lora_mstate_engine 
     e->dropped[r] = m->dropped;
     if (m->n_items == 0)
         return 0;
+    if (e->first_seq[r] == 0)
+        e->first_seq[r] = m->items[0].seq ? m->items[0].seq : 1;
     int n_removed = 0;
     for (int i = 0; i < m->n_items; i++)
         n_removed += m->items[i].n_timings;

@@ -22,6 +22,12 @@
  *   config changes (model, a limit, or an optional "start_time" key: a finite number, anything
  *   else reads as absent), when its num_preemptions goes back, or when a rank's dropped count or
  *   notification sequence number goes back. A restart is no silence: it keeps last_heard_ms.
+ * - Start-up loads: the first "ready" of an epoch may carry "startup_loads", the load and
+ *   activate timings the engine gathered before it was ready. They go into the load-time
+ *   histograms unless this epoch saw the notification they came in live (from a rank, every
+ *   sequence number from the first one seen on), and into lora_adapter_loads_total (an adapter
+ *   every rank loaded, or activated, n times counts n times at that level): residency changes are
+ *   never counted before the config has arrived, so neither is counted twice.
  * - Lost engines: an engine silent for longer than engine_timeout_ms (0: never) is lost; its
  *   gauges are not shown, its counters are. The first message after that asks for its whole
  *   state again (registry, every rank, stats) before its gauges return.
@@ -124,6 +130,7 @@ struct lora_mstate_engine {
     bool has_dropped[LORA_MSTATE_MAX_WORLD];
     uint64_t dropped[LORA_MSTATE_MAX_WORLD];  /* notifications a rank dropped since it started */
     uint64_t last_seq[LORA_MSTATE_MAX_WORLD]; /* highest notification sequence number seen */
+    uint64_t first_seq[LORA_MSTATE_MAX_WORLD]; /* the first one seen this epoch; 0: none */
     /* adapters, sorted by name (strcmp) */
     struct lora_mstate_adapter **adapters;
     int n_adapters, cap_adapters;

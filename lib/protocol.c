@@ -1236,6 +1236,11 @@ out:
     return rc;
 }
 
+/* Below, with the other list decoders. */
+typedef int (*elem_fields_fn)(struct dec *d, const msgpack_object_map *m, void *out);
+static int map_array(struct dec *d, const char *key, const msgpack_object_array *a, size_t size,
+                     elem_fields_fn fields, void **items);
+
 int lora_msg_encode_ready(struct lora_msg_buf *b, const struct lora_msg_ready *m,
                           struct lora_msg_bin *bins, int *n_bins)
 {
@@ -1243,22 +1248,62 @@ int lora_msg_encode_ready(struct lora_msg_buf *b, const struct lora_msg_ready *m
 
     if (n_bins)
         *n_bins = 0;
-    enc_begin(&e, b, LORA_MSG_READY, 4);
+    enc_begin(&e, b, LORA_MSG_READY, 4 + (m->n_startup_loads > 0));
     kv_int(&e, "version", m->version);
     kv_int(&e, "engine_index", m->engine_index);
     kv_str(&e, "model", m->model);
     kv_limits(&e, &m->limits);
+    if (m->n_startup_loads > 0) {
+        kv_array(&e, "startup_loads", m->n_startup_loads, m->startup_loads, MAX_LIST);
+        for (int i = 0; i < m->n_startup_loads && !e.error; i++) {
+            const struct lora_msg_startup_load *l = &m->startup_loads[i];
+            map_(&e, 5);
+            kv_int(&e, "rank", l->rank);
+            kv_u64(&e, "seq", l->seq);
+            kv_str(&e, "name", l->name);
+            kv_enum(&e, "transition", transition_names, N_NAMES(transition_names),
+                    l->transition);
+            kv_f64(&e, "seconds", l->seconds);
+        }
+    }
     return enc_end(&e);
+}
+
+static int startup_load_fields(struct dec *d, const msgpack_object_map *m, void *p)
+{
+    struct lora_msg_startup_load *l = p;
+
+    if (get_int(d, m, "rank", 0, INT_MAX, &l->rank) < 0 || get_u64(d, m, "seq", &l->seq) < 0 ||
+        get_str(d, m, "name", &l->name) < 0 ||
+        get_enum(d, m, "transition", transition_names, N_NAMES(transition_names),
+                 &l->transition) < 0 ||
+        get_f64(d, m, "seconds", &l->seconds) < 0)
+        return -1;
+    return 0;
 }
 
 static int ready_fields(struct dec *d, const msgpack_object_map *m, void *p)
 {
     struct lora_msg_ready *o = p;
+    const msgpack_object *v;
 
     if (get_int(d, m, "version", 0, INT_MAX, &o->version) < 0 ||
         get_int(d, m, "engine_index", 0, INT_MAX, &o->engine_index) < 0 ||
-        get_str(d, m, "model", &o->model) < 0 || limits_fields(d, m, &o->limits) < 0)
+        get_str(d, m, "model", &o->model) < 0 || limits_fields(d, m, &o->limits) < 0 ||
+        find(d, m, "startup_loads", &v) < 0)
         return -1;
+    o->n_startup_loads = 0;
+    o->startup_loads = NULL;
+    if (v) {
+        const msgpack_object_array *a;
+        void *elems;
+        if (as_array(d, "startup_loads", v, MAX_LIST, &a) < 0 ||
+            map_array(d, "startup_loads", a, sizeof(*o->startup_loads), startup_load_fields,
+                      &elems) < 0)
+            return -1;
+        o->startup_loads = elems;
+        o->n_startup_loads = (int)a->size;
+    }
     return 0;
 }
 DEFINE_DECODER(ready, LORA_MSG_READY)

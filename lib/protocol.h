@@ -180,11 +180,27 @@ struct lora_msg_limits {
     int vocab_size;
 };
 
+struct lora_msg_timing; /* below */
+
+/* One load timing a rank reported before the engine was ready, with the rank and the
+ * notification it came in: a subscriber that joined later counts it from here, one that saw
+ * that notification live does not count it twice. */
+struct lora_msg_startup_load {
+    int rank;
+    uint64_t seq;
+    struct lora_str name;
+    int transition; /* enum lora_transition: load or activate */
+    double seconds;
+};
+
 struct lora_msg_ready {
     int version;
     int engine_index;
     struct lora_str model;
     struct lora_msg_limits limits;
+    /* Optional "startup_loads": the engine's start-up load and activate timings. */
+    int n_startup_loads;
+    const struct lora_msg_startup_load *startup_loads;
 };
 
 struct lora_msg_setup {

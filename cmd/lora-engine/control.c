@@ -131,6 +131,7 @@ int adapters_load(struct engine *e, const char *name, const char *path, char *er
     memset(ad, 0, sizeof(*ad));
     ad->used = true;
     ad->id = (int)(ad - e->adapters) + 1;
+    ad->seq = ++e->next_seq;
     snprintf(ad->name, sizeof(ad->name), "%s", name);
     snprintf(ad->path, sizeof(ad->path), "%s", path);
     lora_scheduler_adapter_ready(e->sched, ad->id);
@@ -139,6 +140,7 @@ int adapters_load(struct engine *e, const char *name, const char *path, char *er
         fprintf(stderr, "lora-engine: note: adapter '%s' stays in the CPU cache: %s\n", name, why);
     workers_gather_notifications(e);
     registry_broadcast(e);
+    registry_save(e);
     return 0;
 }
 
@@ -170,9 +172,11 @@ int adapters_unload(struct engine *e, const char *name, char *err, size_t len)
             return -1;
         ad->used = false;
     }
-    /* Otherwise a later plan lists it as unloaded once its running requests finish. */
+    /* Otherwise a later plan lists it as unloaded once its running requests finish; it is
+     * gone for new requests, and from the file, now. */
     workers_gather_notifications(e);
     registry_broadcast(e);
+    registry_save(e);
     return in_use ? 1 : 0;
 }
 
@@ -195,7 +199,40 @@ int adapters_pin(struct engine *e, const char *name, bool pin, char *err, size_t
     }
     ad->pinned = pin && rc == 0;
     workers_gather_notifications(e);
+    registry_save(e);
     return rc;
+}
+
+static int by_seq(const void *a, const void *b)
+{
+    const struct eng_adapter *x = *(const struct eng_adapter *const *)a,
+                             *y = *(const struct eng_adapter *const *)b;
+    return x->seq < y->seq ? -1 : x->seq > y->seq;
+}
+
+void registry_save(struct engine *e)
+{
+    static struct eng_adapter *order[ENGINE_MAX_ADAPTERS];
+    struct lora_registry r = {0};
+    char err[4400];
+    int n = 0;
+
+    if (!e->registry_path || !e->registry_live)
+        return;
+    for (int i = 0; i < ENGINE_MAX_ADAPTERS; i++)
+        if (e->adapters[i].used && !adapters_is_removing(e, &e->adapters[i]))
+            order[n++] = &e->adapters[i];
+    qsort(order, (size_t)n, sizeof(order[0]), by_seq);
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++)
+        rc = lora_registry_add(&r, order[i]->name, order[i]->path, order[i]->pinned);
+    for (int i = 0; i < e->startup_seen.n_startup && rc == 0; i++)
+        rc = lora_registry_add_startup(&r, e->startup_seen.startup[i]);
+    if (rc < 0)
+        snprintf(err, sizeof(err), "%s: out of memory", e->registry_path);
+    if (rc < 0 || lora_registry_file_write(e->registry_path, &r, err, sizeof(err)) < 0)
+        fprintf(stderr, "lora-engine: error: unable to save the adapter registry: %s\n", err);
+    lora_registry_release(&r);
 }
 
 /* ---- reply data ------------------------------------------------------------------------ */
@@ -312,9 +349,11 @@ static void pack_config(struct engine *e, msgpack_packer *pk)
     };
     size_t n = sizeof(ints) / sizeof(ints[0]);
     const struct lora_generation_config *g = &e->gen;
-    msgpack_pack_map(pk, n + 6);
+    msgpack_pack_map(pk, n + 7);
     pack_str(pk, "model");
     pack_str(pk, e->model);
+    pack_str(pk, "seed");
+    msgpack_pack_uint64(pk, e->seed);
     for (size_t i = 0; i < n; i++) {
         pack_str(pk, ints[i].k);
         msgpack_pack_int(pk, ints[i].v);

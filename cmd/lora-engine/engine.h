@@ -10,6 +10,7 @@
 
 #include "generation_config.h"
 #include "protocol.h"
+#include "registry_file.h"
 #include "scheduler.h"
 #include "sock.h"
 
@@ -34,6 +35,7 @@ struct eng_adapter {
     int id; /* index + 1: 0 is the base model */
     char name[ENGINE_NAME_MAX + 1];
     char path[4096];
+    uint64_t seq; /* registration order, for the registry file */
     bool pinned;
     bool cached; /* every rank holds it in its CPU cache (from the last gathered states) */
     /* An unload that waits for running requests: the asker's control reply is sent once the
@@ -89,6 +91,7 @@ struct engine {
     int block_size, num_kv_blocks;
     int max_num_batched_tokens, max_num_seqs, max_model_len;
     int idle_ms;
+    uint64_t seed; /* vLLM's --seed: unseeded requests draw from seed + their engine id */
     int startup_timeout_ms;
     int vocab_size;
     int eos_ids[8];
@@ -106,6 +109,17 @@ struct engine {
     char unhealthy_reason[256];
 
     struct eng_adapter adapters[ENGINE_MAX_ADAPTERS];
+    uint64_t next_seq;
+    /* The registry file (NULL: none), written after every change once start-up is done; the
+     * start-up adapter names it has taken in (only its startup list is used). */
+    const char *registry_path;
+    bool registry_live;
+    struct lora_registry startup_seen;
+    /* The load and activate timings gathered before ready (names owned here), carried in every
+     * "ready" so that a subscriber that joins later still counts the start-up loads. */
+    struct lora_msg_startup_load *startup_loads;
+    int n_startup_loads;
+    bool ready;
     struct lora_scheduler *sched;
     struct lora_scheduler_plan plan;
     struct lora_scheduler_result *results;
@@ -170,6 +184,8 @@ void control_reply_send(struct engine *e, const void *rid, size_t rid_len, uint6
                         const char *err, const void *data, size_t data_len);
 int adapters_pin(struct engine *e, const char *name, bool pin, char *err, size_t len);
 struct eng_adapter *adapters_find(struct engine *e, const char *name);
+/* Writes the registry file, when there is one and start-up is done; a failure is logged. */
+void registry_save(struct engine *e);
 /* Follows the gathered states: an adapter a rank dropped from its CPU cache waits for a reload. */
 void adapters_sync_cached(struct engine *e);
 /* Reloads, from disk, registered adapters that requests wait for and no rank caches. */

@@ -253,7 +253,7 @@ static void handle_request(struct engine *e, int fe, const struct lora_msg_frame
     r->temperature = m.temperature;
     r->top_p = m.top_p > 0 ? m.top_p : 1.0f;
     r->top_k = m.top_k;
-    r->seed = m.has_seed ? m.seed : r->id;
+    r->seed = m.has_seed ? m.seed : e->seed + r->id;
     r->logprobs = m.logprobs;
     r->prompt_logprobs = m.prompt_logprobs;
     r->ignore_eos = m.ignore_eos;
@@ -319,6 +319,8 @@ int encode_ready(struct engine *e)
         .version = LORA_PROTOCOL_VERSION,
         .engine_index = e->engine_index,
         .model = {e->model, strlen(e->model)},
+        .n_startup_loads = e->n_startup_loads,
+        .startup_loads = e->startup_loads,
     };
     engine_limits(e, &m.limits);
     lora_msg_buf_reset(&e->out);

@@ -1,14 +1,15 @@
 /* lora-engine: the engine core of lora-stack (DESIGN sections 2 to 7).
  *
  * Binds four sockets: frontends (ROUTER), workers (ROUTER), control (ROUTER) and publish (PUB).
- * Start-up: wait for every worker rank's hello, send each its setup, load the --lora-modules
- * adapters on every rank, gather every rank's notifications, then report ready (a line on
- * stderr). The loop: frontend
+ * Start-up: read the registry file (a corrupt one stops the engine here), wait for every worker
+ * rank's hello (saying which ranks it still waits for), send each its setup, load the registry
+ * file's adapters and then the --lora-modules it has not taken in yet on every rank, write the
+ * file, gather every rank's notifications, then report ready (a line on stderr). The loop: frontend
  * requests and aborts, control commands, worker heartbeats; one scheduled step at a time while
  * there is work; the notifications of every rank gathered after any adapter change, after a step
  * whose reply rang the doorbell, and every --idle-notify-ms while idle. A dead worker fails every
  * request in flight and marks the engine unhealthy. Exit codes: 0 on SIGTERM/SIGINT, 1 when the
- * model or an adapter of --lora-modules is bad, 100 usage, 111 system failure.
+ * model, the registry file or an adapter of --lora-modules is bad, 100 usage, 111 system failure.
  */
 #include <errno.h>
 #include <signal.h>
@@ -20,6 +21,7 @@
 #include "cli.h"
 #include "engine.h"
 #include "kv_cache.h"
+#include "lora_module.h"
 #include "model_config.h"
 
 void engine_limits(const struct engine *e, struct lora_msg_limits *l)
@@ -65,13 +67,10 @@ static int open_sockets(struct engine *e, const char *run_dir, const char **eps,
 
 static int check_modules(const struct lora_opt_list *mods, char *err, size_t len)
 {
-    for (int i = 0; i < mods->n; i++) {
-        const char *spec = mods->items[i], *eq = strchr(spec, '=');
-        if (!eq || eq == spec || (size_t)(eq - spec) > ENGINE_NAME_MAX || !eq[1]) {
-            snprintf(err, len, "--lora-modules '%s' must be NAME=PATH", spec);
+    struct lora_module m;
+    for (int i = 0; i < mods->n; i++)
+        if (lora_module_parse(mods->items[i], &m, err, len) < 0)
             return -1;
-        }
-    }
     return 0;
 }
 
@@ -117,20 +116,87 @@ static int check_options(const struct engine *e, const struct lora_model_config 
     return 0;
 }
 
-static int load_modules(struct engine *e, const struct lora_opt_list *mods, char *err,
-                        size_t len)
+/* Appends "name" or "name (pinned)" to list, comma-separated, as long as it fits. */
+static void list_add(char *list, size_t cap, const char *name, bool pinned)
 {
+    size_t n = strlen(list);
+    if (n + strlen(name) + 16 < cap)
+        snprintf(list + n, cap - n, "%s%s%s", n ? ", " : "", name, pinned ? " (pinned)" : "");
+}
+
+/* The start-up adapters: the registry file's, in their order and with their pins, then the
+ * --lora-modules the file has not taken in yet. A file adapter that cannot be loaded (its
+ * directory gone, say) is dropped with a warning so that the engine still starts; a start-up
+ * module the file has taken in and that is no longer registered was unloaded at run time and
+ * stays unloaded. A new start-up module that cannot be loaded fails start-up (exit 1). */
+static int restore_adapters(struct engine *e, const struct lora_registry *file, bool had_file,
+                            const struct lora_opt_list *mods, char *err, size_t len)
+{
+    char done[2048] = "", why[800];
+    int n_done = 0, n_failed = 0;
+
+    for (int i = 0; i < file->n_adapters; i++) {
+        const struct lora_registry_entry *a = &file->adapters[i];
+        if (adapters_load(e, a->name, a->path, why, sizeof(why)) < 0) {
+            if (e->stopping)
+                return -1;
+            fprintf(stderr,
+                    "lora-engine: warning: registry '%s': adapter '%s' at '%s' cannot be "
+                    "restored and is dropped from the registry: %s\n",
+                    e->registry_path, a->name, a->path, why);
+            n_failed++;
+            continue;
+        }
+        bool pinned = a->pinned;
+        if (pinned && adapters_pin(e, a->name, true, why, sizeof(why)) < 0) {
+            fprintf(stderr, "lora-engine: warning: registry '%s': adapter '%s' is restored "
+                            "unpinned: %s\n",
+                    e->registry_path, a->name, why);
+            pinned = false;
+        }
+        list_add(done, sizeof(done), a->name, pinned);
+        n_done++;
+    }
+    for (int i = 0; i < file->n_startup; i++)
+        if (lora_registry_add_startup(&e->startup_seen, file->startup[i]) < 0)
+            goto oom;
     for (int i = 0; i < mods->n; i++) {
-        const char *spec = mods->items[i], *eq = strchr(spec, '=');
-        char name[ENGINE_NAME_MAX + 1];
-        snprintf(name, sizeof(name), "%.*s", (int)(eq - spec), spec);
-        char why[800];
-        if (adapters_load(e, name, eq + 1, why, sizeof(why)) < 0) {
-            snprintf(err, len, "adapter '%s': %.700s", name, why);
+        struct lora_module m;
+        if (lora_module_parse(mods->items[i], &m, err, len) < 0)
+            return -1;
+        int k = lora_registry_find(file, m.name);
+        if (k >= 0) {
+            /* The file's entry wins: it holds what was loaded under that name. */
+            if (strcmp(file->adapters[k].path, m.path) != 0)
+                fprintf(stderr, "lora-engine: note: start-up adapter '%s' keeps the registry's "
+                                "path '%s', not '%s' (registry '%s')\n",
+                        m.name, file->adapters[k].path, m.path, e->registry_path);
+            continue;
+        }
+        if (lora_registry_has_startup(file, m.name)) {
+            fprintf(stderr, "lora-engine: note: start-up adapter '%s' stays unloaded: it was "
+                            "unloaded at run time (registry '%s')\n",
+                    m.name, e->registry_path);
+            continue;
+        }
+        if (adapters_load(e, m.name, m.path, why, sizeof(why)) < 0) {
+            snprintf(err, len, "adapter '%s': %.700s", m.name, why);
             return -1;
         }
+        if (!lora_registry_has_startup(&e->startup_seen, m.name) &&
+            lora_registry_add_startup(&e->startup_seen, m.name) < 0)
+            goto oom;
     }
+    if (had_file)
+        fprintf(stderr, "lora-engine: restored: %d adapter%s from '%s'%s%s%s\n", n_done,
+                n_done == 1 ? "" : "s", e->registry_path, n_done ? ": " : "", done,
+                n_failed ? "; some could not be restored (see the warnings above)" : "");
+    e->registry_live = true;
+    registry_save(e);
     return 0;
+oom:
+    snprintf(err, len, "out of memory");
+    return -1;
 }
 
 static int setup_state(struct engine *e, char *err, size_t len)
@@ -193,6 +259,10 @@ static void teardown(struct engine *e)
     lora_scheduler_destroy(&e->sched);
     lora_msg_arena_destroy(&e->arena);
     lora_msg_buf_release(&e->out);
+    lora_registry_release(&e->startup_seen);
+    for (int i = 0; i < e->n_startup_loads; i++)
+        free((char *)e->startup_loads[i].name.s);
+    free(e->startup_loads);
     lora_sock_destroy(&e->front);
     lora_sock_destroy(&e->work);
     lora_sock_destroy(&e->ctl);
@@ -278,11 +348,12 @@ static int run(struct engine *e)
 int main(int argc, char **argv)
 {
     struct engine e = {.sig_fd = -1, .healthy = true};
-    const char *eps[4] = {NULL}, *run_dir = NULL;
+    const char *eps[4] = {NULL}, *run_dir = NULL, *registry = NULL;
+    struct lora_registry file = {0};
     struct lora_opt_list mods = {0};
     long tp = 1, idx = 0, max_loras = 4, max_cpu = 0, max_rank = 64, bs = 16, blocks = 0;
     long kv_bytes = 256L << 20, mbt = 512, mns = 64, mml = 0, idle = 100, startup = 120000, maxreq = 1024;
-    long publish_ms = 1000;
+    long publish_ms = 1000, seed = 0;
     const char *gen_source = "auto";
     double kv_fraction = 0;
     bool help = false, version = false;
@@ -301,7 +372,10 @@ int main(int argc, char **argv)
          0, 65536},
         {"max-lora-rank", LORA_OPT_INT, &max_rank, "R", "highest adapter rank (default 64)", 1,
          4096},
-        {"lora-modules", LORA_OPT_LIST, &mods, "NAME=PATH", "load before ready (repeatable)"},
+        {"lora-modules", LORA_OPT_LIST, &mods, "NAME=PATH",
+         "load before ready (repeatable; or vLLM's JSON {\"name\":..,\"path\":..})"},
+        {"registry-file", LORA_OPT_STRING, &registry, "PATH",
+         "keep the adapter registry here (default RUN_DIR/adapters.json; '' for none)"},
         {"block-size", LORA_OPT_INT, &bs, "N", "KV cache block size (default 16)", 1, 1024},
         {"kv-cache-fraction", LORA_OPT_FLOAT, &kv_fraction, "F",
          "size the KV cache as this fraction of available memory, over all ranks", 0, 0.95},
@@ -320,6 +394,8 @@ int main(int argc, char **argv)
          60000},
         {"publish-interval-ms", LORA_OPT_INT, &publish_ms, "MS",
          "publish the whole state this often (1000)", 10, 600000},
+        {"seed", LORA_OPT_INT, &seed, "N",
+         "as vLLM's: unseeded requests sample reproducibly from it (default 0)", 0, 9e15},
         {"startup-timeout-ms", LORA_OPT_INT, &startup, "MS", "wait for workers (default 120000)",
          100, 1e8},
         {"generation-config", LORA_OPT_STRING, &gen_source, "SRC",
@@ -372,6 +448,7 @@ int main(int argc, char **argv)
     e.max_num_seqs = (int)mns;
     e.max_requests = (int)maxreq;
     e.idle_ms = (int)idle;
+    e.seed = (uint64_t)seed;
     e.publish_interval_ms = (int)publish_ms;
     e.startup_timeout_ms = (int)startup;
     e.vocab_size = cfg.vocab_size;
@@ -395,6 +472,24 @@ int main(int argc, char **argv)
         fprintf(stderr, "lora-engine: fatal: %s\n", err);
         return EXIT_USAGE;
     }
+    /* The registry file is read before anything starts: a corrupt one stops the engine at
+     * once, with its path, rather than being replaced by the start-up adapters. */
+    char registry_default[4200];
+    if (!registry && run_dir) {
+        snprintf(registry_default, sizeof(registry_default), "%s/adapters.json", run_dir);
+        registry = registry_default;
+    }
+    e.registry_path = registry && *registry ? registry : NULL;
+    int had_file = 0;
+    if (e.registry_path) {
+        had_file = lora_registry_file_read(e.registry_path, &file, err, sizeof(err));
+        if (had_file < 0) {
+            fprintf(stderr, "lora-engine: fatal: unable to restore the adapter registry: %s\n",
+                    err);
+            return 1;
+        }
+        had_file = !had_file; /* 0 read, 1 no file */
+    }
     snprintf(e.shm, sizeof(e.shm), "/lora-engine-%ld-%d", (long)getpid(), e.engine_index);
     const int sigs[] = {SIGTERM, SIGINT};
     e.sig_fd = lora_signal_pipe_open(sigs, 2);
@@ -414,7 +509,7 @@ int main(int argc, char **argv)
         rc = w == 2 ? 1 : EXIT_SYSTEM; /* 2: a rank refused the model */
         goto out;
     }
-    if (load_modules(&e, &mods, err, sizeof(err)) < 0) {
+    if (restore_adapters(&e, &file, had_file, &mods, err, sizeof(err)) < 0) {
         if (e.stopping) {
             rc = 0;
             goto out;
@@ -424,11 +519,13 @@ int main(int argc, char **argv)
         goto out;
     }
     workers_gather_notifications(&e);
+    e.ready = true;
     publish_state(&e, true);
     fprintf(stderr, "lora-engine: ready: engine %d, %d rank%s, %d KV blocks of %d\n",
             e.engine_index, e.world, e.world == 1 ? "" : "s", e.num_kv_blocks, e.block_size);
     rc = run(&e);
 out:
+    lora_registry_release(&file);
     teardown(&e);
     return rc;
 }

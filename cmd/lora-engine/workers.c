@@ -9,6 +9,9 @@
 
 #include "engine.h"
 
+/* While it waits for the ranks' hellos, the engine says which it still waits for this often. */
+#define WAIT_LOG_MS 3000
+
 static int rank_of(const struct engine *e, const struct lora_msg_frames *f)
 {
     for (int r = 0; r < e->world; r++)
@@ -156,14 +159,33 @@ fail:
     return -1;
 }
 
+/* Says on stderr which ranks have not said hello yet. */
+static void log_missing_ranks(const struct engine *e, uint64_t waited_ms)
+{
+    char list[ENGINE_MAX_WORLD * 4] = "";
+    size_t n = 0;
+    for (int r = 0; r < e->world; r++)
+        if (!e->workers[r].present)
+            n += (size_t)snprintf(list + n, sizeof(list) - n, "%s%d", n ? ", " : "", r);
+    fprintf(stderr, "lora-engine: waiting for rank%s %s of %d (%llu s of %d s)\n",
+            strchr(list, ',') ? "s" : "", list, e->world, (unsigned long long)(waited_ms / 1000),
+            e->startup_timeout_ms / 1000);
+}
+
 /* Waits for every rank's hello, sends setup and waits for setup_done from all. Returns 0, 1 when
  * a signal asked to stop meanwhile, 2 when a rank could not load the model, or -1 with err. */
 int workers_wait_setup(struct engine *e, char *err, size_t err_len)
 {
-    uint64_t deadline = lora_now_ms() + (uint64_t)e->startup_timeout_ms;
+    uint64_t start = lora_now_ms(), deadline = start + (uint64_t)e->startup_timeout_ms;
+    uint64_t next_log = start + WAIT_LOG_MS;
     int n_present = 0;
 
     while (n_present < e->world) {
+        uint64_t now = lora_now_ms();
+        if (now >= next_log) {
+            log_missing_ranks(e, now - start);
+            next_log = now + WAIT_LOG_MS;
+        }
         if (lora_signal_pipe_drain(e->sig_fd) > 0) {
             e->stopping = true;
             return 1;
@@ -337,6 +359,34 @@ static int count_disagreement(struct engine *e)
     return n;
 }
 
+/* Keeps rank r's load and activate timings of m while the engine is not ready yet. */
+static void keep_startup_loads(struct engine *e, int r, const struct lora_msg_notifications *m)
+{
+    for (int i = 0; i < m->n_items && !e->ready; i++) {
+        const struct lora_msg_notification *it = &m->items[i];
+        for (int t = 0; t < it->n_timings; t++) {
+            const struct lora_msg_timing *tm = &it->timings[t];
+            if (tm->transition != LORA_TRANSITION_LOAD &&
+                tm->transition != LORA_TRANSITION_ACTIVATE)
+                continue;
+            if (e->n_startup_loads >= 2 * ENGINE_MAX_ADAPTERS * ENGINE_MAX_WORLD)
+                return;
+            struct lora_msg_startup_load *v =
+                realloc(e->startup_loads, sizeof(*v) * (size_t)(e->n_startup_loads + 1));
+            char *name = strndup(tm->name.s ? tm->name.s : "", tm->name.len);
+            if (!v || !name) {
+                free(name);
+                if (v)
+                    e->startup_loads = v;
+                return;
+            }
+            e->startup_loads = v;
+            v[e->n_startup_loads++] = (struct lora_msg_startup_load){
+                r, it->seq, {name, strlen(name)}, (int)tm->transition, tm->seconds};
+        }
+    }
+}
+
 int workers_gather_notifications(struct engine *e)
 {
     struct lora_msg_frames replies[ENGINE_MAX_WORLD];
@@ -363,6 +413,7 @@ int workers_gather_notifications(struct engine *e)
         e->rank_dropped[r] = m.dropped;
         if (m.n_items > 0)
             store_state(e, r, &m.items[m.n_items - 1].state);
+        keep_startup_loads(e, r, &m);
         if (!news)
             continue;
         m.engine = e->engine_index;

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "frontend.h"
+#include "lora_module.h"
 #include "path_confine.h"
 
 #define LOAD_TIMEOUT_MS   120000 /* reading an adapter from a slow disk on every rank */
@@ -124,51 +125,15 @@ void adapters_unload(struct frontend *fe, struct lora_http_request *req, json_t 
     answer_success(fe, req, name, false);
 }
 
-/* NAME=PATH or {"name": ..., "path": ..., "base_model_name": ...}. */
-static int parse_module(const char *spec, char *name, char *path, char *base, char *err,
-                        size_t err_len)
-{
-    if (spec[0] == '{') {
-        json_error_t je;
-        json_t *j = json_loads(spec, 0, &je);
-        json_t *n = json_object_get(j, "name"), *p = json_object_get(j, "path"),
-               *b = json_object_get(j, "base_model_name");
-        int rc = -1;
-        if (json_is_string(n) && json_is_string(p) && (!b || json_is_string(b)) &&
-            json_string_length(n) > 0 && json_string_length(n) <= FE_NAME_MAX &&
-            json_string_length(p) < 4096 && (!b || json_string_length(b) <= FE_NAME_MAX)) {
-            snprintf(name, FE_NAME_MAX + 1, "%s", json_string_value(n));
-            snprintf(path, 4096, "%s", json_string_value(p));
-            snprintf(base, FE_NAME_MAX + 1, "%s", b ? json_string_value(b) : "");
-            rc = 0;
-        }
-        json_decref(j);
-        if (rc < 0)
-            snprintf(err, err_len,
-                     "--lora-modules '%s' must be NAME=PATH or {\"name\":...,\"path\":...,"
-                     "\"base_model_name\":...}",
-                     spec);
-        return rc;
-    }
-    const char *eq = strchr(spec, '=');
-    if (!eq || eq == spec || (size_t)(eq - spec) > FE_NAME_MAX || !eq[1] ||
-        strlen(eq + 1) >= 4096) {
-        snprintf(err, err_len, "--lora-modules '%s' must be NAME=PATH", spec);
-        return -1;
-    }
-    snprintf(name, FE_NAME_MAX + 1, "%.*s", (int)(eq - spec), spec);
-    snprintf(path, 4096, "%s", eq + 1);
-    base[0] = 0;
-    return 0;
-}
-
 int adapters_load_modules(struct frontend *fe, const struct lora_opt_list *mods, char *err,
                           size_t err_len)
 {
     for (int i = 0; i < mods->n; i++) {
-        char name[FE_NAME_MAX + 1], path[4096], base[FE_NAME_MAX + 1], why[2048];
-        if (parse_module(mods->items[i], name, path, base, err, err_len) < 0)
+        struct lora_module mod;
+        char why[2048];
+        if (lora_module_parse(mods->items[i], &mod, err, err_len) < 0)
             return -1;
+        const char *name = mod.name, *path = mod.path, *base = mod.base;
         if (base[0] && fe->n_module_base < 64) {
             snprintf(fe->module_base[fe->n_module_base].name, FE_NAME_MAX + 1, "%s", name);
             snprintf(fe->module_base[fe->n_module_base].base, FE_NAME_MAX + 1, "%s", base);

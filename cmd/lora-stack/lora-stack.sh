@@ -2,17 +2,24 @@
 # lora-stack: starts, watches and stops the whole stack (DESIGN section 11): lora-worker ranks,
 # lora-engine, lora-frontend(s) and lora-metrics, with their ipc sockets in one run directory.
 #
-#   lora-stack up [--run-dir DIR] [--model DIR] [--tp N] [--frontends N] [--port N]
-#                 [--metrics-port N] [--lora-modules NAME=PATH]... [any program option]
+#   lora-stack up [MODEL] [--run-dir DIR] [--model DIR] [--tp N] [--frontends N] [--port N]
+#                 [--metrics-port N] [--lora-modules NAME=PATH...]... [any program option]
 #   lora-stack status|logs [PROGRAM]|down [--run-dir DIR]
 #
 # `up` starts a supervisor in the background and returns once every program has said it is
 # ready (each program's ready line, read from its standard error through a pipe: no sleeps).
 # The supervisor restarts what crashes, with a backoff that doubles from 1 s to 30 s: a dead
 # worker or engine restarts the engine with all its ranks (an engine cannot take a restarted
-# rank back), a dead frontend or exporter restarts alone. SIGTERM to the supervisor, or `down`,
+# rank back), a dead frontend or exporter restarts alone. The engine keeps its adapter registry
+# in RUN_DIR/adapters.json, so a restarted engine group comes back with the adapters loaded,
+# unloaded and pinned at run time; the supervisor's log says what it restarted and, from the
+# engine's "restored:" line, which adapters came back. SIGTERM to the supervisor, or `down`,
 # stops the frontends and the exporter, then the engine, then the workers, and removes the
 # sockets. Options the supervisor does not know go to every program whose --help lists them.
+# vLLM's spellings are taken where they mean the same: `up MODEL`, --tensor-parallel-size (-tp),
+# --lora-modules with several values and in its JSON form, --enable-lora (LoRA is always on),
+# --disable-log-requests (no program logs requests) and --uvicorn-log-level LEVEL (checked
+# against vLLM's choices; the frontends' HTTP server has no log levels).
 # Exit codes: 0 ok, 1 not running / not healthy, 100 usage, 111 a program did not start.
 set -u
 shopt -s nullglob
@@ -26,21 +33,32 @@ die() { say "fatal: $2"; exit "$1"; }
 
 usage() {
     cat <<'EOF'
-usage: lora-stack up [--run-dir DIR] [--model DIR] [--tp N] [--frontends N] [--port N]
-                     [--metrics-port N] [--lora-modules NAME=PATH]... [PROGRAM OPTIONS]
+usage: lora-stack up [MODEL] [--run-dir DIR] [--model DIR] [--tp N] [--frontends N] [--port N]
+                     [--metrics-port N] [--lora-modules NAME=PATH...]... [PROGRAM OPTIONS]
        lora-stack status [--run-dir DIR]
        lora-stack logs [PROGRAM] [--run-dir DIR]
        lora-stack down [--run-dir DIR]
 
   --run-dir DIR          sockets, logs and pids (default $XDG_RUNTIME_DIR/lora-stack, else
                          /tmp/lora-stack-UID); mode 0700
-  --model DIR            Hugging Face model directory (default: the demo model and adapters)
-  --tp N                 tensor-parallel ranks (default 1)
+  --model DIR, MODEL     Hugging Face model directory (default: the demo model and adapters);
+                         as vLLM's `vllm serve MODEL`, it may be the first argument of up
+  --tp N, --tensor-parallel-size N, -tp N
+                         tensor-parallel ranks: worker processes (default 1)
   --frontends N          HTTP frontends (default 1), on ports PORT, PORT+1, ...
   --port N               the first frontend's port (default 8000)
   --metrics-port N       lora-metrics' port (default 9100)
-  --lora-modules N=P     adapters loaded before ready (repeatable; default with the demo
-                         model: its three adapters)
+  --lora-modules N=P...  adapters loaded before ready: NAME=PATH or vLLM's JSON
+                         {"name":..,"path":..}, several after one flag or the flag repeated
+                         (default with the demo model: its three adapters); the engine's
+                         registry in RUN_DIR/adapters.json, once written, decides what a
+                         restart loads (see lora-engine(1))
+  --enable-lora          accepted, as vLLM's: LoRA is always on
+  --disable-log-requests accepted, as vLLM's: no program logs requests
+  --uvicorn-log-level L  accepted, as vLLM's (critical, error, warning, info, debug, trace);
+                         the frontends' HTTP server has no log levels
+  --generation-config G  checked as vLLM checks it (auto, vllm or a folder), then given to
+                         the programs that list it in their --help
   --host ADDR            HTTP address of the frontends and the exporter (default 127.0.0.1)
   -h, --help             this help
 Any other option goes to every program that lists it in its --help (for example --max-loras 2
@@ -65,16 +83,38 @@ parse() {
         esac
         case $opt in
         -h | --help) usage; exit 0 ;;
-        --run-dir | --model | --tp | --frontends | --port | --metrics-port | --lora-modules | --host)
+        --enable-lora | --disable-log-requests) shift; continue ;;
+        --no-enable-lora) die 100 "--no-enable-lora: LoRA is always on in lora-stack" ;;
+        --uvicorn-log-level)
+            [ $# -ge 2 ] || die 100 "$opt needs a value"
+            case $2 in
+            critical | error | warning | info | debug | trace) ;;
+            *) die 100 "--uvicorn-log-level '$2' must be one of critical, error, warning, info, debug, trace" ;;
+            esac
+            shift 2; continue ;;
+        --generation-config)
+            # Checked here as vLLM checks it; the programs that list it in --help get it.
+            [ $# -ge 2 ] || die 100 "$opt needs a value"
+            case $2 in
+            auto | vllm) ;;
+            *) [ -d "$2" ] || die 100 "--generation-config '$2' must be auto, vllm or a folder" ;;
+            esac
+            PASS+=("$1" "$2"); shift 2; continue ;;
+        --lora-modules)
+            # vLLM's nargs='+': every value up to the next option.
+            [ $# -ge 2 ] && [[ $2 != -* ]] || die 100 "$opt needs a value"
+            shift
+            while [ $# -gt 0 ] && [[ $1 != -* ]]; do MODULES+=("$1"); shift; done
+            continue ;;
+        --run-dir | --model | --tp | --tensor-parallel-size | -tp | --frontends | --port | --metrics-port | --host)
             [ $# -ge 2 ] || die 100 "$opt needs a value"
             case $opt in
             --run-dir) RUN_DIR=$2 ;;
             --model) MODEL=$2 ;;
-            --tp) TP=$2 ;;
+            --tp | --tensor-parallel-size | -tp) TP=$2 ;;
             --frontends) FRONTENDS=$2 ;;
             --port) PORT=$2 ;;
             --metrics-port) METRICS_PORT=$2 ;;
-            --lora-modules) MODULES+=("$2") ;;
             --host) HOST=$2 ;;
             esac
             shift 2 ;;
@@ -239,13 +279,38 @@ restart() {
     [ "$STOPPING" = 1 ] && return
     case $group in
     engine)
+        # What the new engine writes to its log starts after this byte.
+        local log="$RUN_DIR/logs/engine.log" from
+        from=$(($(stat -c %s "$log" 2> /dev/null || echo 0) + 1))
         stop_pids engine $(names_of worker-)
         rm -f "$RUN_DIR"/worker.sock "$RUN_DIR"/frontend.sock "$RUN_DIR"/control.sock \
             "$RUN_DIR"/publish.sock
-        start_engine_group || say "warning: the engine did not come back; retrying"
+        if start_engine_group; then
+            local restored dropped
+            restored=$(tail -c +"$from" "$log" | grep -a '^lora-engine: restored: ' | tail -n 1)
+            restored=${restored#lora-engine: }
+            dropped=$(tail -c +"$from" "$log" | grep -ac 'cannot be restored')
+            [ "$dropped" = 0 ] || restored="$restored; $dropped adapter(s) dropped, see $log"
+            say "restarted the engine and its $TP rank$([ "$TP" = 1 ] || echo s) after $name" \
+                "exited; ${restored:-no adapter registry to restore}"
+        else
+            say "warning: the engine did not come back; retrying"
+        fi
         ;;
-    frontend-*) start_frontend "${name#frontend-}" || say "warning: $name did not come back" ;;
-    metrics) start_metrics || say "warning: lora-metrics did not come back" ;;
+    frontend-*)
+        if start_frontend "${name#frontend-}"; then
+            say "restarted $name; it learns the adapter registry from the engine"
+        else
+            say "warning: $name did not come back"
+        fi
+        ;;
+    metrics)
+        if start_metrics; then
+            say "restarted lora-metrics"
+        else
+            say "warning: lora-metrics did not come back"
+        fi
+        ;;
     esac
     write_pids
 }
@@ -266,11 +331,18 @@ supervise() {
     mkdir -p "$RUN_DIR/logs" "$RUN_DIR/ready"
     : > "$RUN_DIR/pids.new"
     local urls="" k
+    local from
+    from=$(($(stat -c %s "$RUN_DIR/logs/engine.log" 2> /dev/null || echo 0) + 1))
     if ! start_engine_group; then
         say "fatal: lora-engine did not become ready; see $RUN_DIR/logs/engine.log"
         printf 'failed engine\n' > "$RUN_DIR/up.fifo"
         shutdown
     fi
+    # A run directory used before: say what the engine's registry brought back.
+    local restored
+    restored=$(tail -c +"$from" "$RUN_DIR/logs/engine.log" | grep -a '^lora-engine: restored: ' |
+        tail -n 1)
+    [ -z "$restored" ] || say "started the engine; ${restored#lora-engine: }"
     for ((k = 0; k < FRONTENDS; k++)); do
         if ! start_frontend "$k"; then
             printf 'failed frontend-%s\n' "$k" > "$RUN_DIR/up.fifo"
@@ -313,7 +385,18 @@ supervisor_pid() {
 # ---- commands --------------------------------------------------------------------------------
 
 cmd_up() {
+    # vLLM's `vllm serve MODEL`: the model as the first argument.
+    local positional=""
+    if [ $# -gt 0 ] && [[ $1 != -* ]]; then
+        positional=$1
+        shift
+    fi
     parse "$@"
+    if [ -n "$positional" ]; then
+        [ -z "$MODEL" ] || [ "$MODEL" = "$positional" ] ||
+            die 100 "the model is given twice: '$positional' and --model '$MODEL'"
+        MODEL=$positional
+    fi
     route_options
     if supervisor_pid > /dev/null; then
         die 1 "a stack is already running in '$RUN_DIR' (lora-stack down --run-dir $RUN_DIR)"

@@ -108,7 +108,8 @@ help_options() {
             --publish-endpoint --tensor-parallel-size --engine-index --max-loras \
             --max-cpu-loras --max-lora-rank --lora-modules --block-size --num-kv-blocks \
             --kv-cache-bytes --max-num-batched-tokens --max-num-seqs --max-model-len \
-            --max-requests --idle-notify-ms --startup-timeout-ms --help --version; do
+            --max-requests --idle-notify-ms --startup-timeout-ms --registry-file --seed \
+            --help --version; do
             [[ "$output" == *"  $o "* ]] || { echo "$flag lacks $o" >&2; return 1; }
         done
     done
@@ -158,7 +159,7 @@ help_options() {
         tensor-parallel-size:0 engine-index:-1 max-cpu-loras:65537 max-lora-rank:0 \
         block-size:0 num-kv-blocks:-1 kv-cache-bytes:0 max-num-batched-tokens:0 \
         max-num-seqs:4097 max-model-len:x max-requests:0 idle-notify-ms:0 \
-        startup-timeout-ms:99 max-loras:2.5 max-loras:; do
+        startup-timeout-ms:99 max-loras:2.5 max-loras: seed:-1 seed:x seed:1e17; do
         o=${ov%%:*} v=${ov#*:}
         run --separate-stderr "$ENGINE" --model "$D/m" --run-dir "$RUN" "--$o" "$v"
         expect_status 100
@@ -224,6 +225,9 @@ help_options() {
         --run-dir "$RUN"
     expect_status 100
     expect_message "LORA_ENGINE_TENSOR_PARALLEL_SIZE"
+    LORA_ENGINE_SEED=-3 run --separate-stderr "$ENGINE" --model "$D/m" --run-dir "$RUN"
+    expect_status 100
+    expect_message "LORA_ENGINE_SEED"
 }
 
 @test "mirror variables set options, and the command line overrides them" {
@@ -475,4 +479,84 @@ help_options() {
     expect_status 1
     expect_message "$BATS_TEST_TMPDIR/nofile/generation_config.json: unable to open"
     [ -z "$(ls -A "$RUN")" ]
+}
+
+# ---- the adapter registry file, --seed, waiting for ranks
+
+@test "a corrupt or unreadable registry file: exit 1 naming it, before any socket is bound" {
+    echo '{"version": 1, "adapters": [{"name": "x"}]}' > "$RUN/adapters.json"
+    run --separate-stderr timeout -s KILL 20 "$ENGINE" --model "$D/m" --run-dir "$RUN" \
+        --startup-timeout-ms 10000
+    expect_status 1
+    expect_message "unable to restore the adapter registry: $RUN/adapters.json: adapters[0].path"
+    [ ! -e "$RUN/worker.sock" ]
+    mkdir "$BATS_TEST_TMPDIR/a-dir"
+    LORA_ENGINE_REGISTRY_FILE=$BATS_TEST_TMPDIR/a-dir run --separate-stderr timeout -s KILL 20 \
+        "$ENGINE" --model "$D/m" --run-dir "$RUN" --startup-timeout-ms 10000
+    expect_status 1
+    expect_message "$BATS_TEST_TMPDIR/a-dir: unable to read: is a directory"
+    # An empty --registry-file keeps no file: the corrupt one is not read.
+    run --separate-stderr timeout -s KILL 20 "$ENGINE" --model "$D/m" --run-dir "$RUN" \
+        --registry-file '' --startup-timeout-ms 100
+    expect_status 111
+    expect_message "workers said hello"
+}
+
+@test "the registry file follows loads, unloads and pins; a restart keeps an unloaded start-up adapter out" {
+    local reg=$BATS_TEST_TMPDIR/registry.json
+    start_worker 0
+    start_engine --registry-file "$reg" --max-loras 2 --max-cpu-loras 3 \
+        --lora-modules "{\"name\":\"j\",\"path\":\"$D/a\"}" --lora-modules "k=$D/a"
+    wait_for_text "$BATS_TEST_TMPDIR/engine.err" "lora-engine: ready:" 15
+    [ "$(jq -c '[.adapters[] | [.name, .pinned]]' "$reg")" = '[["j",false],["k",false]]' ]
+    $PYTHON "$ROOT/tests/ref/client.py" control --run-dir "$RUN" load r "$D/a" > /dev/null
+    $PYTHON "$ROOT/tests/ref/client.py" control --run-dir "$RUN" unload j > /dev/null
+    $PYTHON "$ROOT/tests/ref/client.py" control --run-dir "$RUN" pin k > /dev/null
+    [ "$(jq -c '[.adapters[] | [.name, .pinned]]' "$reg")" = '[["k",true],["r",false]]' ]
+    [ "$(jq -c '.startup_modules' "$reg")" = '["j","k"]' ]
+    kill -TERM "$ENGINE_PID"
+    wait_exit "$ENGINE_PID" 10
+    fresh_run_dir
+    start_worker 0
+    start_engine --registry-file "$reg" --max-loras 2 --max-cpu-loras 3 --lora-modules "j=$D/a" \
+        --lora-modules "k=$D/./a"
+    wait_for_text "$BATS_TEST_TMPDIR/engine.err" "lora-engine: ready:" 15
+    grep -q "lora-engine: restored: 2 adapters from '$reg': k (pinned), r" \
+        "$BATS_TEST_TMPDIR/engine.err"
+    grep -q "start-up adapter 'j' stays unloaded" "$BATS_TEST_TMPDIR/engine.err"
+    grep -q "start-up adapter 'k' keeps the registry's path '$D/a', not '$D/./a'" \
+        "$BATS_TEST_TMPDIR/engine.err"
+    [ "$($PYTHON "$ROOT/tests/ref/client.py" control --run-dir "$RUN" residency |
+        jq -c '[.data.adapters[] | [.name, .pinned]]')" = '[["k",true],["r",false]]' ]
+}
+
+@test "waiting for ranks, the engine says which ones every few seconds" {
+    start_engine --tensor-parallel-size 2 --startup-timeout-ms 60000
+    wait_for_text "$BATS_TEST_TMPDIR/engine.err" "lora-engine: waiting for ranks 0, 1 of 2" 15
+    start_worker 1
+    wait_for_text "$BATS_TEST_TMPDIR/engine.err" "lora-engine: waiting for rank 0 of 2" 15
+}
+
+# The tokens of one request without a seed, temperature 1, on a fresh engine with options "$@".
+unseeded_tokens() {
+    fresh_run_dir
+    start_worker 0
+    start_engine "$@"
+    wait_for_text "$BATS_TEST_TMPDIR/engine.err" "lora-engine: ready:" 15
+    echo '{"prompt_ids": [5, 6, 7], "max_tokens": 16, "lora": null, "temperature": 1.0, "ignore_eos": true}' \
+        > "$BATS_TEST_TMPDIR/batch"
+    $PYTHON "$ROOT/tests/ref/client.py" generate --run-dir "$RUN" --batch "$BATS_TEST_TMPDIR/batch" |
+        jq -c .tokens
+    kill -TERM "$ENGINE_PID"
+    wait_exit "$ENGINE_PID" 10
+}
+
+@test "--seed: unseeded requests sample the same on engines with the same seed, not with another" {
+    a=$(unseeded_tokens --seed 5)
+    b=$(unseeded_tokens --seed 5)
+    c=$(unseeded_tokens --seed 6)
+    echo "seed 5: $a; again: $b; seed 6: $c" >&2
+    [ -n "$a" ] && [ "$a" != null ]
+    [ "$a" = "$b" ]
+    [ "$a" != "$c" ]
 }

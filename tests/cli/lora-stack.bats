@@ -58,6 +58,58 @@ wait_serving() { # PORT MODEL: waits up to 30 s for a 200
     expect_status 100
     run --separate-stderr "$STACK" status --run-dir "$BATS_TEST_TMPDIR/none"
     expect_status 1
+    run "$STACK" --help
+    for o in --tensor-parallel-size -tp --enable-lora --disable-log-requests --uvicorn-log-level \
+        --generation-config MODEL; do
+        [[ "$output" == *"$o"* ]] || { echo "--help lacks $o" >&2; return 1; }
+    done
+}
+
+@test "vLLM's spellings with bad values are usage errors (exit 100) naming them" {
+    local r=$BATS_TEST_TMPDIR/r
+    run --separate-stderr "$STACK" up --run-dir "$r" --uvicorn-log-level loud
+    expect_status 100
+    [[ "$stderr" == *"--uvicorn-log-level 'loud' must be one of critical, error, warning, info, debug, trace"* ]]
+    run --separate-stderr "$STACK" up --run-dir "$r" --uvicorn-log-level
+    expect_status 100
+    run --separate-stderr "$STACK" up --run-dir "$r" --no-enable-lora
+    expect_status 100
+    [[ "$stderr" == *"LoRA is always on"* ]]
+    run --separate-stderr "$STACK" up --run-dir "$r" --generation-config "$r/none"
+    expect_status 100
+    [[ "$stderr" == *"--generation-config '$r/none' must be auto, vllm or a folder"* ]]
+    run --separate-stderr "$STACK" up --run-dir "$r" --tensor-parallel-size two
+    expect_status 100
+    [[ "$stderr" == *"'two' is not a number"* ]]
+    run --separate-stderr "$STACK" up --run-dir "$r" -tp 0
+    expect_status 100
+    run --separate-stderr "$STACK" up --run-dir "$r" --lora-modules --port 1
+    expect_status 100
+    [[ "$stderr" == *"--lora-modules needs a value"* ]]
+    run --separate-stderr "$STACK" up "$r/one" --model "$r/two" --run-dir "$r"
+    expect_status 100
+    [[ "$stderr" == *"the model is given twice"* ]]
+    [ ! -e "$r/supervisor.pid" ]
+}
+
+@test "vLLM's spellings: up MODEL, --tensor-parallel-size, --lora-modules with several values and JSON, --seed, accepted flags" {
+    R=$BATS_TEST_TMPDIR/run
+    M=$("$LORA_BIN/lora-worker" demo-model)
+    RUNS+=("$R")
+    run --separate-stderr "$STACK" up "$M" --run-dir "$R" --port "$BASE" \
+        --metrics-port $((BASE + 5)) --tensor-parallel-size 2 --enable-lora \
+        --disable-log-requests --uvicorn-log-level warning --seed 7 \
+        --lora-modules "sql=$M/adapters/demo-sql" \
+        "{\"name\":\"js\",\"path\":\"$M/adapters/demo-chat\",\"base_model_name\":\"$M\"}"
+    expect_status 0
+    [[ "$stderr" == *"(model $M, 2 ranks)"* ]]
+    [ -n "$(pid_of "$R" worker-0)" ] && [ -n "$(pid_of "$R" worker-1)" ]
+    [ "$(curl -sf "http://127.0.0.1:$BASE/v1/models" | jq -r '[.data[].id] | sort | join(",")')" = \
+        "$M,js,sql" ]
+    [ "$(complete "$BASE" js)" = 200 ]
+    "$LORA_BIN/lora-inspect" --run-dir "$R" config --json > "$BATS_TEST_TMPDIR/config"
+    [ "$(jq .seed "$BATS_TEST_TMPDIR/config")" = 7 ]
+    [ "$(jq .world_size "$BATS_TEST_TMPDIR/config")" = 2 ]
 }
 
 @test "up on the demo model serves the base model and its adapters; status, logs, down" {

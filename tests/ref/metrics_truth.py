@@ -561,6 +561,9 @@ def lifecycle(a):
         print("ok: engine 0 counted its request")
 
         e0.stop()
+        # A fresh engine, not a restart of the same one: without its registry file, which
+        # would bring a back, only the new --lora-modules are loaded.
+        os.unlink(os.path.join(e0.run, "adapters.json"))
         e0.modules = [("b", ad["b"])]
         e0.start().start_frontend()
         res = settle("engine 0 restarted with b only", e0, [x], {}, 2)

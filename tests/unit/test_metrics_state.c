@@ -972,6 +972,104 @@ static void test_counters(void)
     lora_mstate_destroy(&s);
 }
 
+/* ready with startup_loads "rank:seq:transition:name:seconds,...". */
+static void b_ready_loads(int engine, struct limits l, const char *loads)
+{
+    char t[16][64];
+    int n = split(loads, t, 16);
+
+    begin("ready", 5);
+    k_int("version", 1);
+    k_int("engine_index", engine);
+    k_str("model", "tiny-llama");
+    if (key("limits")) {
+        msgpack_pack_map(&pk, 10);
+        k_int("max_loras", l.max_loras);
+        k_int("max_cpu_loras", l.max_cpu_loras);
+        k_int("max_lora_rank", 16);
+        k_int("block_size", 16);
+        k_int("num_kv_blocks", 512);
+        k_int("world_size", l.world_size);
+        k_int("max_model_len", l.max_model_len);
+        k_int("max_num_batched_tokens", 512);
+        k_int("max_num_seqs", 64);
+        k_int("vocab_size", 259);
+    }
+    if (!key("startup_loads"))
+        return;
+    msgpack_pack_array(&pk, (size_t)n);
+    for (int i = 0; i < n; i++) {
+        int rank = 0;
+        unsigned long long seq = 0;
+        char tr[64] = "", name[64] = "";
+        double sec = 0;
+        sscanf(t[i], "%d:%llu:%63[^:]:%63[^:]:%lf", &rank, &seq, tr, name, &sec);
+        msgpack_pack_map(&pk, 5);
+        k_int("rank", rank);
+        k_u64("seq", seq);
+        k_str("name", name);
+        k_str("transition", tr);
+        k_dbl("seconds", sec);
+    }
+}
+
+/* sql loaded and activated on both ranks, chat loaded on rank 0 only. */
+static const char *const STARTUP = "0:1:load:sql:0.5,1:1:load:sql:0.25,0:2:activate:sql:0.001,"
+                                   "1:2:activate:sql:0.002,0:3:load:chat:0.2";
+
+static void test_startup_loads(void)
+{
+    /* A subscriber that joins after ready: every start-up load counts, once. */
+    struct lora_mstate *s = new_state(0, false);
+    b_ready_loads(0, L2, STARTUP);
+    PUT_OK(s, -1, 1);
+    const struct lora_mstate_engine *e = lora_mstate_engine(s, 0);
+    CHECK(e && e->hist[LORA_H_LOAD_SECONDS].count == 3);
+    CHECK(e && e->hist[LORA_H_ACTIVATE_SECONDS].count == 2);
+    CHECK_NEAR(e ? e->hist[LORA_H_LOAD_SECONDS].sum : 0, 0.95, 1e-9);
+    /* Engine-wide: only what every rank did (chat is on rank 0 alone). */
+    CHECK(e && e->loads[0] == 1 && e->loads[1] == 1);
+    b_ready_loads(0, L2, STARTUP); /* published again at every interval */
+    PUT_OK(s, -1, 2);
+    CHECK(e->hist[LORA_H_LOAD_SECONDS].count == 3 && e->loads[0] == 1);
+    lora_mstate_destroy(&s);
+
+    /* A subscriber that saw part of start-up live: rank 0 from its first notification on,
+     * rank 1 from its second. What it saw is not counted again. */
+    s = new_state(0, false);
+    b_notifications(0, 0, 0, 1, "", "sql", "", "load:sql:0.5");
+    PUT_OK(s, -1, 1);
+    b_notifications(0, 0, 0, 2, "sql", "sql", "", "activate:sql:0.001");
+    PUT_OK(s, -1, 1);
+    b_notifications(0, 1, 0, 2, "sql", "sql", "", "activate:sql:0.002");
+    PUT_OK(s, -1, 1);
+    b_notifications(0, 0, 0, 3, "sql", "sql,chat", "", "load:chat:0.2");
+    PUT_OK(s, -1, 1);
+    b_ready_loads(0, L2, STARTUP);
+    PUT_OK(s, -1, 2);
+    e = lora_mstate_engine(s, 0);
+    CHECK(e && e->hist[LORA_H_LOAD_SECONDS].count == 3); /* two live, rank 1's seq 1 */
+    CHECK(e && e->hist[LORA_H_ACTIVATE_SECONDS].count == 2);
+    CHECK_NEAR(e ? e->hist[LORA_H_LOAD_SECONDS].sum : 0, 0.95, 1e-9);
+    CHECK(e && e->loads[0] == 1 && e->loads[1] == 1);
+    lora_mstate_destroy(&s);
+
+    /* A restart under a live subscriber: the new engine's numbers only. */
+    s = new_state(0, false);
+    b_ready_loads(0, L1, "0:1:load:sql:0.5");
+    PUT_OK(s, -1, 1);
+    b_notifications(0, 0, 0, 5, "", "sql", "", "");
+    PUT_OK(s, -1, 1);
+    b_notifications(0, 0, 0, 1, "", "code", "", "load:code:0.125"); /* seq went back */
+    PUT_OK(s, -1, 2);
+    b_ready_loads(0, L1, "0:1:load:code:0.125");
+    PUT_OK(s, -1, 3);
+    e = lora_mstate_engine(s, 0);
+    CHECK(e && e->epoch == 1 && e->hist[LORA_H_LOAD_SECONDS].count == 1);
+    CHECK(e && e->loads[0] == 1);
+    lora_mstate_destroy(&s);
+}
+
 /* ---- health --------------------------------------------------------------------------------- */
 
 static void test_health(void)
@@ -1513,6 +1611,7 @@ int main(void)
     RUN(test_restarts);
     RUN(test_lora_sets);
     RUN(test_cardinality);
+    RUN(test_startup_loads);
     RUN(test_counters);
     RUN(test_health);
     RUN(test_malformed);
