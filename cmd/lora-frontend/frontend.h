@@ -72,7 +72,11 @@ struct fe_metrics {
     int engine_src, self_src; /* the state's sources: the engine's publish socket, us */
     struct fe_pending *head, *tail;
     int n_pending;
+    uint64_t queued_ms;   /* when the oldest queued message was queued */
     uint64_t n_deferred;  /* messages that waited for a render, so far */
+    uint64_t max_lag_ms;  /* the longest any of them waited */
+    uint64_t n_blocked;   /* times the link thread waited for the lock (a full queue) */
+    uint64_t max_blocked_us; /* the longest of those waits */
     uint64_t n_malformed; /* messages the state refused, for the rate limit of the warning */
 };
 
@@ -174,6 +178,9 @@ void metrics_set_model_name(struct fe_metrics *fm, const char *name);
 void metrics_feed(struct fe_metrics *fm, int source, const void *body, size_t len);
 /* Link thread: applies the queue if the lock is free; whether some still wait. */
 bool metrics_flush(struct fe_metrics *fm);
+/* Link thread, at the end (when any message waited): one note on stderr of how long messages
+ * waited for renders and how often the link waited for the lock. */
+void metrics_report(const struct fe_metrics *fm);
 /* Whether the engine's whole state has arrived and it is not lost. */
 bool metrics_engine_ready(struct fe_metrics *fm, int engine_index);
 /* GET /metrics. */

@@ -841,6 +841,8 @@ int link_run(struct fe_link *l, int sig_fd)
             sub_monitor_event(l);
         keep_alive(&lp);
     }
+    if (l->metrics && l->metrics->n_deferred)
+        metrics_report(l->metrics);
     pthread_mutex_lock(&l->mu);
     l->connected = false;
     fail_all_locked(l, "the frontend is shutting down");

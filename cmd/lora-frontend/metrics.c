@@ -19,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "frontend.h"
 #include "metrics_render.h"
@@ -97,6 +98,11 @@ static void drain_locked(struct fe_metrics *fm)
 {
     struct fe_pending *p = fm->head;
 
+    if (p) {
+        uint64_t lag = lora_now_ms() - fm->queued_ms;
+        if (lag > fm->max_lag_ms)
+            fm->max_lag_ms = lag;
+    }
     fm->head = fm->tail = NULL;
     fm->n_pending = 0;
     while (p) {
@@ -125,10 +131,12 @@ static void queue(struct fe_metrics *fm, int source, const void *body, size_t le
     p->len = body ? len : 0;
     if (body)
         memcpy(p->body, body, len);
-    if (fm->tail)
+    if (fm->tail) {
         fm->tail->next = p;
-    else
+    } else {
         fm->head = p;
+        fm->queued_ms = lora_now_ms();
+    }
     fm->tail = p;
     fm->n_pending++;
     fm->n_deferred++;
@@ -143,10 +151,27 @@ void metrics_feed(struct fe_metrics *fm, int source, const void *body, size_t le
     }
     queue(fm, source, body, len);
     if (fm->n_pending >= METRICS_MAX_PENDING) {
+        struct timespec t0, t1;
+        clock_gettime(CLOCK_MONOTONIC, &t0);
         pthread_mutex_lock(&fm->mu);
+        clock_gettime(CLOCK_MONOTONIC, &t1);
         drain_locked(fm);
         pthread_mutex_unlock(&fm->mu);
+        uint64_t us = (uint64_t)(t1.tv_sec - t0.tv_sec) * 1000000u +
+                      (uint64_t)((t1.tv_nsec - t0.tv_nsec) / 1000);
+        fm->n_blocked++;
+        if (us > fm->max_blocked_us)
+            fm->max_blocked_us = us;
     }
+}
+
+void metrics_report(const struct fe_metrics *fm)
+{
+    fprintf(stderr,
+            "lora-frontend: note: /metrics: %llu messages waited for a render (the longest "
+            "%llu ms); the engine link waited for the lock %llu times (the longest %llu us)\n",
+            (unsigned long long)fm->n_deferred, (unsigned long long)fm->max_lag_ms,
+            (unsigned long long)fm->n_blocked, (unsigned long long)fm->max_blocked_us);
 }
 
 bool metrics_flush(struct fe_metrics *fm)
