@@ -72,12 +72,12 @@ struct fe_metrics {
     int engine_src, self_src; /* the state's sources: the engine's publish socket, us */
     struct fe_pending *head, *tail;
     int n_pending;
-    uint64_t queued_ms;   /* when the oldest queued message was queued */
-    uint64_t n_deferred;  /* messages that waited for a render, so far */
-    uint64_t max_lag_ms;  /* the longest any of them waited */
-    uint64_t n_blocked;   /* times the link thread waited for the lock (a full queue) */
+    uint64_t queued_ms;      /* when the oldest queued message was queued */
+    uint64_t n_deferred;     /* messages that waited for a render, so far */
+    uint64_t max_lag_ms;     /* the longest any of them waited */
+    uint64_t n_blocked;      /* times the link thread waited for the lock (a full queue) */
     uint64_t max_blocked_us; /* the longest of those waits */
-    uint64_t n_malformed; /* messages the state refused, for the rate limit of the warning */
+    uint64_t n_malformed;    /* messages the state refused, for the rate limit of the warning */
 };
 
 struct fe_registry_entry {

@@ -4,9 +4,9 @@
  * engine's frontend socket (hello, requests, aborts; outputs, the registry, heartbeats), a
  * DEALER to its control socket (load, unload, residency), our PUB socket (per-request stats)
  * and a SUB socket to the engine's publish socket with its connection monitor (for /metrics,
- * fed through metrics.c together with our own per-request stats). HTTP threads never touch a socket: they queue encoded messages (fe_out) and wake the
- * link through an eventfd, and wait on their own condition variable for outputs. Everything
- * shared is under l->mu.
+ * fed through metrics.c together with our own per-request stats). HTTP threads never touch a
+ * socket: they queue encoded messages (fe_out) and wake the link through an eventfd, and wait
+ * on their own condition variable for outputs. Everything shared is under l->mu.
  *
  * Liveness: heartbeats every 500 ms to the engine; an engine silent for 3 s is gone: every
  * request in flight fails with "unavailable" and the link says hello again every second until

@@ -2,11 +2,12 @@
  *
  * Connects to one engine (its frontend and control sockets), learns the model, the limits and
  * the adapter registry from it, loads the model's tokenizer and chat template, loads the
- * --lora-modules adapters the engine does not hold yet, then serves HTTP. The main thread runs
- * the engine link (link.c); HTTP connections run on their own threads. Readiness is one line on
- * stderr, "lora-frontend: ready: http://HOST:PORT", printed once /metrics has the engine's whole
- * state (or after FE_METRICS_ENGINE_TIMEOUT_MS without it, with a note). Exit codes: 0 on SIGTERM/SIGINT, 1 bad
- * model files or --lora-modules, 100 usage, 111 system failure (no engine, port taken).
+ * --lora-modules adapters the engine does not hold yet, then serves HTTP. A thread of its own
+ * runs the engine link (link.c); HTTP connections run on their own threads. Readiness is one
+ * line on stderr, "lora-frontend: ready: http://HOST:PORT", printed once /metrics has the
+ * engine's whole state (or after FE_METRICS_ENGINE_TIMEOUT_MS without it, with a note). Exit
+ * codes: 0 on SIGTERM/SIGINT, 1 bad model files or --lora-modules, 100 usage, 111 system
+ * failure (no engine, port taken).
  */
 #include <errno.h>
 #include <fcntl.h>
