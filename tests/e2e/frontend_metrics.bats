@@ -4,7 +4,8 @@
 # teardown): the exposition with no lora-metrics process at all, before any request and after a
 # load and a completion; the same engine-wide families and values as lora-metrics on the same
 # stack; --lora-info; the API key (option and VLLM_API_KEY) on /v1 but not on /metrics;
-# --served-model-name as the model_name label; promtool.
+# --served-model-name as the model_name label; promtool; an engine that restarts under a
+# running frontend.
 
 load ../helpers
 bats_require_minimum_version 1.5.0
@@ -204,4 +205,32 @@ complete() { # PORT MODEL [CURL OPTIONS]: one completion of 4 tokens; prints the
     run curl -s -o /dev/null -w '%{content_type}' "http://127.0.0.1:$PORT_f/metrics"
     [ "$output" = "text/plain; version=0.0.4; charset=utf-8" ]
     promtool_clean "$T/s"
+}
+
+@test "an engine that restarts: the frontend's /metrics starts its counters again, residency returns" {
+    start_engine
+    start_frontend f
+    m="model_name=\"$M/m\",engine=\"0\""
+    [ "$(complete "$PORT_f" a)" = 200 ]
+    scrape_until "$PORT_f" "vllm:request_success_total{$m,finished_reason=\"length\"} 1.0"
+    # The worker and the engine (the first two pids) stop; the frontend stays.
+    head -n 2 "$PIDS" > "$T/engine_pids"
+    stop_pids "$T/engine_pids"
+    OMP_WAIT_POLICY=passive "$WORKER" serve --engine "ipc://$RUN/worker.sock" --rank 0 \
+        > "$RUN/worker2.log" 2>&1 3>&- &
+    echo $! >> "$PIDS"
+    "$LORA_BIN/lora-engine" --model "$M/m" --run-dir "$RUN" --publish-interval-ms 200 \
+        --max-loras 2 --lora-modules "b=$M/b" > "$RUN/engine2.log" 2>&1 3>&- &
+    echo $! >> "$PIDS"
+    # A new epoch: the counters from 0, the new engine's residency (b, not a).
+    scrape_until "$PORT_f" "vllm:request_success_total{$m,finished_reason=\"length\"} 0.0" \
+        "vllm:lora_adapter_loaded{$m,adapter_name=\"b\",level=\"gpu\",pinned=\"false\"} 1.0"
+    ! grep -q 'adapter_name="a"' "$T/scrape"
+    # The frontend takes the new engine for its requests within a few seconds.
+    local deadline=$((SECONDS + 15))
+    until [ "$(complete "$PORT_f" b)" = 200 ]; do
+        [ "$SECONDS" -lt "$deadline" ] || { cat "$T/completion"; return 1; }
+        sleep 0.2
+    done
+    scrape_until "$PORT_f" "vllm:request_success_total{$m,finished_reason=\"length\"} 1.0"
 }
