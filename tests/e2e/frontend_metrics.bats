@@ -183,6 +183,8 @@ complete() { # PORT MODEL [CURL OPTIONS]: one completion of 4 tokens; prints the
     # Both given: the option wins, as in vLLM.
     [ "$(code -H 'Authorization: Bearer env-key' "$(url "$PORT_both")/v1/models")" = 401 ]
     [ "$(code -H 'Authorization: Bearer s3cret' "$(url "$PORT_both")/v1/models")" = 200 ]
+    # OPTIONS passes the key check, as vLLM's middleware lets it through (no route: 405).
+    [ "$(code -X OPTIONS "$(url "$PORT_key")/v1/models")" = 405 ]
     for p in "$PORT_key" "$PORT_env" "$PORT_both"; do
         [ "$(code "$(url "$p")/metrics")" = 200 ]
         [ "$(code "$(url "$p")/version")" = 200 ]
