@@ -63,21 +63,25 @@ struct fe_seq {
 
 struct fe_pending;
 
-/* The model behind GET /metrics (metrics.c). state and w are under mu; the queue is the link
- * thread's alone. */
+/* The model behind GET /metrics (metrics.c). Locks: mu (held by a render, or by the link
+ * thread applying messages) before queue_mu (held only to link or unlink the queue). */
 struct fe_metrics {
     pthread_mutex_t mu;
-    struct lora_mstate *state;
-    struct lora_expo w;       /* kept across scrapes: its buffers keep their size */
-    int engine_src, self_src; /* the state's sources: the engine's publish socket, us */
+    struct lora_mstate *state; /* under mu */
+    struct lora_expo w;        /* under mu; kept across scrapes: its buffers keep their size */
+    int engine_src, self_src;  /* the state's sources: the engine's publish socket, us */
+    uint64_t n_malformed;      /* under mu: messages refused, for the warning's rate limit */
+    long test_render_delay_ms; /* LORA_FRONTEND_TEST_RENDER_DELAY_MS, for the tests: 0 */
+    /* Messages that found mu taken, in order; under queue_mu. */
+    pthread_mutex_t queue_mu;
     struct fe_pending *head, *tail;
     int n_pending;
-    uint64_t queued_ms;      /* when the oldest queued message was queued */
-    uint64_t n_deferred;     /* messages that waited for a render, so far */
-    uint64_t max_lag_ms;     /* the longest any of them waited */
-    uint64_t n_blocked;      /* times the link thread waited for the lock (a full queue) */
+    uint64_t queued_ms;  /* when the oldest of them was queued */
+    uint64_t n_deferred; /* messages queued so far */
+    uint64_t max_lag_ms; /* the longest any of them waited */
+    /* The link thread's alone. */
+    uint64_t n_blocked;      /* times it waited for mu (a full queue) */
     uint64_t max_blocked_us; /* the longest of those waits */
-    uint64_t n_malformed;    /* messages the state refused, for the rate limit of the warning */
 };
 
 struct fe_registry_entry {
@@ -178,9 +182,9 @@ void metrics_set_model_name(struct fe_metrics *fm, const char *name);
 void metrics_feed(struct fe_metrics *fm, int source, const void *body, size_t len);
 /* Link thread: applies the queue if the lock is free; whether some still wait. */
 bool metrics_flush(struct fe_metrics *fm);
-/* Link thread, at the end (when any message waited): one note on stderr of how long messages
- * waited for renders and how often the link waited for the lock. */
-void metrics_report(const struct fe_metrics *fm);
+/* Link thread, at the end: when any message waited, one note on stderr of how many and how
+ * long, and how often the link waited for the lock. */
+void metrics_report(struct fe_metrics *fm);
 /* Whether the engine's whole state has arrived and it is not lost. */
 bool metrics_engine_ready(struct fe_metrics *fm, int engine_index);
 /* GET /metrics. */

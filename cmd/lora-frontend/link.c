@@ -841,7 +841,7 @@ int link_run(struct fe_link *l, int sig_fd)
             sub_monitor_event(l);
         keep_alive(&lp);
     }
-    if (l->metrics && l->metrics->n_deferred)
+    if (l->metrics)
         metrics_report(l->metrics);
     pthread_mutex_lock(&l->mu);
     l->connected = false;

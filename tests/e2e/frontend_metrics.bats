@@ -138,12 +138,17 @@ complete() { # PORT MODEL [CURL OPTIONS]: one completion of 4 tokens; prints the
         done
     }
     same
+    # A scraper that never stops meanwhile: engine messages then wait for renders in the
+    # frontend's queue, and must still all arrive, in order.
+    (while :; do curl -s "http://127.0.0.1:$PORT_f/metrics" > /dev/null; done) 3>&- &
+    echo $! >> "$PIDS"
     [ "$(complete "$PORT_f" a)" = 200 ]
     curl -sf "http://127.0.0.1:$PORT_f/v1/load_lora_adapter" -H 'Content-Type: application/json' \
         -d "{\"lora_name\":\"b\",\"lora_path\":\"$M/b\"}" > /dev/null
     [ "$(complete "$PORT_f" b)" = 200 ]
     [ "$(complete "$PORT_f" "$M/m")" = 200 ]
     scrape_until "$PORT_f" "vllm:request_success_total{model_name=\"$M/m\",engine=\"0\",finished_reason=\"length\"} 3.0"
+    kill "$(tail -n 1 "$PIDS")"
     same
     grep -q 'adapter_name="b"' "$T/lm"
     # The comparison can fail: a frontend of the other meaning (started late, so its counters
@@ -153,6 +158,37 @@ complete() { # PORT MODEL [CURL OPTIONS]: one completion of 4 tokens; prints the
     ! $DIFF "$T/g" "$T/lm" --skip $PER_PROCESS > "$T/diff"
     grep -q "^only in $T/g: vllm:lora_requests_info{.*running_lora_adapters=''," "$T/diff"
     grep -q "^only in $T/lm: vllm:lora_requests_info{.*running_lora_adapters='a,b'," "$T/diff"
+}
+
+@test "renders that hold the lock never stop completions; the engine's messages that waited all arrive" {
+    start_engine
+    "$LORA_BIN/lora-metrics" --engine "ipc://$RUN/publish.sock" --listen 127.0.0.1:0 \
+        > /dev/null 2> "$T/metrics.log" 3>&- &
+    echo $! >> "$PIDS"
+    # Every render holds the lock 300 ms longer, and a scraper renders without a pause: the
+    # lock is almost never free while the completions run.
+    LORA_FRONTEND_TEST_RENDER_DELAY_MS=300 start_frontend f
+    wait_for_text "$T/metrics.log" "lora-metrics: ready: http://" 30
+    (while :; do curl -s "http://127.0.0.1:$PORT_f/metrics" > /dev/null; done) 3>&- &
+    local hammer=$!
+    echo "$hammer" >> "$PIDS"
+    for model in a "$M/m" a; do
+        [ "$(complete "$PORT_f" "$model")" = 200 ]
+    done
+    kill "$hammer"
+    local mport deadline=$((SECONDS + 15))
+    mport=$(ready_port "$T/metrics.log")
+    until scrape "$PORT_f" "$T/fe" && scrape "$mport" "$T/lm" &&
+          $DIFF "$T/fe" "$T/lm" --skip $PER_PROCESS > "$T/diff"; do
+        [ "$SECONDS" -lt "$deadline" ] || { cat "$T/diff"; return 1; }
+    done
+    grep -qF "vllm:request_success_total{model_name=\"$M/m\",engine=\"0\",finished_reason=\"length\"} 3.0" "$T/fe"
+    grep -qF "vllm:e2e_request_latency_seconds_count{model_name=\"$M/m\",engine=\"0\"} 3.0" "$T/fe"
+    # At its end the frontend says how many messages waited, and that its engine link never
+    # waited for the lock.
+    kill -TERM "$(sed -n 4p "$PIDS")"
+    wait_for_text "$T/f.log" "messages waited for a render" 10
+    grep -q '/metrics: [1-9][0-9]* messages waited for a render (the longest [0-9]* ms); the engine link waited for the lock 0 times' "$T/f.log"
 }
 
 @test "--lora-info inflight (and LORA_FRONTEND_LORA_INFO) gives the activity meaning" {
