@@ -3,7 +3,9 @@
  * messages and wait on condition variables), routes.c (HTTP dispatch, authentication, models,
  * tokenize, health, version), generate.c (completions and chat: validation, choices, stop
  * strings, responses and server-sent events), adapters.c (runtime load and unload under
- * --lora-root), reply.c (JSON responses and OpenAI-style errors), stats.c (per-request stats). */
+ * --lora-root), reply.c (JSON responses and OpenAI-style errors), stats.c (per-request stats),
+ * metrics.c (GET /metrics: the exposition of lora-metrics, from the engine's publish socket and
+ * this frontend's own requests). */
 #ifndef LORA_FRONTEND_H
 #define LORA_FRONTEND_H
 
@@ -16,7 +18,9 @@
 #include "chat_template.h"
 #include "generation_config.h"
 #include "cli.h"
+#include "exposition.h"
 #include "http.h"
+#include "metrics_state.h"
 #include "protocol.h"
 #include "tokenizer.h"
 
@@ -59,6 +63,32 @@ struct fe_seq {
     double sent_at;    /* our wall time of the request sent to the engine, 0 before */
 };
 
+/* An engine silent this long is lost to /metrics (its gauges go), as lora-metrics' default. */
+#define FE_METRICS_ENGINE_TIMEOUT_MS 5000
+
+struct fe_pending;
+
+/* The model behind GET /metrics (metrics.c). Locks: mu (held by a render, or by the link
+ * thread applying messages) before queue_mu (held only to link or unlink the queue). */
+struct fe_metrics {
+    pthread_mutex_t mu;
+    struct lora_mstate *state; /* under mu */
+    struct lora_expo w;        /* under mu; kept across scrapes: its buffers keep their size */
+    int engine_src, self_src;  /* the state's sources: the engine's publish socket, us */
+    uint64_t n_malformed;      /* under mu: messages refused, for the warning's rate limit */
+    long test_render_delay_ms; /* LORA_FRONTEND_TEST_RENDER_DELAY_MS, for the tests: 0 */
+    /* Messages that found mu taken, in order; under queue_mu. */
+    pthread_mutex_t queue_mu;
+    struct fe_pending *head, *tail;
+    int n_pending;
+    uint64_t queued_ms;  /* when the oldest of them was queued */
+    uint64_t n_deferred; /* messages queued so far */
+    uint64_t max_lag_ms; /* the longest any of them waited */
+    /* The link thread's alone. */
+    uint64_t n_blocked;      /* times it waited for mu (a full queue) */
+    uint64_t max_blocked_us; /* the longest of those waits */
+};
+
 struct fe_registry_entry {
     char name[FE_NAME_MAX + 1];
     char path[4096];
@@ -69,6 +99,9 @@ struct fe_link {
     pthread_mutex_t mu;
     void *zctx;
     struct lora_sock *front, *ctl, *pub; /* link thread only */
+    struct lora_sock *sub;  /* the engine's publish socket, for /metrics; link thread only */
+    void *sub_monitor;      /* its disconnections (a ZMQ_PAIR of zmq_socket_monitor) */
+    struct fe_metrics *metrics; /* set before the link runs; fed by the link thread */
     int wake_fd;                         /* eventfd: HTTP threads -> link thread */
     struct fe_out *out_head, *out_tail;  /* messages to send */
     struct fe_seq *table[1024];          /* in-flight requests by id */
@@ -89,7 +122,7 @@ struct frontend {
     /* Options. */
     const char *served_name; /* the base model's name in the API */
     const char *model_dir;
-    const char *api_key;
+    const char *api_key; /* NULL: no key */
     const char *lora_root; /* realpath of --lora-root, or NULL */
     bool runtime_lora;
     int max_pending; /* engine requests in flight before 503 */
@@ -109,14 +142,17 @@ struct frontend {
     char bos[64], eos[64];
     int32_t eos_id; /* the tokenizer's EOS, added to the stop ids; -1 when none */
     struct fe_link link;
+    struct fe_metrics metrics;
     uint64_t id_prefix; /* random, per process: request ids are unique across frontends */
     _Atomic uint64_t next_id; /* request ids taken by many HTTP threads */
     double start_time;
 };
 
 /* link.c */
+/* engine_publish_ep may be NULL (then /metrics has only this frontend's requests). */
 int link_init(struct fe_link *l, void *zctx, const char *frontend_ep, const char *control_ep,
-              const char *publish_ep, char *err, size_t err_len);
+              const char *publish_ep, const char *engine_publish_ep, struct fe_metrics *metrics,
+              char *err, size_t err_len);
 void link_release(struct fe_link *l);
 /* Runs the link until a signal arrives on sig_fd; returns the signal. */
 int link_run(struct fe_link *l, int sig_fd);
@@ -135,12 +171,31 @@ void link_wait_locked(struct fe_link *l, pthread_cond_t *cond, int timeout_ms);
  * the engine's message (or a timeout) in err. data (msgpack, caller frees) may be NULL. */
 int link_control(struct fe_link *l, enum lora_control_op op, const char *name, const char *path,
                  int timeout_ms, char **data, size_t *data_len, char *err, size_t err_len);
-/* Queues one message for the publish socket under topic (copied). */
+/* Queues one message for the publish socket under topic (copied); a request_stats message
+ * (topic "request") also goes into /metrics. */
 void link_publish(struct fe_link *l, const char *topic, const void *body, size_t len);
 /* Whether the registry names the adapter (under mu). */
 bool link_registry_has_locked(struct fe_link *l, const char *name);
 /* Waits until the registry has (or has not) name, at most timeout_ms. */
 bool link_registry_wait(struct fe_link *l, const char *name, bool present, int timeout_ms);
+
+/* metrics.c */
+int metrics_init(struct fe_metrics *fm, bool inflight, char *err, size_t err_len);
+void metrics_release(struct fe_metrics *fm);
+/* The model_name label of every family (borrowed; must outlive fm). */
+void metrics_set_model_name(struct fe_metrics *fm, const char *name);
+/* Link thread: applies one message body of source (body NULL: the source disconnected), at
+ * once when the lock is free, else queued in order. */
+void metrics_feed(struct fe_metrics *fm, int source, const void *body, size_t len);
+/* Link thread: applies the queue if the lock is free; whether some still wait. */
+bool metrics_flush(struct fe_metrics *fm);
+/* Link thread, at the end: when any message waited, one note on stderr of how many and how
+ * long, and how often the link waited for the lock. */
+void metrics_report(struct fe_metrics *fm);
+/* Whether the engine's whole state has arrived and it is not lost. */
+bool metrics_engine_ready(struct fe_metrics *fm, int engine_index);
+/* GET /metrics. */
+void metrics_serve(struct fe_metrics *fm, struct lora_http_request *req);
 
 /* routes.c */
 void routes_handle(void *ctx, struct lora_http_request *req);

@@ -1,11 +1,12 @@
 /* lora-frontend: the engine connection (DESIGN sections 3, 4 and 6).
  *
- * One thread (the main thread, in link_run) owns the three ZeroMQ sockets: a DEALER to the
+ * One thread (the link thread, in link_run) owns every ZeroMQ socket: a DEALER to the
  * engine's frontend socket (hello, requests, aborts; outputs, the registry, heartbeats), a
- * DEALER to its control socket (load, unload, residency) and our PUB socket (per-request
- * stats). HTTP threads never touch a socket: they queue encoded messages (fe_out) and wake the
- * link through an eventfd, and wait on their own condition variable for outputs. Everything
- * shared is under l->mu.
+ * DEALER to its control socket (load, unload, residency), our PUB socket (per-request stats)
+ * and a SUB socket to the engine's publish socket with its connection monitor (for /metrics,
+ * fed through metrics.c together with our own per-request stats). HTTP threads never touch a
+ * socket: they queue encoded messages (fe_out) and wake the link through an eventfd, and wait
+ * on their own condition variable for outputs. Everything shared is under l->mu.
  *
  * Liveness: heartbeats every 500 ms to the engine; an engine silent for 3 s is gone: every
  * request in flight fails with "unavailable" and the link says hello again every second until
@@ -155,8 +156,30 @@ static int enqueue(struct fe_link *l, enum out_dest dest, const char *topic,
     return 0;
 }
 
+/* The SUB socket to the engine's publish socket and a monitor of its disconnections: an
+ * engine that restarts breaks the connection, and its counters start again, as in lora-metrics. */
+static int open_sub(struct fe_link *l, const char *ep, char *err, size_t err_len)
+{
+    const char *addr = "inproc://lora-frontend-publish-monitor";
+    int linger = 0;
+
+    l->sub = lora_sock_new(l->zctx, ZMQ_SUB, ep, false, NULL, err, err_len);
+    if (!l->sub)
+        return -1;
+    if (zmq_socket_monitor(l->sub->zsock, addr, ZMQ_EVENT_DISCONNECTED) < 0 ||
+        !(l->sub_monitor = zmq_socket(l->zctx, ZMQ_PAIR)) ||
+        zmq_setsockopt(l->sub_monitor, ZMQ_LINGER, &linger, sizeof(linger)) < 0 ||
+        zmq_connect(l->sub_monitor, addr) < 0) {
+        lora_errf(err, err_len, "unable to watch the connection to '%s': %s", ep,
+                  zmq_strerror(zmq_errno()));
+        return -1;
+    }
+    return 0;
+}
+
 int link_init(struct fe_link *l, void *zctx, const char *frontend_ep, const char *control_ep,
-              const char *publish_ep, char *err, size_t err_len)
+              const char *publish_ep, const char *engine_publish_ep, struct fe_metrics *metrics,
+              char *err, size_t err_len)
 {
     memset(l, 0, sizeof(*l));
     pthread_mutex_init(&l->mu, NULL);
@@ -179,6 +202,9 @@ int link_init(struct fe_link *l, void *zctx, const char *frontend_ep, const char
         if (!l->pub)
             return -1;
     }
+    l->metrics = metrics;
+    if (metrics && engine_publish_ep && open_sub(l, engine_publish_ep, err, err_len) < 0)
+        return -1;
     return 0;
 }
 
@@ -187,6 +213,12 @@ void link_release(struct fe_link *l)
     lora_sock_destroy(&l->front);
     lora_sock_destroy(&l->ctl);
     lora_sock_destroy(&l->pub);
+    if (l->sub && l->sub_monitor)
+        zmq_socket_monitor(l->sub->zsock, NULL, 0);
+    if (l->sub_monitor)
+        zmq_close(l->sub_monitor);
+    l->sub_monitor = NULL;
+    lora_sock_destroy(&l->sub);
     if (l->wake_fd >= 0)
         close(l->wake_fd);
     l->wake_fd = -1;
@@ -360,7 +392,7 @@ int link_control(struct fe_link *l, enum lora_control_op op, const char *name, c
 
 void link_publish(struct fe_link *l, const char *topic, const void *body, size_t len)
 {
-    if (!l->pub)
+    if (!l->pub && !l->metrics)
         return;
     struct lora_msg_buf b = {(char *)body, len, len};
     enqueue(l, OUT_PUBLISH, topic, &b, NULL, 0);
@@ -480,7 +512,11 @@ static void flush_out(struct link_loop *lp)
             rc = lora_sock_send(l->ctl, NULL, 0, NULL, o->body, o->len, NULL, 0, ZMQ_DONTWAIT);
             lp->ctl_last_sent_ms = lora_now_ms();
         } else {
-            lora_sock_send(l->pub, NULL, 0, o->topic, o->body, o->len, NULL, 0, ZMQ_DONTWAIT);
+            if (l->pub)
+                lora_sock_send(l->pub, NULL, 0, o->topic, o->body, o->len, NULL, 0,
+                               ZMQ_DONTWAIT);
+            if (l->metrics && strcmp(o->topic, "request") == 0)
+                metrics_feed(l->metrics, l->metrics->self_src, o->body, o->len);
         }
         if (rc < 0)
             fprintf(stderr, "lora-frontend: warning: unable to send to the engine: %s\n",
@@ -703,6 +739,43 @@ static void drain(struct link_loop *lp, struct lora_sock *s, bool engine)
     }
 }
 
+/* The engine's publish socket: every message goes to /metrics. */
+static void drain_sub(struct fe_link *l)
+{
+    struct lora_msg_frames f;
+    char err[256];
+
+    for (int i = 0; i < 256; i++) {
+        int rc = lora_sock_recv(l->sub, &f, 0, err, sizeof(err));
+        if (rc <= 0)
+            return;
+        metrics_feed(l->metrics, l->metrics->engine_src, f.body, f.body_len);
+        lora_msg_frames_release(&f);
+    }
+}
+
+/* A monitor event: two frames, [uint16 event, uint32 value] and the endpoint. */
+static void sub_monitor_event(struct fe_link *l)
+{
+    zmq_msg_t f;
+    uint16_t event = 0;
+    int more = 1;
+
+    for (int part = 0; more; part++) {
+        zmq_msg_init(&f);
+        if (zmq_msg_recv(&f, l->sub_monitor, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&f);
+            return;
+        }
+        if (part == 0 && zmq_msg_size(&f) >= 2)
+            memcpy(&event, zmq_msg_data(&f), 2);
+        more = zmq_msg_more(&f);
+        zmq_msg_close(&f);
+    }
+    if (event == ZMQ_EVENT_DISCONNECTED)
+        metrics_feed(l->metrics, l->metrics->engine_src, NULL, 0);
+}
+
 static void keep_alive(struct link_loop *lp)
 {
     struct fe_link *l = lp->l;
@@ -752,13 +825,17 @@ int link_run(struct fe_link *l, int sig_fd)
     send_hello(&lp);
     lp.last_hello_ms = lora_now_ms();
     while (!sig) {
-        zmq_pollitem_t items[4] = {
+        zmq_pollitem_t items[6] = {
             {l->front->zsock, 0, ZMQ_POLLIN, 0},
             {l->ctl->zsock, 0, ZMQ_POLLIN, 0},
             {NULL, l->wake_fd, ZMQ_POLLIN, 0},
             {NULL, sig_fd, ZMQ_POLLIN, 0},
+            {l->sub ? l->sub->zsock : NULL, 0, ZMQ_POLLIN, 0},
+            {l->sub_monitor, 0, ZMQ_POLLIN, 0},
         };
-        int rc = zmq_poll(items, 4, 100);
+        /* Messages that waited for a render are retried every millisecond. */
+        bool waiting = l->metrics && metrics_flush(l->metrics);
+        int rc = zmq_poll(items, l->sub ? 6 : 4, waiting ? 1 : 100);
         if (rc < 0 && errno != EINTR) {
             fprintf(stderr, "lora-frontend: fatal: unable to poll: %s\n", zmq_strerror(errno));
             sig = -1;
@@ -772,8 +849,14 @@ int link_run(struct fe_link *l, int sig_fd)
             drain(&lp, l->front, true);
         if (items[1].revents & ZMQ_POLLIN)
             drain(&lp, l->ctl, false);
+        if (l->sub && (items[4].revents & ZMQ_POLLIN))
+            drain_sub(l);
+        if (l->sub && (items[5].revents & ZMQ_POLLIN))
+            sub_monitor_event(l);
         keep_alive(&lp);
     }
+    if (l->metrics)
+        metrics_report(l->metrics);
     pthread_mutex_lock(&l->mu);
     l->connected = false;
     fail_all_locked(l, "the frontend is shutting down");

@@ -2,10 +2,12 @@
  *
  * Connects to one engine (its frontend and control sockets), learns the model, the limits and
  * the adapter registry from it, loads the model's tokenizer and chat template, loads the
- * --lora-modules adapters the engine does not hold yet, then serves HTTP. The main thread runs
- * the engine link (link.c); HTTP connections run on their own threads. Readiness is one line on
- * stderr, "lora-frontend: ready: http://HOST:PORT". Exit codes: 0 on SIGTERM/SIGINT, 1 bad
- * model files or --lora-modules, 100 usage, 111 system failure (no engine, port taken).
+ * --lora-modules adapters the engine does not hold yet, then serves HTTP. A thread of its own
+ * runs the engine link (link.c); HTTP connections run on their own threads. Readiness is one
+ * line on stderr, "lora-frontend: ready: http://HOST:PORT", printed once /metrics has the
+ * engine's whole state (or after FE_METRICS_ENGINE_TIMEOUT_MS without it, with a note). Exit
+ * codes: 0 on SIGTERM/SIGINT, 1 bad model files or --lora-modules, 100 usage, 111 system
+ * failure (no engine, port taken).
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -88,10 +90,32 @@ static int load_model_files(struct frontend *fe, const char *chat_name, char *er
     return 0;
 }
 
+/* Until /metrics shows the engine's whole state, so that the first scrape after the ready line
+ * is already true (an engine publishes it all at least once an interval), at most
+ * FE_METRICS_ENGINE_TIMEOUT_MS. */
+static void wait_metrics(struct frontend *fe, const char *ep)
+{
+    uint64_t deadline = lora_now_ms() + FE_METRICS_ENGINE_TIMEOUT_MS;
+    int index;
+
+    pthread_mutex_lock(&fe->link.mu);
+    index = fe->link.engine_index;
+    pthread_mutex_unlock(&fe->link.mu);
+    while (!metrics_engine_ready(&fe->metrics, index)) {
+        if (lora_now_ms() >= deadline) {
+            fprintf(stderr, "lora-frontend: note: nothing complete from '%s' yet: /metrics "
+                            "shows the engine's gauges once it is\n", ep);
+            return;
+        }
+        usleep(10000);
+    }
+}
+
 int main(int argc, char **argv)
 {
     static struct frontend fe;
     const char *run_dir = NULL, *engine_ep = NULL, *control_ep = NULL, *publish_ep = NULL;
+    const char *engine_pub_ep = NULL, *lora_info = "resident";
     const char *host = "127.0.0.1", *chat_name = NULL, *lora_root = NULL, *gen_source = "auto";
     struct lora_opt_list mods = {0};
     long port = 8000, max_body = 16L << 20, max_conn = 1024, timeout_s = 60, wait_ms = 60000;
@@ -105,14 +129,20 @@ int main(int argc, char **argv)
          "the engine's control socket (default ipc://DIR/control.sock)"},
         {"publish-endpoint", LORA_OPT_STRING, &publish_ep, "EP",
          "publish per-request stats here (default ipc://DIR/frontend-PORT.sock with --run-dir)"},
+        {"engine-publish-endpoint", LORA_OPT_STRING, &engine_pub_ep, "EP",
+         "the engine's publish socket, for /metrics (default ipc://DIR/publish.sock)"},
+        {"lora-info", LORA_OPT_STRING, &lora_info, "MODE",
+         "vllm:lora_requests_info on /metrics: resident (default) or inflight"},
         {"host", LORA_OPT_STRING, &host, "ADDR", "HTTP address (default 127.0.0.1)"},
         {"port", LORA_OPT_INT, &port, "N", "HTTP port (default 8000; 0: any free port)", 0,
          65535},
         {"model", LORA_OPT_STRING, &fe.model_dir, "DIR",
          "tokenizer and chat template from DIR (default the engine's model)"},
         {"served-model-name", LORA_OPT_STRING, &fe.served_name, "NAME",
-         "the base model's name in the API (default the model directory)"},
-        {"api-key", LORA_OPT_STRING, &fe.api_key, "KEY", "require 'Authorization: Bearer KEY'"},
+         "the base model's name in the API and the model_name label of /metrics (default the "
+         "model directory)"},
+        {"api-key", LORA_OPT_STRING, &fe.api_key, "KEY",
+         "require 'Authorization: Bearer KEY' on /v1 paths (default $VLLM_API_KEY)"},
         {"lora-modules", LORA_OPT_LIST, &mods, "NAME=PATH",
          "load at start-up unless the engine has it; also {\"name\",\"path\","
          "\"base_model_name\"} (repeatable)"},
@@ -163,6 +193,22 @@ int main(int argc, char **argv)
                         "directory\n", gen_source);
         return EXIT_USAGE;
     }
+    if (strcmp(lora_info, "resident") != 0 && strcmp(lora_info, "inflight") != 0) {
+        fprintf(stderr, "lora-frontend: fatal: %s must be resident or inflight, not '%s'\n",
+                lora_info == getenv("LORA_FRONTEND_LORA_INFO") ? "LORA_FRONTEND_LORA_INFO"
+                                                               : "--lora-info",
+                lora_info);
+        return EXIT_USAGE;
+    }
+    if (engine_pub_ep && !*engine_pub_ep) {
+        fprintf(stderr, "lora-frontend: fatal: --engine-publish-endpoint is empty\n");
+        return EXIT_USAGE;
+    }
+    /* As vLLM: the option, else VLLM_API_KEY; an empty key is no key. */
+    if (!fe.api_key || !*fe.api_key)
+        fe.api_key = getenv("VLLM_API_KEY");
+    if (fe.api_key && !*fe.api_key)
+        fe.api_key = NULL;
     const char *allow = getenv("VLLM_ALLOW_RUNTIME_LORA_UPDATING");
     if (allow && (strcasecmp(allow, "true") == 0 || strcmp(allow, "1") == 0))
         runtime = true;
@@ -177,6 +223,7 @@ int main(int argc, char **argv)
         }
     }
     char ep_front[PATH_MAX + 32], ep_ctl[PATH_MAX + 32], ep_pub[PATH_MAX + 32];
+    char ep_engine_pub[PATH_MAX + 32];
     if (!engine_ep) {
         snprintf(ep_front, sizeof(ep_front), "ipc://%s/frontend.sock", run_dir);
         engine_ep = ep_front;
@@ -184,6 +231,10 @@ int main(int argc, char **argv)
     if (!control_ep) {
         snprintf(ep_ctl, sizeof(ep_ctl), "ipc://%s/control.sock", run_dir);
         control_ep = ep_ctl;
+    }
+    if (!engine_pub_ep && run_dir) {
+        snprintf(ep_engine_pub, sizeof(ep_engine_pub), "ipc://%s/publish.sock", run_dir);
+        engine_pub_ep = ep_engine_pub;
     }
     if (!publish_ep && run_dir && port != 0) {
         snprintf(ep_pub, sizeof(ep_pub), "ipc://%s/frontend-%ld.sock", run_dir, port);
@@ -207,7 +258,9 @@ int main(int argc, char **argv)
     struct lora_http_server *http = NULL;
     struct setup_args la = {&fe, sig_fd, 0};
     pthread_t th;
-    if (link_init(&fe.link, zctx, engine_ep, control_ep, publish_ep, err, sizeof(err)) < 0) {
+    if (metrics_init(&fe.metrics, strcmp(lora_info, "inflight") == 0, err, sizeof(err)) < 0 ||
+        link_init(&fe.link, zctx, engine_ep, control_ep, publish_ep, engine_pub_ep, &fe.metrics,
+                  err, sizeof(err)) < 0) {
         fprintf(stderr, "lora-frontend: fatal: %s\n", err);
         goto out;
     }
@@ -230,6 +283,7 @@ int main(int argc, char **argv)
         goto stop;
     }
     params_note_defaults(&fe);
+    metrics_set_model_name(&fe.metrics, fe.served_name); /* vLLM's model_name is this name */
     if (load_model_files(&fe, chat_name, err, sizeof(err)) < 0 ||
         adapters_load_modules(&fe, &mods, err, sizeof(err)) < 0) {
         fprintf(stderr, "lora-frontend: fatal: %s\n", err);
@@ -249,6 +303,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "lora-frontend: fatal: %s\n", err);
         goto stop;
     }
+    if (engine_pub_ep)
+        wait_metrics(&fe, engine_pub_ep);
     fprintf(stderr, "lora-frontend: ready: http://%s%s%s:%d\n", strchr(host, ':') ? "[" : "",
             host, strchr(host, ':') ? "]" : "", lora_http_port(http));
     pthread_join(th, NULL);
@@ -261,6 +317,7 @@ stop:
 out:
     lora_http_stop(&http);
     link_release(&fe.link);
+    metrics_release(&fe.metrics);
     lora_tokenizer_destroy(&fe.tok);
     zmq_ctx_term(zctx);
     lora_signal_pipe_close(sig_fd);

@@ -1,5 +1,7 @@
 /* lora-frontend: HTTP dispatch (DESIGN section 8). Every handler runs on its connection's
- * thread. /v1/ paths need the bearer token when --api-key is set, as vLLM's do. */
+ * thread. With a key (--api-key, else VLLM_API_KEY), paths that start with /v1 need the bearer
+ * token and every other path (/metrics, /health, /version, /tokenize, /detokenize) stays open,
+ * OPTIONS too, exactly as vLLM's authentication middleware decides. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,7 +20,8 @@ static bool same_secret(const char *a, const char *b)
 
 static bool authorized(struct frontend *fe, struct lora_http_request *req)
 {
-    if (!fe->api_key || strncmp(lora_http_path(req), "/v1/", 4) != 0)
+    if (!fe->api_key || strncmp(lora_http_path(req), "/v1", 3) != 0 ||
+        strcmp(lora_http_method(req), "OPTIONS") == 0)
         return true;
     const char *h = lora_http_header(req, "Authorization");
     if (h && strncasecmp(h, "Bearer ", 7) == 0 && same_secret(h + 7, fe->api_key))
@@ -222,6 +225,11 @@ static void version(struct frontend *fe, struct lora_http_request *req)
     reply_json(req, 200, json_pack("{s:s}", "version", fe->version));
 }
 
+static void metrics(struct frontend *fe, struct lora_http_request *req)
+{
+    metrics_serve(&fe->metrics, req);
+}
+
 static const struct route routes[] = {
     {"POST", "/v1/completions", NULL, generate_completions},
     {"POST", "/v1/chat/completions", NULL, generate_chat},
@@ -232,6 +240,7 @@ static const struct route routes[] = {
     {"POST", "/detokenize", NULL, detokenize},
     {"GET", "/health", health, NULL},
     {"GET", "/version", version, NULL},
+    {"GET", "/metrics", metrics, NULL},
 };
 
 void routes_handle(void *ctx, struct lora_http_request *req)

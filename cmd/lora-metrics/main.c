@@ -83,7 +83,7 @@ int main(int argc, char **argv)
     static struct metrics m;
     struct lora_opt_list engines = {0}, frontends = {0};
     const char *run_dir = NULL, *listen = "127.0.0.1:9100", *lora_info = "resident";
-    const char *model_name = NULL;
+    const char *model_name = NULL, *served_name = NULL;
     long timeout_ms = DEFAULT_ENGINE_TIMEOUT_MS;
     bool help = false, version = false, use_stdin = false;
     const struct lora_opt options[] = {
@@ -103,6 +103,8 @@ int main(int argc, char **argv)
          "vllm:lora_requests_info: resident (default) or inflight"},
         {"model-name", LORA_OPT_STRING, &model_name, "NAME",
          "the model_name label (default the engine's model)"},
+        {"served-model-name", LORA_OPT_STRING, &served_name, "NAME",
+         "the same as --model-name, under the frontend's name for it"},
         {"help", LORA_OPT_FLAG, &help, NULL, "show this help"},
         {"version", LORA_OPT_FLAG, &version, NULL, "show the version"},
         {0},
@@ -132,6 +134,18 @@ int main(int argc, char **argv)
                  origin(model_name, "--model-name", "LORA_METRICS_MODEL_NAME"));
         goto usage;
     }
+    if (served_name && !*served_name) {
+        snprintf(err, sizeof(err), "%s is empty",
+                 origin(served_name, "--served-model-name", "LORA_METRICS_SERVED_MODEL_NAME"));
+        goto usage;
+    }
+    if (model_name && served_name && strcmp(model_name, served_name) != 0) {
+        snprintf(err, sizeof(err), "--model-name '%s' and --served-model-name '%s' differ",
+                 model_name, served_name);
+        goto usage;
+    }
+    if (!model_name)
+        model_name = served_name;
     if (parse_listen(listen, host, sizeof(host), &port, err, sizeof(err)) < 0)
         goto usage;
     if (use_stdin && (engines.n || frontends.n || run_dir)) {

@@ -15,6 +15,7 @@
 
 #include "exposition.h"
 #include "http.h"
+#include "metrics_render.h"
 #include "metrics_state.h"
 #include "sock.h"
 
@@ -55,10 +56,6 @@ int sources_open(struct metrics *m, char *err, size_t err_len);
  * without such sources), or after m->ready_wait_ms with a note naming those still missing. */
 int sources_run(struct metrics *m);
 void sources_close(struct metrics *m);
-
-/* render.c: writes every family of DESIGN section 9 from s into w (after lora_expo_reset). */
-void render_metrics(const struct lora_mstate *s, struct lora_expo *w, double now_unix,
-                    uint64_t now_ms);
 
 /* serve.c: the HTTP handler: GET /metrics, GET /health, GET /. ctx is the struct metrics. */
 void serve_handle(void *ctx, struct lora_http_request *r);

@@ -30,7 +30,7 @@ static void metrics(struct metrics *m, struct lora_http_request *r)
 
     pthread_mutex_lock(&m->mu);
     lora_expo_reset(&w);
-    render_metrics(m->state, &w, unix_now(), lora_now_ms());
+    lora_metrics_render(m->state, &w, unix_now(), lora_now_ms());
     const char *body = lora_expo_text(&w, &len, err, sizeof(err));
     if (body)
         lora_http_respond(r, 200, LORA_EXPO_CONTENT_TYPE, body, len); /* copies the body */

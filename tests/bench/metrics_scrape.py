@@ -24,12 +24,26 @@
    by LORA_WORKER_TEST_STEP_DELAY_MS, once for each --step-delay-ms (default 10, about a real
    model's step, and 0, unthrottled: the most stats and events a second).
 
+3. The frontend's own /metrics beside lora-metrics', on the same state: a publisher in this
+   script plays an engine of two ranks with the large state of 1 (1000 registered adapters),
+   and both lora-metrics and a lora-frontend (whose requests go to a real engine of one rank,
+   --engine-publish-endpoint pointing at the publisher) subscribe to it. Scrapes alternate
+   between the two over kept-alive connections, --scrapes each: p50 and p99 side by side and
+   their ratio (the aim: the frontend's p99 within 2x). Then the request path: --requests
+   completions (8 tokens, ignore_eos, one at a time over a kept-alive connection) with no
+   scraper, with a child process scraping the frontend's /metrics in a tight loop, and with the
+   same child on lora-metrics' instead (the same CPU taken from the machine, nothing asked of
+   the frontend), in three interleaved rounds; completion latency p50 and p99 of each, the
+   scrapes the child made, and what the frontend says at its end of the engine messages that
+   waited for a render.
+
 No thresholds: the aims (a scrape under 2 ms, visibility p99 under 10 ms when busy) are printed
 for reference only. Exits non-zero when something does not work (a program does not start, a
 scrape fails, a load never shows).
 """
 
 import argparse
+import io
 import os
 import re
 import shutil
@@ -39,9 +53,11 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 
 import msgpack
+import zmq
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.join(HERE, "..", "ref"))
@@ -103,7 +119,9 @@ class Conn:
         self.closed = False
 
     def get(self, path):
-        self.s.sendall(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        """path None: only read the response of a request already sent."""
+        if path is not None:
+            self.s.sendall(b"GET " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
         buf = self.buf
         while b"\r\n\r\n" not in buf:
             chunk = self.s.recv(262144)
@@ -129,6 +147,12 @@ class Conn:
         self.buf = data[length:]
         self.closed = hdr.get("connection", "").lower() == "close"
         return status, data[:length]
+
+    def post(self, path, body):
+        self.s.sendall(b"POST " + path.encode() + b" HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                       b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                       % len(body) + body)
+        return self.get(None)
 
     def close(self):
         self.s.close()
@@ -488,6 +512,206 @@ def bench_visibility(procs, bin_dir, d, n_loads, step_delays_ms):
     return results
 
 
+# ---- 3. the frontend's /metrics beside lora-metrics' ---------------------------------------
+
+class Publisher:
+    """Plays an engine on a PUB socket of its own: the whole state of synthetic_stream() again
+    every 100 ms (ready, registry, every rank's residency, stats: applying them again changes
+    nothing), and once, when asked, what counts (notifications, events, request_stats)."""
+
+    def __init__(self, endpoint, shape):
+        self.endpoint = endpoint
+        self.again, self.once = [], []
+        for body in msgpack.Unpacker(io.BytesIO(synthetic_stream(*shape)),
+                                     raw=False):
+            kind = body["type"]
+            (self.again if kind in ("ready", "registry", "residency_reply", "stats")
+             else self.once).append(("engine" if kind != "request_stats" else "request",
+                                     msgpack.packb(body, use_bin_type=True)))
+        self.sock = zmq.Context.instance().socket(zmq.PUB)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        # The one-off part is about 1000 messages in a burst: above ZeroMQ's default
+        # high-water mark of 1000, a PUB socket drops them.
+        self.sock.setsockopt(zmq.SNDHWM, 100000)
+        self.sock.bind(endpoint)
+        self.send_once = False
+        self.stopped = False
+        self.thread = threading.Thread(target=self.run, daemon=True)
+        self.thread.start()
+
+    def run(self):
+        while not self.stopped:
+            batch = list(self.again)
+            if self.send_once:
+                self.send_once = False
+                batch = self.again + self.once
+            for topic, body in batch:
+                self.sock.send_multipart([topic.encode(), b"LORA1", body])
+            time.sleep(0.1)
+
+    def close(self):
+        self.stopped = True
+        self.thread.join()
+        self.sock.close()
+
+
+def hammer_main(port):
+    """The child that scrapes /metrics in a tight loop until SIGTERM; prints how many."""
+    n = 0
+
+    def done(*_):
+        print("scrapes %d" % n, flush=True)
+        os._exit(0)
+
+    signal.signal(signal.SIGTERM, done)
+    c = Conn(port)
+    while True:
+        status, _ = c.get("/metrics")
+        if status != 200:
+            print("a scrape answered %d" % status, flush=True)
+            os._exit(1)
+        n += 1
+        if c.closed:
+            c.close()
+            c = Conn(port)
+
+
+def completions(port, n):
+    c = Conn(port)
+    body = b'{"model":"bench-model","prompt":[1,2,3,4,5,6,7,8],"max_tokens":8,' \
+           b'"ignore_eos":true,"temperature":0}'
+    times = []
+    for _ in range(n):
+        t = time.perf_counter()
+        status, data = c.post("/v1/completions", body)
+        times.append(time.perf_counter() - t)
+        if status != 200:
+            raise Failure("a completion answered %d: %s" % (status, data[:300]))
+        if c.closed:
+            c.close()
+            c = Conn(port)
+    c.close()
+    return times
+
+
+def bench_frontend(procs, bin_dir, d, n_scrapes, n_requests):
+    shape = (1000, 64, 256, 40, 500)
+    w = os.path.join(bin_dir, "lora-worker")
+    if not os.path.isdir(d + "/m"):
+        subprocess.run([w, "make-model", "--out", d + "/m"], check=True, capture_output=True)
+    run = tempfile.mkdtemp(prefix="run-", dir=d)
+    os.chmod(run, 0o700)
+    eng = procs.start("engine-fe", [os.path.join(bin_dir, "lora-engine"), "--model", d + "/m",
+                                    "--run-dir", run, "--publish-interval-ms", "200"])
+    procs.start("worker-fe", [w, "serve", "--engine", "ipc://%s/worker.sock" % run, "--rank",
+                              "0"], env={"OMP_WAIT_POLICY": "passive"})
+    procs.wait_line(eng, r"lora-engine: ready:", 60)
+    pub = Publisher("ipc://%s/bench-publish.sock" % d, shape)
+    try:
+        mp, mport = start_metrics(procs, bin_dir, ["--engine", pub.endpoint])
+        fp = procs.start("frontend", [os.path.join(bin_dir, "lora-frontend"), "--run-dir", run,
+                                      "--port", "0", "--engine-publish-endpoint", pub.endpoint,
+                                      "--served-model-name", "bench-model"])
+        fport = int(procs.wait_line(fp, r"lora-frontend: ready: http://127\.0\.0\.1:(\d+)",
+                                    60).group(1))
+        pub.send_once = True
+        want = b'lora_adapter_prompt_tokens_total{model_name="bench-model",engine="0",' \
+               b'adapter_name="tenant-%04d/adapter"}' % (shape[4] - 1)
+        deadline = time.time() + 30
+        bodies = {}
+        for label, port in (("lora-metrics", mport), ("lora-frontend", fport)):
+            while True:
+                status, body = scrape_once(port)
+                if status == 200 and want in body:
+                    bodies[label] = body
+                    break
+                if time.time() > deadline:
+                    raise Failure("%s never showed the whole state" % label)
+                time.sleep(0.01)
+        for label, body in bodies.items():
+            loaded = body.count(b"\nvllm:lora_adapter_loaded{")
+            if loaded != shape[2]:
+                raise Failure("%s: %d vllm:lora_adapter_loaded series, not %d" %
+                              (label, loaded, shape[2]))
+        print("3. the frontend's /metrics beside lora-metrics', the same state (%d registered, "
+              "%d in slots, %d in the CPU caches, 2 ranks), kept-alive, alternating, %d scrapes "
+              "each" % (shape[0], shape[1], shape[2], n_scrapes))
+        print("  response: lora-metrics %d bytes, lora-frontend %d bytes" %
+              (len(bodies["lora-metrics"]), len(bodies["lora-frontend"])))
+        conns = {"lora-metrics": Conn(mport), "lora-frontend": Conn(fport)}
+        times = {k: [] for k in conns}
+        for _ in range(20):
+            for c in conns.values():
+                c.get("/metrics")
+        for _ in range(n_scrapes):
+            for label in ("lora-metrics", "lora-frontend"):
+                t = time.perf_counter()
+                status, b = conns[label].get("/metrics")
+                times[label].append(time.perf_counter() - t)
+                if status != 200 or conns[label].closed:
+                    raise Failure("%s: a scrape answered %d (or closed)" % (label, status))
+        for c in conns.values():
+            c.close()
+        for label in ("lora-metrics", "lora-frontend"):
+            print("  %-13s %s" % (label + ":", ms(times[label])))
+        r50 = quantile(times["lora-frontend"], 0.5) / quantile(times["lora-metrics"], 0.5)
+        r99 = quantile(times["lora-frontend"], 0.99) / quantile(times["lora-metrics"], 0.99)
+        print("  lora-frontend / lora-metrics: p50 %.2fx, p99 %.2fx (aim: p99 within 2x)" %
+              (r50, r99))
+
+        completions(fport, 10)  # warm-up
+        # Three rounds of each, interleaved, so that a change in the machine's load meanwhile
+        # falls on all three alike. A scraper on lora-metrics costs the machine the same CPU
+        # without touching the frontend: what is left beyond it is the frontend's own.
+        rounds = {k: ([], 0, 0.0) for k in ("none", "frontend", "lora-metrics")}
+        per_round = max(1, n_requests // 3)
+        for _ in range(3):
+            for key, port in (("none", None), ("frontend", fport), ("lora-metrics", mport)):
+                t0 = time.time()
+                ham = None
+                if port:
+                    ham = procs.start("hammer-" + key, [sys.executable,
+                                                        os.path.abspath(__file__), "--hammer",
+                                                        str(port)])
+                    time.sleep(0.2)
+                times = completions(fport, per_round)
+                n = 0
+                if ham:
+                    procs.stop(ham)
+                    m = re.search(r"scrapes (\d+)", procs.log(ham))
+                    if not m:
+                        raise Failure("the scraping child failed:\n" + procs.log(ham)[-2000:])
+                    n = int(m.group(1))
+                old = rounds[key]
+                rounds[key] = (old[0] + times, old[1] + n, old[2] + time.time() - t0)
+        procs.stop(fp)
+        note = re.search(r"/metrics: (\d+) messages waited for a render \(the longest (\d+) "
+                         r"ms\); the engine link waited for the lock (\d+) times \(the longest "
+                         r"(\d+) us\)", procs.log(fp))
+        print("  request path: %d completions of 8 tokens through the frontend, one at a time, "
+              "in 3 interleaved rounds of each; completion latency" % (3 * per_round))
+        base = rounds["none"][0]
+        for key, label in (("none", "no scraper"),
+                           ("frontend", "a child scraping the frontend's /metrics non-stop"),
+                           ("lora-metrics", "the same child on lora-metrics' /metrics instead")):
+            times, n, span = rounds[key]
+            print("    %-50s %s%s" % (label + ":", ms(times), "" if key == "none" else
+                                      "; p50 %.2fx, p99 %.2fx of none (%d scrapes, %.0f/s)" % (
+                                          quantile(times, 0.5) / quantile(base, 0.5),
+                                          quantile(times, 0.99) / quantile(base, 0.99), n,
+                                          n / span)))
+        if note:
+            print("    engine messages that waited for a render: %s (the longest %s ms); the "
+                  "engine link waited for the lock %s times (the longest %s us)" % note.groups())
+        else:
+            print("    no engine message waited for a render; the engine link never waited "
+                  "for the lock")
+    finally:
+        pub.close()
+        for p in reversed(procs.procs):
+            procs.stop(p)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--bin")
@@ -495,10 +719,17 @@ def main():
     ap.add_argument("--loads", type=int, default=200)
     ap.add_argument("--step-delay-ms", default="10,0",
                     help="comma-separated: one busy round for each")
+    ap.add_argument("--requests", type=int, default=300,
+                    help="completions of each round of the request path (3.)")
+    ap.add_argument("--only", choices=("scrape", "visibility", "frontend"),
+                    help="run one part only")
     ap.add_argument("--busy", metavar="RUN_DIR", help=argparse.SUPPRESS)
+    ap.add_argument("--hammer", metavar="PORT", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     if a.busy:
         return busy_main(a.busy, 8, 32)
+    if a.hammer:
+        return hammer_main(a.hammer)
     if not a.bin:
         ap.error("--bin is required")
     try:
@@ -513,8 +744,12 @@ def main():
     procs = Procs(d)
     t0 = time.time()
     try:
-        bench_scrape(procs, a.bin, a.scrapes)
-        bench_visibility(procs, a.bin, d, a.loads, delays)
+        if a.only in (None, "scrape"):
+            bench_scrape(procs, a.bin, a.scrapes)
+        if a.only in (None, "visibility"):
+            bench_visibility(procs, a.bin, d, a.loads, delays)
+        if a.only in (None, "frontend"):
+            bench_frontend(procs, a.bin, d, a.scrapes, a.requests)
     except (Failure, subprocess.CalledProcessError, OSError, TimeoutError) as e:
         print("metrics_scrape: fatal: %s" % e, file=sys.stderr)
         return 1

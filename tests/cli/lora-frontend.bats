@@ -25,6 +25,8 @@ help_options() {
         expect_status 0
         [[ "$output" == usage:* ]]
         [[ "$output" == *--lora-root* ]]
+        [[ "$output" == *"--lora-info MODE"* ]]
+        [[ "$output" == *"--engine-publish-endpoint EP"* ]]
         [ -z "$stderr" ]
     done
 }
@@ -48,6 +50,27 @@ help_options() {
     run --separate-stderr "$FRONTEND" --run-dir /tmp --lora-root /nonexistent
     expect_status 100
     expect_message "--lora-root '/nonexistent' is not a directory"
+    run --separate-stderr "$FRONTEND" --run-dir /tmp --lora-info other
+    expect_status 100
+    expect_message "--lora-info must be resident or inflight, not 'other'"
+    LORA_FRONTEND_LORA_INFO=busy run --separate-stderr "$FRONTEND" --run-dir /tmp
+    expect_status 100
+    expect_message "LORA_FRONTEND_LORA_INFO must be resident or inflight, not 'busy'"
+    run --separate-stderr "$FRONTEND" --run-dir /tmp --engine-publish-endpoint=
+    expect_status 100
+    expect_message "--engine-publish-endpoint is empty"
+}
+
+@test "--lora-info and --engine-publish-endpoint: the command line wins over the mirrors" {
+    mkdir -m 0700 "$BATS_TEST_TMPDIR/run"
+    # Valid on the command line, so only the engine is missing: exit 111, not 100.
+    LORA_FRONTEND_LORA_INFO=busy run --separate-stderr "$FRONTEND" \
+        --run-dir "$BATS_TEST_TMPDIR/run" --lora-info inflight --engine-timeout-ms 200
+    expect_status 111
+    LORA_FRONTEND_ENGINE_PUBLISH_ENDPOINT=not-an-endpoint run --separate-stderr "$FRONTEND" \
+        --run-dir "$BATS_TEST_TMPDIR/run" --engine-timeout-ms 200
+    expect_status 111
+    expect_message "'not-an-endpoint'"
 }
 
 @test "an engine that never answers is a system failure (exit 111)" {

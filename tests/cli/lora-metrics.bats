@@ -115,7 +115,7 @@ same_number() {
     [ -z "$stderr" ]
     [[ "${lines[0]}" == "usage: lora-metrics "* ]]
     for opt in engine frontend run-dir stdin listen engine-timeout-ms lora-info model-name \
-               help version; do
+               served-model-name help version; do
         grep -q -- "^  --$opt\b" <<< "$output" || { echo "no --$opt"; return 1; }
     done
     help=$output
@@ -153,6 +153,9 @@ same_number() {
     check "option --listen needs a value" --stdin --listen
     check "--stdin takes no value" --stdin=2
     check "--model-name is empty" --stdin --model-name=
+    check "--served-model-name is empty" --stdin --served-model-name=
+    check "--model-name 'a' and --served-model-name 'b' differ" --stdin --model-name a \
+        --served-model-name b
     check "an empty endpoint" --engine=
     check "give --engine EP, --frontend EP, --run-dir DIR or --stdin"
     check "--stdin cannot be combined" --stdin --engine ipc:///nonexistent/publish.sock
@@ -188,8 +191,8 @@ same_number() {
 
 @test "every option has an environment mirror" {
     # Each option of --help is checked below, by what its variable does.
-    checked="engine frontend run-dir stdin listen engine-timeout-ms lora-info model-name help
-             version"
+    checked="engine frontend run-dir stdin listen engine-timeout-ms lora-info model-name
+             served-model-name help version"
     for opt in $("$METRICS" --help | sed -n 's/^  --\([a-z-]*\).*/\1/p'); do
         [[ " $(echo $checked) " == *" $opt "* ]] || { echo "--$opt is not checked"; return 1; }
     done
@@ -213,6 +216,9 @@ same_number() {
     LORA_METRICS_MODEL_NAME= run --separate-stderr "$METRICS" --stdin
     expect_status 100
     expect_message "LORA_METRICS_MODEL_NAME is empty"
+    LORA_METRICS_SERVED_MODEL_NAME= run --separate-stderr "$METRICS" --stdin
+    expect_status 100
+    expect_message "LORA_METRICS_SERVED_MODEL_NAME is empty"
     LORA_METRICS_LISTEN=garbage run --separate-stderr "$METRICS" --stdin
     expect_status 100
     expect_message "LORA_METRICS_LISTEN 'garbage'"
@@ -244,6 +250,19 @@ same_number() {
     value vllm:lora_requests_info 'model_name="served"' \
         'running_lora_adapters="sql",waiting_lora_adapters="code,sql"'
     ! grep -q 'model_name="tiny-llama"' "$T/scrape"
+}
+
+@test "--served-model-name (and LORA_METRICS_SERVED_MODEL_NAME) labels the scrape as --model-name does" {
+    $STREAM > "$T/s.mp"
+    metrics_on "$T/s.mp" --served-model-name served
+    scrape
+    grep -q '^vllm:num_requests_running{model_name="served",engine="0"} ' "$T/scrape"
+    ! grep -q 'model_name="tiny-llama"' "$T/scrape"
+    stop_pids "$PIDS"
+    : > "$PIDS"
+    LORA_METRICS_SERVED_MODEL_NAME=env-served metrics_on "$T/s.mp"
+    scrape
+    grep -q '^vllm:num_requests_running{model_name="env-served",engine="0"} ' "$T/scrape"
 }
 
 # ---- HTTP -----------------------------------------------------------------------------------

@@ -197,3 +197,20 @@ wait_serving() { # PORT MODEL: waits up to 30 s for a 200
     [ "$(jq -r .generation_config <<< "$output")" = "$BATS_TEST_TMPDIR/gc/generation_config.json" ]
     [ "$(jq .default_max_tokens <<< "$output")" = 2 ]
 }
+
+@test "--served-model-name and --lora-info reach the frontend's /metrics and lora-metrics alike" {
+    R=$BATS_TEST_TMPDIR/run
+    up "$R" "$BASE" --served-model-name served-x --lora-info inflight
+    expect_status 0
+    for port in "$BASE" $((BASE + 5)); do
+        curl -sf "http://127.0.0.1:$port/metrics" > "$BATS_TEST_TMPDIR/s"
+        n=$(grep -c '^vllm:[a-z_]*{model_name=' "$BATS_TEST_TMPDIR/s")
+        [ "$n" -gt 20 ]
+        [ "$(grep -c '^vllm:[a-z_]*{model_name="served-x",' "$BATS_TEST_TMPDIR/s")" -eq "$n" ]
+        # Idle, in the inflight meaning: nothing running, nothing waiting (resident would name
+        # the demo adapters in the slots).
+        grep -q '^vllm:lora_requests_info{model_name="served-x",engine="0",max_lora="[0-9]*",running_lora_adapters="",waiting_lora_adapters=""} ' \
+            "$BATS_TEST_TMPDIR/s"
+    done
+    [ "$(complete "$BASE" served-x)" = 200 ]
+}

@@ -1,17 +1,10 @@
-/* lora-metrics: every family of DESIGN section 9, in one fixed order, from the state.
- *
- * What shows when (see metrics_state.h): an engine whose model name is unknown (no config yet
- * and no --model-name) shows nothing; gauges need the engine ready and not lost; config gauges
- * need its config and not lost; counters and histograms show whenever the model name is known,
- * a lost engine's too. Labels are model_name and engine, then the family's own; the families
- * vLLM defines otherwise keep vLLM's (cache_config_info has engine, block_size and
- * num_gpu_blocks). lora_build_info has version only.
- */
+/* metrics_render: every family of the exposition, in one fixed order, from the state; see
+ * metrics_render.h. */
 #include <stdio.h>
 #include <stdlib.h>
 
 #include "cli.h"
-#include "metrics.h"
+#include "metrics_render.h"
 
 struct render {
     const struct lora_mstate *s;
@@ -337,8 +330,8 @@ static void dropped(struct render *r)
     lora_expo_family_end(r->w);
 }
 
-void render_metrics(const struct lora_mstate *s, struct lora_expo *w, double now_unix,
-                    uint64_t now_ms)
+void lora_metrics_render(const struct lora_mstate *s, struct lora_expo *w, double now_unix,
+                         uint64_t now_ms)
 {
     struct render r = {.s = s, .w = w, .now_ms = now_ms, .now_unix = now_unix};
 
