@@ -2,63 +2,13 @@
 #include "generation_config.h"
 
 #include <errno.h>
-#include <fcntl.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include "errbuf.h"
-
-/* Opens path as a bounded regular file and parses it as a JSON object. */
-static json_t *load_bounded(const char *path, char *err, size_t err_len)
-{
-    struct stat st;
-    json_error_t jerr;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-
-    if (fd < 0) {
-        int e = errno;
-        lora_errf(err, err_len, "%s: unable to open: %s", path, strerror(e));
-        errno = e;
-        return NULL;
-    }
-    if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
-        lora_errf(err, err_len, "%s: not a regular file", path);
-        close(fd);
-        errno = EINVAL;
-        return NULL;
-    }
-    if (st.st_size > (off_t)LORA_GENERATION_CONFIG_MAX_BYTES) {
-        lora_errf(err, err_len, "%s: larger than %u bytes", path,
-                  LORA_GENERATION_CONFIG_MAX_BYTES);
-        close(fd);
-        errno = EFBIG;
-        return NULL;
-    }
-    FILE *f = fdopen(fd, "rb");
-    if (!f) {
-        lora_errf(err, err_len, "%s: unable to read: %s", path, strerror(errno));
-        close(fd);
-        return NULL;
-    }
-    json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
-    fclose(f);
-    if (!root) {
-        lora_errf(err, err_len, "%s: invalid JSON at line %d column %d: %s", path, jerr.line,
-                  jerr.column, jerr.text);
-        errno = EINVAL;
-        return NULL;
-    }
-    if (!json_is_object(root)) {
-        lora_errf(err, err_len, "%s: top level must be a JSON object", path);
-        json_decref(root);
-        errno = EINVAL;
-        return NULL;
-    }
-    return root;
-}
+#include "json_file.h"
 
 /* A numeric key: 0 absent (or null, or equal to skip), 1 read into *out, -1 error. */
 static int number(json_t *root, const char *path, const char *key, double lo, double hi,
@@ -181,7 +131,8 @@ int lora_generation_config_load(const char *source, const char *model_dir,
         lora_errf(err, err_len, "%s: path too long", dir);
         return -1;
     }
-    json_t *root = load_bounded(path, err, err_len);
+    json_t *root =
+        lora_json_file_load_bounded(path, LORA_GENERATION_CONFIG_MAX_BYTES, err, err_len);
     if (!root) {
         if (auto_mode && errno == ENOENT) { /* a model without the file: no defaults */
             snprintf(out->source, sizeof(out->source), "none");

@@ -258,12 +258,54 @@ void lora_sock_destroy(struct lora_sock **s)
 
     if (!s || !*s)
         return;
+    if ((*s)->monitor) {
+        zmq_socket_monitor((*s)->zsock, NULL, 0);
+        zmq_close((*s)->monitor);
+    }
     if ((*s)->zsock)
         zmq_close((*s)->zsock); /* LINGER 0 was set at creation: returns at once */
     free((*s)->endpoint);
     free(*s);
     *s = NULL;
     errno = saved;
+}
+
+int lora_sock_watch_disconnects(struct lora_sock *s, void *zctx, char *err, size_t err_len)
+{
+    char addr[64];
+    int linger = 0;
+
+    snprintf(addr, sizeof(addr), "inproc://lora-sock-monitor-%p", (void *)s);
+    if (zmq_socket_monitor(s->zsock, addr, ZMQ_EVENT_DISCONNECTED) < 0 ||
+        !(s->monitor = zmq_socket(zctx, ZMQ_PAIR)) ||
+        zmq_setsockopt(s->monitor, ZMQ_LINGER, &linger, sizeof(linger)) < 0 ||
+        zmq_connect(s->monitor, addr) < 0) {
+        snprintf(err, err_len, "unable to watch the connection to '%s': %s", s->endpoint,
+                 zmq_strerror(zmq_errno()));
+        return -1;
+    }
+    return 0;
+}
+
+/* A monitor event is two frames: [uint16 event, uint32 value] and the endpoint. */
+bool lora_sock_disconnected(struct lora_sock *s)
+{
+    zmq_msg_t f;
+    uint16_t event = 0;
+    int more = 1;
+
+    for (int part = 0; more; part++) {
+        zmq_msg_init(&f);
+        if (zmq_msg_recv(&f, s->monitor, ZMQ_DONTWAIT) < 0) {
+            zmq_msg_close(&f);
+            return false;
+        }
+        if (part == 0 && zmq_msg_size(&f) >= 2)
+            memcpy(&event, zmq_msg_data(&f), 2);
+        more = zmq_msg_more(&f);
+        zmq_msg_close(&f);
+    }
+    return event == ZMQ_EVENT_DISCONNECTED;
 }
 
 static int set_subscription(struct lora_sock *s, int opt, const char *topic)

@@ -114,6 +114,7 @@ struct lora_sock {
     void *zsock;          /* the libzmq socket, owned */
     int type;             /* ZMQ_ROUTER, ZMQ_DEALER, ZMQ_PUB or ZMQ_SUB */
     char *endpoint;       /* as given to lora_sock_new(), owned */
+    void *monitor;        /* ZMQ_PAIR of lora_sock_watch_disconnects(), owned; NULL when not */
     uint64_t n_malformed; /* messages dropped, all reasons */
     uint64_t n_malformed_by_reason[LORA_SOCK_N_MALFORMED]; /* the same, per reason */
 };
@@ -145,6 +146,13 @@ struct lora_sock *lora_sock_new(void *zctx, int zmq_type, const char *endpoint, 
 /* Closes (*s)'s socket, dropping queued messages (LINGER 0), frees it and sets *s to NULL.
  * Accepts NULL and *s == NULL. */
 void lora_sock_destroy(struct lora_sock **s);
+
+/* Watches s's connection: s->monitor (poll it for ZMQ_POLLIN) then carries libzmq's monitor
+ * events, of which lora_sock_disconnected() reads one. A subscriber uses it to learn that its
+ * publisher went away (a restarted peer's counters start again). 0, or -1 with err. */
+int lora_sock_watch_disconnects(struct lora_sock *s, void *zctx, char *err, size_t err_len);
+/* Reads one pending monitor event (never blocks); whether it was a disconnection. */
+bool lora_sock_disconnected(struct lora_sock *s);
 
 /* SUB only: adds (or removes) a topic prefix. A new SUB socket is subscribed to "" (every topic);
  * to narrow it, subscribe to the topics wanted, then unsubscribe "". 0 / -1 with errno. */

@@ -100,7 +100,6 @@ struct fe_link {
     void *zctx;
     struct lora_sock *front, *ctl, *pub; /* link thread only */
     struct lora_sock *sub;  /* the engine's publish socket, for /metrics; link thread only */
-    void *sub_monitor;      /* its disconnections (a ZMQ_PAIR of zmq_socket_monitor) */
     struct fe_metrics *metrics; /* set before the link runs; fed by the link thread */
     int wake_fd;                         /* eventfd: HTTP threads -> link thread */
     struct fe_out *out_head, *out_tail;  /* messages to send */

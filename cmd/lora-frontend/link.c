@@ -160,21 +160,8 @@ static int enqueue(struct fe_link *l, enum out_dest dest, const char *topic,
  * engine that restarts breaks the connection, and its counters start again, as in lora-metrics. */
 static int open_sub(struct fe_link *l, const char *ep, char *err, size_t err_len)
 {
-    const char *addr = "inproc://lora-frontend-publish-monitor";
-    int linger = 0;
-
     l->sub = lora_sock_new(l->zctx, ZMQ_SUB, ep, false, NULL, err, err_len);
-    if (!l->sub)
-        return -1;
-    if (zmq_socket_monitor(l->sub->zsock, addr, ZMQ_EVENT_DISCONNECTED) < 0 ||
-        !(l->sub_monitor = zmq_socket(l->zctx, ZMQ_PAIR)) ||
-        zmq_setsockopt(l->sub_monitor, ZMQ_LINGER, &linger, sizeof(linger)) < 0 ||
-        zmq_connect(l->sub_monitor, addr) < 0) {
-        lora_errf(err, err_len, "unable to watch the connection to '%s': %s", ep,
-                  zmq_strerror(zmq_errno()));
-        return -1;
-    }
-    return 0;
+    return l->sub ? lora_sock_watch_disconnects(l->sub, l->zctx, err, err_len) : -1;
 }
 
 int link_init(struct fe_link *l, void *zctx, const char *frontend_ep, const char *control_ep,
@@ -213,11 +200,6 @@ void link_release(struct fe_link *l)
     lora_sock_destroy(&l->front);
     lora_sock_destroy(&l->ctl);
     lora_sock_destroy(&l->pub);
-    if (l->sub && l->sub_monitor)
-        zmq_socket_monitor(l->sub->zsock, NULL, 0);
-    if (l->sub_monitor)
-        zmq_close(l->sub_monitor);
-    l->sub_monitor = NULL;
     lora_sock_destroy(&l->sub);
     if (l->wake_fd >= 0)
         close(l->wake_fd);
@@ -754,25 +736,10 @@ static void drain_sub(struct fe_link *l)
     }
 }
 
-/* A monitor event: two frames, [uint16 event, uint32 value] and the endpoint. */
+/* The connection to the engine's publish socket broke: the engine restarted or went away. */
 static void sub_monitor_event(struct fe_link *l)
 {
-    zmq_msg_t f;
-    uint16_t event = 0;
-    int more = 1;
-
-    for (int part = 0; more; part++) {
-        zmq_msg_init(&f);
-        if (zmq_msg_recv(&f, l->sub_monitor, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&f);
-            return;
-        }
-        if (part == 0 && zmq_msg_size(&f) >= 2)
-            memcpy(&event, zmq_msg_data(&f), 2);
-        more = zmq_msg_more(&f);
-        zmq_msg_close(&f);
-    }
-    if (event == ZMQ_EVENT_DISCONNECTED)
+    if (lora_sock_disconnected(l->sub))
         metrics_feed(l->metrics, l->metrics->engine_src, NULL, 0);
 }
 
@@ -831,7 +798,7 @@ int link_run(struct fe_link *l, int sig_fd)
             {NULL, l->wake_fd, ZMQ_POLLIN, 0},
             {NULL, sig_fd, ZMQ_POLLIN, 0},
             {l->sub ? l->sub->zsock : NULL, 0, ZMQ_POLLIN, 0},
-            {l->sub_monitor, 0, ZMQ_POLLIN, 0},
+            {l->sub ? l->sub->monitor : NULL, 0, ZMQ_POLLIN, 0},
         };
         /* Messages that waited for a render are retried every millisecond. */
         bool waiting = l->metrics && metrics_flush(l->metrics);

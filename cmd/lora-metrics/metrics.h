@@ -24,13 +24,12 @@
 
 #define METRICS_MAX_SOURCES 64
 
-/* One endpoint subscribed to, with the monitor that reports its connection's breaks. */
+/* One endpoint subscribed to; its socket watches its connection's breaks. */
 struct metrics_source {
     const char *endpoint; /* borrowed from argv or the environment, or m->run_dir_ep */
     enum lora_mstate_source_kind kind;
     int id;               /* the state's source id */
     struct lora_sock *sock;
-    void *monitor;        /* ZMQ_PAIR socket of zmq_socket_monitor() events, owned */
     uint64_t n_logged;    /* malformed messages logged, for the rate limit */
 };
 

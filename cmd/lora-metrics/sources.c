@@ -39,24 +39,6 @@ static void apply(struct metrics *m, struct metrics_source *s, int id, const cha
         warn_malformed(s, name, err);
 }
 
-static int open_monitor(struct metrics *m, struct metrics_source *s, int i, char *err,
-                        size_t err_len)
-{
-    char addr[64];
-    int linger = 0;
-
-    snprintf(addr, sizeof(addr), "inproc://lora-metrics-monitor-%d", i);
-    if (zmq_socket_monitor(s->sock->zsock, addr, ZMQ_EVENT_DISCONNECTED) < 0 ||
-        !(s->monitor = zmq_socket(m->zctx, ZMQ_PAIR)) ||
-        zmq_setsockopt(s->monitor, ZMQ_LINGER, &linger, sizeof(linger)) < 0 ||
-        zmq_connect(s->monitor, addr) < 0) {
-        snprintf(err, err_len, "unable to watch the connection to '%s': %s", s->endpoint,
-                 zmq_strerror(zmq_errno()));
-        return -1;
-    }
-    return 0;
-}
-
 int sources_open(struct metrics *m, char *err, size_t err_len)
 {
     if (m->use_stdin) {
@@ -74,7 +56,7 @@ int sources_open(struct metrics *m, char *err, size_t err_len)
             return -1;
         }
         s->sock = lora_sock_new(m->zctx, ZMQ_SUB, s->endpoint, false, NULL, err, err_len);
-        if (!s->sock || open_monitor(m, s, i, err, err_len) < 0)
+        if (!s->sock || lora_sock_watch_disconnects(s->sock, m->zctx, err, err_len) < 0)
             return -1;
     }
     return 0;
@@ -82,36 +64,14 @@ int sources_open(struct metrics *m, char *err, size_t err_len)
 
 void sources_close(struct metrics *m)
 {
-    for (int i = 0; i < m->n_src; i++) {
-        struct metrics_source *s = &m->src[i];
-        if (s->sock && s->monitor)
-            zmq_socket_monitor(s->sock->zsock, NULL, 0);
-        if (s->monitor)
-            zmq_close(s->monitor);
-        s->monitor = NULL;
-        lora_sock_destroy(&s->sock);
-    }
+    for (int i = 0; i < m->n_src; i++)
+        lora_sock_destroy(&m->src[i].sock);
 }
 
-/* A monitor event: two frames, [uint16 event, uint32 value] and the endpoint. */
+/* The source's connection broke: its engine restarted or went away. */
 static void monitor_event(struct metrics *m, struct metrics_source *s)
 {
-    zmq_msg_t f;
-    uint16_t event = 0;
-    int more = 1;
-
-    for (int part = 0; more; part++) {
-        zmq_msg_init(&f);
-        if (zmq_msg_recv(&f, s->monitor, ZMQ_DONTWAIT) < 0) {
-            zmq_msg_close(&f);
-            return;
-        }
-        if (part == 0 && zmq_msg_size(&f) >= 2)
-            memcpy(&event, zmq_msg_data(&f), 2);
-        more = zmq_msg_more(&f);
-        zmq_msg_close(&f);
-    }
-    if (event != ZMQ_EVENT_DISCONNECTED)
+    if (!lora_sock_disconnected(s->sock))
         return;
     pthread_mutex_lock(&m->mu);
     lora_mstate_source_lost(m->state, s->id, lora_now_ms());
@@ -280,7 +240,7 @@ int sources_run(struct metrics *m)
         int first = n;
         for (int i = 0; i < m->n_src; i++) {
             items[n++] = (zmq_pollitem_t){m->src[i].sock->zsock, 0, ZMQ_POLLIN, 0};
-            items[n++] = (zmq_pollitem_t){m->src[i].monitor, 0, ZMQ_POLLIN, 0};
+            items[n++] = (zmq_pollitem_t){m->src[i].sock->monitor, 0, ZMQ_POLLIN, 0};
         }
         /* Bounded, never infinite: only the ready line is ever due on a timer. */
         if (zmq_poll(items, n, ready ? 1000 : 20) < 0) {

@@ -7,12 +7,14 @@ load ../helpers
 bats_require_minimum_version 1.5.0
 
 WALK_SECTIONS=(lora-stack lora-worker "The engine and its workers" lora-frontend lora-metrics
-    lora-inspect)
-WALK_PORTS=(8000 9100 9101)
+    lora-inspect "Behind a router: what it reads")
+WALK_PORTS=(8000 8100 9100 9101 9200)
+
+WALK_RUNS=()
 
 teardown() {
     [ -z "${WALK_PID:-}" ] || kill -- -"$WALK_PID" 2> /dev/null || true
-    [ -z "${WALK_RUN:-}" ] || "$LORA_BIN/lora-stack" down --run-dir "$WALK_RUN" > /dev/null 2>&1 || true
+    for r in "${WALK_RUNS[@]}"; do "$LORA_BIN/lora-stack" down --run-dir "$r" > /dev/null 2>&1 || true; done
 }
 
 port_taken() { (exec 3<> "/dev/tcp/127.0.0.1/$1") 2> /dev/null; }
@@ -23,7 +25,7 @@ port_taken() { (exec 3<> "/dev/tcp/127.0.0.1/$1") 2> /dev/null; }
     done
     local scratch=$BATS_TEST_TMPDIR/tmp
     mkdir -p "$scratch" "$BATS_TEST_TMPDIR/xdg"
-    WALK_RUN=$BATS_TEST_TMPDIR/xdg/lora-stack
+    WALK_RUNS=("$BATS_TEST_TMPDIR/xdg/lora-stack" "$scratch/router-run")
     "$PYTHON" "$ROOT/tests/ref/readme_walk.py" "$ROOT/README.md" "$LORA_BIN" "$scratch" \
         "${WALK_SECTIONS[@]}" > "$BATS_TEST_TMPDIR/walk.sh"
     cd "$ROOT"
@@ -45,4 +47,12 @@ port_taken() { (exec 3<> "/dev/tcp/127.0.0.1/$1") 2> /dev/null; }
     grep -q '"object":"list"' "$BATS_TEST_TMPDIR/out"
     grep -q '^vllm:lora_requests_info' "$BATS_TEST_TMPDIR/out"
     grep -q '^healthy$' "$BATS_TEST_TMPDIR/out"
+    # The router section: the frontend's own /metrics, read by the router's rules. Both start-up
+    # adapters sit in the two slots (resident = running), and the residency scorer sees them
+    # at level gpu on every rank; the third adapter scores 0 on a full endpoint.
+    grep -Eq '^pod running=(demo-sql,demo-chat|demo-chat,demo-sql) waiting= max_lora=2$' \
+        "$BATS_TEST_TMPDIR/out"
+    grep -Eq '^pod loaded=.*demo-sql:gpu' "$BATS_TEST_TMPDIR/out"
+    grep -Eq '^pod loaded=.*demo-chat:gpu.* gpu=2 max=2 ' "$BATS_TEST_TMPDIR/out"
+    grep -Eq '^1 pod 0\.0$' "$BATS_TEST_TMPDIR/out"
 }

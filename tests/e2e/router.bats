@@ -1,7 +1,8 @@
 #!/usr/bin/env bats
 # The router's view of lora-stack: tests/ref/router_view.py ranks endpoints for an adapter with
 # two scorers of the llm-d router's endpoint picker, from real engines' scrapes, one engine and
-# worker per endpoint, each engine scraped in two meanings of vllm:lora_requests_info: the
+# worker per endpoint, each scraped on a frontend's inference port (GET /metrics, where the
+# router scrapes), in two meanings of vllm:lora_requests_info: the
 # default --lora-info resident and --lora-info inflight (vLLM's meaning; router_view.py
 # --as-vllm adds vLLM's habit of writing one list into both labels).
 #   - The lora-affinity-scorer (1.0 active, 0.8 room for one more, 0.6 waiting, else 0.0), in
@@ -22,30 +23,29 @@ VIEW="$PYTHON $ROOT/tests/ref/router_view.py"
 STEP_MS=20 # slows every step, so that a held-open stream keeps its slot while the test looks
 
 # finish_endpoint DIR PIDFILE, after start_engine_group DIR PIDFILE: waits for the engine,
-# starts its two exporters and writes DIR/resident.port and DIR/inflight.port.
+# starts its two frontends, one per meaning of vllm:lora_requests_info, and writes
+# DIR/resident.port and DIR/inflight.port: their inference ports, which the router scrapes.
 finish_endpoint() {
     local dir=$1 pids=$2 mode
     wait_for_text "$dir/engine.err" "lora-engine: ready:" 30
     for mode in resident inflight; do
-        "$LORA_BIN/lora-metrics" --engine "ipc://$dir/publish.sock" --lora-info "$mode" \
-            --listen 127.0.0.1:0 2> "$dir/metrics-$mode.err" 3>&- &
+        "$LORA_BIN/lora-frontend" --run-dir "$dir" --lora-info "$mode" --port 0 \
+            --publish-endpoint "ipc://$dir/frontend-$mode.sock" 2> "$dir/frontend-$mode.err" 3>&- &
         echo $! >> "$pids"
     done
     for mode in resident inflight; do
-        wait_for_text "$dir/metrics-$mode.err" "lora-metrics: ready: http://" 30
-        ready_port "$dir/metrics-$mode.err" > "$dir/$mode.port"
+        wait_for_text "$dir/frontend-$mode.err" "lora-frontend: ready: http://" 30
+        ready_port "$dir/frontend-$mode.err" > "$dir/$mode.port"
         [ -s "$dir/$mode.port" ]
     done
 }
 
 # The page the router scrapes for the endpoint whose directory is $dir, in the --lora-info
-# meaning $mode: today the endpoint's lora-metrics for that meaning ($dir/$mode.port). The one
-# place to change to scrape another port of the endpoint.
+# meaning $mode: /metrics on the inference port of the endpoint's frontend for that meaning.
 SCRAPE_URL='http://127.0.0.1:$(cat "$dir/$mode.port")/metrics'
 
-# For a stack started with lora-stack up --port PORT --metrics-port PORT+1: the port the router
-# scrapes, as an offset from PORT. Today the exporter's; the frontend's own page would be 0.
-STACK_SCRAPE_OFFSET=1
+# For a stack started with lora-stack up --port PORT: the router scrapes PORT itself.
+STACK_SCRAPE_OFFSET=0
 
 url() { # DIR MODE
     local dir=$1 mode=$2

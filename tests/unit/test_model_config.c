@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -207,6 +208,25 @@ static void test_missing_file(void)
     CHECK_CONTAINS(err, "No such file");
 }
 
+/* A FIFO, a directory or a device in place of config.json is refused at once: reading a FIFO
+ * with no writer would block for good. */
+static void test_special_files(void)
+{
+    struct lora_model_config c;
+    char err[512] = "", fifo[600];
+
+    snprintf(fifo, sizeof(fifo), "%s/fifo.json", fx_tmp_dir);
+    CHECK(mkfifo(fifo, 0600) == 0);
+    const char *paths[] = {fifo, fx_tmp_dir, "/dev/zero"};
+    for (size_t i = 0; i < sizeof(paths) / sizeof(paths[0]); i++) {
+        err[0] = 0;
+        CHECK(lora_model_config_load(paths[i], &c, err, sizeof(err)) == -1);
+        CHECK_CONTAINS(err, paths[i]);
+        CHECK_CONTAINS(err, "not a regular file");
+    }
+    unlink(fifo);
+}
+
 static void test_small_err_buffer(void)
 {
     struct lora_model_config c;
@@ -279,6 +299,7 @@ int main(void)
     RUN(test_mistral_head_dim);
     RUN(test_errors);
     RUN(test_missing_file);
+    RUN(test_special_files);
     RUN(test_small_err_buffer);
     RUN(test_arch_names);
     RUN(test_proj_helpers);
