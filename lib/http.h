@@ -11,6 +11,14 @@
  *   Content-Length says so, else (chunked) once the body ends; a body still going 64 MiB past
  *   the limit has its connection cut without an answer.
  * - A client that stays silent for timeout_s in the middle of a request is disconnected.
+ * - A connection that has not delivered a whole request, headers and body, within
+ *   request_timeout_s of its start (or of its previous response's end) is shut down, however
+ *   steadily it trickles bytes: the idle timeout alone lets a client that sends one header line
+ *   every few seconds hold a connection for ever. The handler's time does not count.
+ * - One client address holds at most max_connections_per_ip connections; more are refused at
+ *   accept.
+ * - Bodies held in memory, every connection together, stay within max_body_memory bytes: a
+ *   request that would pass it gets 503 (its body unread when Content-Length announces it).
  * - Every request gets exactly one response: a handler that sets none yields a 500.
  * - Stream readers run on the connection's thread and may block; lora_http_client_gone() tells
  *   them, and blocking handlers, whether the client hung up.
@@ -32,6 +40,9 @@ struct lora_http_options {
     size_t max_body_bytes; /* larger bodies get 413 */
     unsigned max_connections;
     unsigned timeout_s; /* idle time before a connection is closed */
+    unsigned request_timeout_s;      /* whole-request deadline; 0: none */
+    unsigned max_connections_per_ip; /* 0: no limit */
+    size_t max_body_memory;          /* bytes of bodies held at once; 0: no limit */
     const char *log_prefix; /* "lora-frontend" */
 };
 

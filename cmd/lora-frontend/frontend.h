@@ -33,6 +33,7 @@
 #define FE_MAX_STOP   16   /* stop strings */
 #define FE_STOP_BYTES 1024 /* bytes of one stop string */
 #define FE_MAX_LOGPROBS 20 /* top log-probabilities per token */
+#define FE_PROMPT_TEXT_FACTOR 4 /* see prompt_max_bytes in main.c */
 
 /* One engine request (one choice). The link thread appends to it under link->mu; the HTTP
  * thread that made it reads it under the same lock. */
@@ -140,6 +141,7 @@ struct frontend {
     char chat_error[1024]; /* why there is no chat template */
     char bos[64], eos[64];
     int32_t eos_id; /* the tokenizer's EOS, added to the stop ids; -1 when none */
+    size_t prompt_max_bytes; /* longer prompt text is refused before tokenizing */
     struct fe_link link;
     struct fe_metrics metrics;
     uint64_t id_prefix; /* random, per process: request ids are unique across frontends */
@@ -218,6 +220,10 @@ void reply_error(struct lora_http_request *req, unsigned status, const char *par
 void reply_json(struct lora_http_request *req, unsigned status, json_t *j);
 /* The HTTP status for an engine error_code. */
 unsigned reply_status_of(const char *error_code);
+/* The OpenAI error type of an HTTP status ("NotFoundError" for 404). */
+const char *reply_type_of(unsigned status);
+/* Whether text of len bytes may be tokenized; else err says why, naming the limit. */
+bool fe_prompt_fits(const struct frontend *fe, size_t len, char *err, size_t err_len);
 
 /* stats.c: publishes one request_stats message (man/lora-stack-protocol.7) for an engine request. */
 struct fe_stats {

@@ -169,6 +169,8 @@ static int encode_text(struct gen *g, const char *s, size_t len, bool add_specia
         lora_errf(err, err_len, "this model has no tokenizer: give the prompt as token ids");
         return -1;
     }
+    if (!fe_prompt_fits(g->fe, len, err, err_len))
+        return -1;
     if (lora_tokenizer_encode(g->fe->tok, s, len, add_special, &ids, &n, err, err_len) < 0)
         return -1;
     char *text = strndup(s, len);
@@ -1108,10 +1110,10 @@ static void stream_step(struct gen *g)
     const struct choice *bad = failed_choice(g);
     if (bad && !g->failed) {
         /* An error after the stream started: one error event, as vLLM sends it. */
+        unsigned status = reply_status_of(bad->error_code);
         json_t *e = json_pack("{s:{s:s, s:s, s:n, s:i}}", "error", "message",
                               bad->error[0] ? bad->error : "the request failed in the engine",
-                              "type", "ServiceUnavailableError", "param", "code",
-                              (int)reply_status_of(bad->error_code));
+                              "type", reply_type_of(status), "param", "code", (int)status);
         sse_event(g, e);
         g->failed = true;
         abort_all(g);
@@ -1208,18 +1210,16 @@ static void generate(struct frontend *fe, struct lora_http_request *req, json_t 
         gen_free(g);
         return;
     }
-    /* An adapter this frontend has not heard of yet may still be known to the engine (loaded
-     * through another frontend a moment ago): its first answer decides between 404 and a
-     * stream. */
-    pthread_mutex_lock(&fe->link.mu);
-    bool known = !g->p.lora || link_registry_has_locked(&fe->link, g->p.lora);
-    pthread_mutex_unlock(&fe->link.mu);
-    while (!known) {
+    /* The status goes out with the engine's first word on every choice, so that a request the
+     * engine refuses (unhealthy, full, an adapter it does not hold or that was unloaded while
+     * the request waited) gets its error status, never 200 and then an error event. The first
+     * word of an accepted request is its first token, which the client waits for anyway. */
+    for (;;) {
         advance_all(g);
         bool heard = true;
         for (int i = 0; i < g->n_choices; i++)
-            heard &= g->choices[i].heard;
-        if (heard || lora_http_client_gone(req))
+            heard &= g->choices[i].heard || g->choices[i].done;
+        if (heard || failed_choice(g) || lora_http_client_gone(req))
             break;
         wait_news(g);
     }

@@ -55,6 +55,27 @@ static bool file_exists(const char *path)
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
+/* The most bytes of prompt text worth tokenizing: max_model_len tokens of FE_PROMPT_TEXT_FACTOR
+ * times the longest vocabulary string each. No token stands for more text than its vocabulary
+ * string spells (byte-level and Metaspace spellings are longer than the bytes they stand for,
+ * byte-fallback tokens six times longer), and the factor covers normalizers that compose
+ * characters (NFC and NFKC shrink text by at most 3 to 1), so a longer text cannot fit the
+ * context and is refused before the tokenizer spends memory and time on it. Only text that a
+ * normalizer deletes (Strip, Replace with nothing) or that an added token's lstrip/rstrip
+ * swallows escapes the argument: such a prompt is refused though it might fit. */
+static size_t prompt_max_bytes(const struct frontend *fe)
+{
+    size_t longest = 1, n = fe->tok ? lora_tokenizer_vocab_size(fe->tok) : 0;
+
+    for (size_t id = 0; id < n; id++) {
+        const char *s = lora_tokenizer_token_str(fe->tok, (int32_t)id);
+        size_t len = s ? strlen(s) : 0;
+        if (len > longest)
+            longest = len;
+    }
+    return (size_t)fe->link.limits.max_model_len * longest * FE_PROMPT_TEXT_FACTOR;
+}
+
 /* The tokenizer and chat template of the model directory. A model without tokenizer.json
  * serves token-id prompts; one without a usable chat template serves completions only. */
 static int load_model_files(struct frontend *fe, const char *chat_name, char *err, size_t len)
@@ -87,6 +108,7 @@ static int load_model_files(struct frontend *fe, const char *chat_name, char *er
     fe->eos_id = -1;
     if (fe->tok && fe->has_chat && fe->chat.eos_token[0])
         fe->eos_id = lora_tokenizer_token_id(fe->tok, fe->chat.eos_token);
+    fe->prompt_max_bytes = prompt_max_bytes(fe);
     return 0;
 }
 
@@ -119,7 +141,7 @@ int main(int argc, char **argv)
     const char *host = "127.0.0.1", *chat_name = NULL, *lora_root = NULL, *gen_source = "auto";
     struct lora_opt_list mods = {0};
     long port = 8000, max_body = 16L << 20, max_conn = 1024, timeout_s = 60, wait_ms = 60000;
-    long max_pending = 4096;
+    long max_pending = 4096, request_timeout_s = 30, per_ip = 256, body_memory = 32L << 20;
     bool help = false, version = false, runtime = false;
     const struct lora_opt options[] = {
         {"run-dir", LORA_OPT_STRING, &run_dir, "DIR", "the engine's ipc sockets are in DIR"},
@@ -162,6 +184,14 @@ int main(int argc, char **argv)
          65536},
         {"http-timeout", LORA_OPT_INT, &timeout_s, "S", "close idle connections (60 s)", 1,
          86400},
+        {"request-timeout", LORA_OPT_INT, &request_timeout_s, "S",
+         "close a connection that sends no whole request (headers and body) within S seconds "
+         "(30; 0: no deadline)", 0, 86400},
+        {"max-connections-per-ip", LORA_OPT_INT, &per_ip, "N",
+         "concurrent connections from one client address (256; 0: no limit)", 0, 65536},
+        {"max-body-memory", LORA_OPT_INT, &body_memory, "N",
+         "bytes of request bodies held at once, all connections together, before 503 (32 MiB; "
+         "0: no limit)", 0, 1L << 40},
         {"max-pending", LORA_OPT_INT, &max_pending, "N",
          "engine requests in flight before 503 (4096)", 1, 1 << 20},
         {"engine-timeout-ms", LORA_OPT_INT, &wait_ms, "MS",
@@ -172,7 +202,13 @@ int main(int argc, char **argv)
     };
     char err[2048] = "";
 
-    if (lora_cli_parse(options, "LORA_FRONTEND", argc, argv, 1, err, sizeof(err)) < 0 ||
+    int parsed = lora_cli_parse(options, "LORA_FRONTEND", argc, argv, 1, err, sizeof(err));
+    if (parsed == 0 && body_memory > 0 && body_memory < max_body) {
+        snprintf(err, sizeof(err), "--max-body-memory %ld is below --max-body-bytes %ld: no "
+                 "body of the largest size could be taken", body_memory, max_body);
+        parsed = -1;
+    }
+    if (parsed < 0 ||
         (!help && !version && !run_dir && (!engine_ep || !control_ep))) {
         fprintf(stderr, "lora-frontend: fatal: %s\n",
                 *err ? err : "give --run-dir DIR, or --engine-endpoint and --control-endpoint");
@@ -296,6 +332,9 @@ int main(int argc, char **argv)
         .max_body_bytes = (size_t)max_body,
         .max_connections = (unsigned)max_conn,
         .timeout_s = (unsigned)timeout_s,
+        .request_timeout_s = (unsigned)request_timeout_s,
+        .max_connections_per_ip = (unsigned)per_ip,
+        .max_body_memory = (size_t)body_memory,
         .log_prefix = "lora-frontend",
     };
     http = lora_http_start(&ho, routes_handle, &fe, err, sizeof(err));

@@ -7,7 +7,7 @@
 
 #include "frontend.h"
 
-static const char *error_type(unsigned status)
+const char *reply_type_of(unsigned status)
 {
     switch (status) {
     case 400:
@@ -71,7 +71,7 @@ void reply_error(struct lora_http_request *req, unsigned status, const char *par
     vsnprintf(msg, sizeof(msg), fmt, ap);
     va_end(ap);
     json_t *e = json_pack("{s:{s:o, s:s, s:o, s:i}}", "error", "message", safe_string(msg),
-                          "type", error_type(status), "param",
+                          "type", reply_type_of(status), "param",
                           param ? safe_string(param) : json_null(), "code", (int)status);
     if (status == 401)
         lora_http_add_header(req, "WWW-Authenticate", "Bearer");
@@ -87,4 +87,15 @@ unsigned reply_status_of(const char *error_code)
     if (strcmp(error_code, "invalid") == 0)
         return 400;
     return 503;
+}
+
+bool fe_prompt_fits(const struct frontend *fe, size_t len, char *err, size_t err_len)
+{
+    if (len <= fe->prompt_max_bytes)
+        return true;
+    snprintf(err, err_len,
+             "the prompt text is %zu bytes, more than the %zu bytes any prompt that fits this "
+             "model's maximum context length of %d tokens can have",
+             len, fe->prompt_max_bytes, fe->link.limits.max_model_len);
+    return false;
 }

@@ -1,7 +1,11 @@
 /* lora-frontend: HTTP dispatch (DESIGN section 8). Every handler runs on its connection's
  * thread. With a key (--api-key, else VLLM_API_KEY), paths that start with /v1 need the bearer
  * token and every other path (/metrics, /health, /version, /tokenize, /detokenize) stays open,
- * OPTIONS too, exactly as vLLM's authentication middleware decides. */
+ * OPTIONS too, exactly as vLLM's authentication middleware decides (it passes any path that does
+ * not start with /v1): clients written for vLLM call /tokenize without a key, and a key here that
+ * vLLM does not ask for would break them. What keeps the open tokenizer endpoints from being a
+ * lever is bounds: prompt text longer than any prompt that fits the context is refused before it
+ * is tokenized (fe_prompt_fits), and the bodies held at once are bounded (--max-body-memory). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -105,8 +109,12 @@ static void tokenize(struct frontend *fe, struct lora_http_request *req, json_t 
         return;
     }
     if (json_is_string(prompt)) {
-        text = strndup(json_string_value(prompt), json_string_length(prompt));
         len = json_string_length(prompt);
+        if (!fe_prompt_fits(fe, len, err, sizeof(err))) {
+            reply_error(req, 400, "prompt", "%s", err);
+            return;
+        }
+        text = strndup(json_string_value(prompt), len);
     } else if (json_is_array(msgs) && json_array_size(msgs) > 0) {
         if (!fe->has_chat) {
             reply_error(req, 400, "messages", "%s", fe->chat_error);
@@ -135,6 +143,11 @@ static void tokenize(struct frontend *fe, struct lora_http_request *req, json_t 
         }
         if (!json_object_get(body, "add_special_tokens"))
             add_special = false; /* the template wrote them */
+        if (!fe_prompt_fits(fe, len, err, sizeof(err))) {
+            free(text);
+            reply_error(req, 400, "messages", "%s", err);
+            return;
+        }
     } else {
         reply_error(req, 400, "prompt", "give 'prompt' (a string) or 'messages' (a list)");
         return;
