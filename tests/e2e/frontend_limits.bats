@@ -1,0 +1,122 @@
+#!/usr/bin/env bats
+# lora-frontend under hostile clients, with a real engine and worker on ipc sockets in a
+# temporary run directory (always stopped and removed): the whole-request deadline, the
+# per-address connection cap, the prompt bound and the memory of large bodies, and the status a
+# stream gets from an unhealthy engine (last: it kills the worker).
+
+load ../helpers
+
+start() { # NAME ARGS...: a background process logging to $D/NAME.log, its pid in $D/NAME.pid
+    local name=$1
+    shift
+    "$@" > "$D/$name.log" 2>&1 3>&- &
+    echo $! > "$D/$name.pid"
+}
+
+wait_ready() { # NAME: the frontend's port in $D/port_NAME once it says ready
+    for _ in $(seq 1 600); do
+        if grep -q "ready: http://" "$D/$1.log" 2>/dev/null; then
+            sed -n 's/.*ready: http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$D/$1.log" > "$D/port_$1"
+            return 0
+        fi
+        sleep 0.1
+    done
+    cat "$D"/*.log >&2
+    return 1
+}
+
+setup_file() {
+    export D=$BATS_FILE_TMPDIR
+    "$WORKER" make-model --out "$D/m" --hidden 64 --layers 2 --heads 4 --kv-heads 2 \
+        --intermediate 128 --vocab 258 --seed 81 --max-position-embeddings 4096
+    mkdir -m 0700 "$D/run"
+    start engine "$LORA_BIN/lora-engine" --model "$D/m" --run-dir "$D/run" --max-model-len 512
+    start worker "$LORA_BIN/lora-worker" serve --engine "ipc://$D/run/worker.sock" --rank 0
+    # f1: small connection limits and a short deadline; f2: the defaults.
+    start f1 "$LORA_BIN/lora-frontend" --run-dir "$D/run" --port 0 --max-connections 16 \
+        --max-connections-per-ip 4 --request-timeout 3 --http-timeout 60
+    start f2 "$LORA_BIN/lora-frontend" --run-dir "$D/run" --port 0
+    wait_ready f1 && wait_ready f2
+}
+
+teardown_file() {
+    for p in f1 f2 worker engine; do
+        [ -f "$D/$p.pid" ] && kill "$(cat "$D/$p.pid")" 2>/dev/null
+    done
+    wait
+}
+
+post() { # PORT PATH JSON: the status line's code and the body, in $status_code and $body
+    local out
+    out=$(curl -s -w '\n%{http_code}' -H 'Content-Type: application/json' --data-binary @- \
+        "http://127.0.0.1:$1$2" <<< "$3")
+    status_code=${out##*$'\n'}
+    body=${out%$'\n'*}
+}
+
+@test "limits: a client that trickles header lines is cut at --request-timeout" {
+    run "$PYTHON" "$ROOT/tests/ref/slow_clients.py" deadline "$(cat "$D/port_f1")" 3
+    echo "$output"
+    expect_status 0
+}
+
+@test "limits: one client address holds at most --max-connections-per-ip connections" {
+    run "$PYTHON" "$ROOT/tests/ref/slow_clients.py" per-ip "$(cat "$D/port_f1")" 4
+    echo "$output"
+    expect_status 0
+}
+
+@test "limits: a normal client is served while trickling clients fill every connection" {
+    run "$PYTHON" "$ROOT/tests/ref/slow_clients.py" crowd "$(cat "$D/port_f1")" 16
+    echo "$output"
+    expect_status 0
+}
+
+@test "limits: prompt text longer than the context can hold is refused before tokenizing" {
+    local port big limit
+    port=$(cat "$D/port_f2")
+    big=$(head -c 3000000 /dev/zero | tr '\0' a)
+    post "$port" /tokenize "{\"prompt\":\"$big\"}"
+    echo "$status_code $body"
+    [ "$status_code" = 400 ]
+    [ "$(jq -r .error.param <<< "$body")" = prompt ]
+    [[ "$(jq -r .error.message <<< "$body")" == *"maximum context length of 512 tokens"* ]]
+    limit=$(jq -r .error.message <<< "$body" | sed -n 's/.*more than the \([0-9]*\) bytes.*/\1/p')
+    [ -n "$limit" ] && [ "$limit" -ge 512 ] && [ "$limit" -lt 3000000 ]
+    # The limit itself is tokenized (and counted beyond the context, as vLLM's /tokenize does).
+    post "$port" /tokenize "{\"prompt\":\"$(head -c "$limit" <<< "$big")\"}"
+    [ "$status_code" = 200 ]
+    [ "$(jq .count <<< "$body")" -gt 512 ]
+    post "$port" /tokenize "{\"prompt\":\"$(head -c $((limit + 1)) <<< "$big")\"}"
+    [ "$status_code" = 400 ]
+    post "$port" /v1/completions "{\"model\":\"$D/m\",\"prompt\":\"$big\",\"max_tokens\":1}"
+    echo "$status_code $body"
+    [ "$status_code" = 400 ]
+    [ "$(jq -r .error.param <<< "$body")" = prompt ]
+    [[ "$(jq -r .error.message <<< "$body")" == *"more than the $limit bytes"* ]]
+}
+
+@test "limits: eight concurrent 15.7 MB /tokenize bodies keep the frontend under 200 MB" {
+    run "$PYTHON" "$ROOT/tests/ref/slow_clients.py" memory "$(cat "$D/port_f2")" \
+        "$(cat "$D/f2.pid")" 200
+    echo "$output"
+    expect_status 0
+}
+
+@test "limits: a stream on an unhealthy engine gets 503 before any 200" {
+    local port
+    port=$(cat "$D/port_f2")
+    kill -9 "$(cat "$D/worker.pid")"
+    for _ in $(seq 1 300); do
+        [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health")" = 503 ] &&
+            break
+        sleep 0.1
+    done
+    curl -s -D "$D/stream.head" -o "$D/stream.body" -H 'Content-Type: application/json' \
+        -d "{\"model\":\"$D/m\",\"prompt\":\"hello\",\"max_tokens\":4,\"stream\":true}" \
+        "http://127.0.0.1:$port/v1/completions"
+    cat "$D/stream.head" "$D/stream.body"
+    head -1 "$D/stream.head" | grep -q ' 503'
+    [ "$(jq -r .error.type "$D/stream.body")" = ServiceUnavailableError ]
+    [[ "$(jq -r .error.message "$D/stream.body")" == *unhealthy* ]]
+}
