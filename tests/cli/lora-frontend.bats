@@ -107,3 +107,35 @@ help_options() {
     expect_status 100
     expect_message "--generation-config 'bogus'"
 }
+
+@test "--request-timeout, --max-connections-per-ip, --max-body-memory: listed, checked, mirrored" {
+    run "$FRONTEND" --help
+    [[ "$output" == *"  --request-timeout S "* ]]
+    [[ "$output" == *"  --max-connections-per-ip N "* ]]
+    [[ "$output" == *"  --max-body-memory N "* ]]
+    for bad in "--request-timeout -1" "--request-timeout x" "--max-connections-per-ip -1" \
+        "--max-connections-per-ip 70000" "--max-body-memory -5"; do
+        run --separate-stderr "$FRONTEND" --run-dir /tmp $bad
+        expect_status 100
+        expect_message "${bad%% *}"
+    done
+    run --separate-stderr "$FRONTEND" --run-dir /tmp --max-body-memory 2048 \
+        --max-body-bytes 4096
+    expect_status 100
+    expect_message "--max-body-memory 2048 is below --max-body-bytes 4096"
+    LORA_FRONTEND_REQUEST_TIMEOUT=soon run --separate-stderr "$FRONTEND" --run-dir /tmp
+    expect_status 100
+    expect_message "LORA_FRONTEND_REQUEST_TIMEOUT"
+    LORA_FRONTEND_MAX_CONNECTIONS_PER_IP=-3 run --separate-stderr "$FRONTEND" --run-dir /tmp
+    expect_status 100
+    expect_message "LORA_FRONTEND_MAX_CONNECTIONS_PER_IP"
+    LORA_FRONTEND_MAX_BODY_MEMORY=-5 run --separate-stderr "$FRONTEND" --run-dir /tmp
+    expect_status 100
+    expect_message "LORA_FRONTEND_MAX_BODY_MEMORY"
+    # Valid values: only the engine is missing (exit 111).
+    mkdir -m 0700 "$BATS_TEST_TMPDIR/run"
+    LORA_FRONTEND_REQUEST_TIMEOUT=5 LORA_FRONTEND_MAX_CONNECTIONS_PER_IP=0 \
+        run --separate-stderr "$FRONTEND" --run-dir "$BATS_TEST_TMPDIR/run" \
+        --max-body-memory 0 --engine-timeout-ms 200
+    expect_status 111
+}
