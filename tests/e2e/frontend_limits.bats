@@ -29,13 +29,16 @@ setup_file() {
     export D=$BATS_FILE_TMPDIR
     "$WORKER" make-model --out "$D/m" --hidden 64 --layers 2 --heads 4 --kv-heads 2 \
         --intermediate 128 --vocab 258 --seed 81 --max-position-embeddings 4096
+    "$WORKER" make-adapter --model "$D/m" --out "$D/a0" --rank 8 --seed 90
     mkdir -m 0700 "$D/run"
-    start engine "$LORA_BIN/lora-engine" --model "$D/m" --run-dir "$D/run" --max-model-len 512
+    # One sequence at a time, so that requests queue behind a long one.
+    start engine "$LORA_BIN/lora-engine" --model "$D/m" --run-dir "$D/run" --max-model-len 512 \
+        --max-num-seqs 1 --lora-modules "a0=$D/a0"
     start worker "$LORA_BIN/lora-worker" serve --engine "ipc://$D/run/worker.sock" --rank 0
     # f1: small connection limits and a short deadline; f2: the defaults.
     start f1 "$LORA_BIN/lora-frontend" --run-dir "$D/run" --port 0 --max-connections 16 \
         --max-connections-per-ip 4 --request-timeout 3 --http-timeout 60
-    start f2 "$LORA_BIN/lora-frontend" --run-dir "$D/run" --port 0
+    start f2 "$LORA_BIN/lora-frontend" --run-dir "$D/run" --port 0 --enable-runtime-lora
     wait_ready f1 && wait_ready f2
 }
 
@@ -101,6 +104,40 @@ post() { # PORT PATH JSON: the status line's code and the body, in $status_code 
         "$(cat "$D/f2.pid")" 200
     echo "$output"
     expect_status 0
+}
+
+waiting() { # PORT: the engine's waiting requests, from the frontend's /metrics
+    curl -s "http://127.0.0.1:$1/metrics" |
+        awk '/^vllm:num_requests_waiting[{ ]/ { n = $NF } END { print n + 0 }'
+}
+
+@test "limits: a queued stream whose adapter is unloaded gets 404 NotFoundError, not 200" {
+    local port pids=() i
+    port=$(cat "$D/port_f2")
+    # Sixteen long requests ahead of it (about 0.3 s each here, one at a time): the unload
+    # arrives while the request for a0 still waits, with seconds to spare.
+    for i in $(seq 1 16); do
+        curl -s -o /dev/null -H 'Content-Type: application/json' -d "{\"model\":\"$D/m\",
+            \"prompt\":\"hello\",\"max_tokens\":500,\"ignore_eos\":true}" \
+            "http://127.0.0.1:$port/v1/completions" &
+        pids+=($!)
+    done
+    for _ in $(seq 1 200); do [ "$(waiting "$port")" -ge 8 ] && break; sleep 0.05; done
+    curl -s -D "$D/unload.head" -o "$D/unload.body" -H 'Content-Type: application/json' \
+        -d '{"model":"a0","prompt":"hello","max_tokens":4,"stream":true}' \
+        "http://127.0.0.1:$port/v1/completions" &
+    local target=$!
+    sleep 0.3
+    post "$port" /v1/unload_lora_adapter '{"lora_name":"a0"}'
+    echo "unload: $status_code $body"
+    wait "$target"
+    kill "${pids[@]}" 2>/dev/null || true
+    cat "$D/unload.head" "$D/unload.body"
+    [ "$status_code" = 200 ]
+    head -1 "$D/unload.head" | grep -q ' 404'
+    [ "$(jq -r .error.type "$D/unload.body")" = NotFoundError ]
+    [ "$(jq -r .error.code "$D/unload.body")" = 404 ]
+    [[ "$(jq -r .error.message "$D/unload.body")" == *unloaded* ]]
 }
 
 @test "limits: a stream on an unhealthy engine gets 503 before any 200" {
