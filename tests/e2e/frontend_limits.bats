@@ -46,7 +46,7 @@ teardown_file() {
     for p in f1 f2 worker engine; do
         [ -f "$D/$p.pid" ] && kill "$(cat "$D/$p.pid")" 2>/dev/null
     done
-    wait
+    wait 2>/dev/null
 }
 
 post() { # PORT PATH JSON: the status line's code and the body, in $status_code and $body
