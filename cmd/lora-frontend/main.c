@@ -61,8 +61,9 @@ static bool file_exists(const char *path)
  * byte-fallback tokens six times longer), and the factor covers normalizers that compose
  * characters (NFC and NFKC shrink text by at most 3 to 1), so a longer text cannot fit the
  * context and is refused before the tokenizer spends memory and time on it. Only text that a
- * normalizer deletes (Strip, Replace with nothing) or that an added token's lstrip/rstrip
- * swallows escapes the argument: such a prompt is refused though it might fit. */
+ * normalizer deletes (Strip, Replace with nothing), that an added token's lstrip/rstrip
+ * swallows, or a run of unknown characters fused into one unknown token (fuse_unk) escapes the
+ * argument: such a prompt is refused though it might fit. */
 static size_t prompt_max_bytes(const struct frontend *fe)
 {
     size_t longest = 1, n = fe->tok ? lora_tokenizer_vocab_size(fe->tok) : 0;
