@@ -55,8 +55,8 @@ struct lora_http_request {
     const char *method, *url;
     char *body; /* NUL-terminated, len bytes */
     size_t len, cap;
-    size_t seen; /* body bytes received, kept or not */
-    size_t charged; /* bytes of srv->body_bytes this request holds */
+    size_t seen;      /* body bytes received, kept or not */
+    size_t charged;   /* bytes of srv->body_bytes this request holds */
     bool too_large;
     bool over_budget; /* the server holds too many body bytes: 503 */
     struct conn *c;   /* NULL when the connection could not be tracked */
@@ -346,7 +346,7 @@ static void *watchdog(void *p)
         pthread_cond_timedwait(&s->wake, &s->mu, &ts);
         uint64_t now = now_ms();
         for (struct conn *c = s->conns; c; c = c->next) {
-            if (!c->armed || c->cut || now - c->since_ms < limit_ms)
+            if (!c->armed || c->cut || c->since_ms > now || now - c->since_ms < limit_ms)
                 continue;
             shutdown(c->fd, SHUT_RDWR);
             c->cut = true;
