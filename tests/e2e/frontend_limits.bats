@@ -58,7 +58,7 @@ post() { # PORT PATH JSON: the status line's code and the body, in $status_code 
 }
 
 @test "limits: a client that trickles header lines is cut at --request-timeout" {
-    run "$PYTHON" "$ROOT/tests/ref/slow_clients.py" deadline "$(cat "$D/port_f1")" 3
+    run "$PYTHON" "$ROOT/tests/ref/slow_clients.py" deadline "$(cat "$D/port_f1")" 3 3
     echo "$output"
     expect_status 0
 }
