@@ -39,11 +39,13 @@ static void setup(void)
         perror("symlink");
 }
 
+static bool allow;
+
 static enum lora_confine_error try(const char *path, char **out)
 {
     enum lora_confine_error why;
     char err[512];
-    *out = lora_path_confine(root, path, &why, err, sizeof(err));
+    *out = lora_path_confine(root, path, allow, &why, err, sizeof(err));
     if (!*out)
         printf("# %s: %s\n", path, err);
     return why;
@@ -57,8 +59,14 @@ static void test_inside(void)
     free(r);
     CHECK(try(want, &r) == LORA_CONFINE_OK && r && strcmp(r, want) == 0);
     free(r);
+    /* A link that stays under the root: refused, unless links are allowed. */
+    CHECK(try("in-link", &r) == LORA_CONFINE_SYMLINK && !r);
+    CHECK(try("in-link/sub", &r) == LORA_CONFINE_SYMLINK && !r);
+    allow = true;
     CHECK(try("in-link", &r) == LORA_CONFINE_OK && r && strcmp(r, want) == 0);
     free(r);
+    CHECK(try("out-link", &r) == LORA_CONFINE_ESCAPE && !r);
+    allow = false;
     CHECK(try("./a/sub/", &r) == LORA_CONFINE_OK && r);
     free(r);
 }
@@ -87,11 +95,11 @@ static void test_missing_and_files(void)
     CHECK(try("nope", &r) == LORA_CONFINE_MISSING && !r);
     CHECK(try("file", &r) == LORA_CONFINE_NOT_DIR && !r);
     CHECK(try("file/x", &r) == LORA_CONFINE_MISSING && !r);
-    r = lora_path_confine(root, "../x", &why, err, sizeof(err));
+    r = lora_path_confine(root, "../x", false, &why, err, sizeof(err));
     CHECK_CONTAINS(err, "'../x': a path with '..' is not accepted");
-    r = lora_path_confine(root, "out-link", &why, err, sizeof(err));
+    r = lora_path_confine(root, "out-link", false, &why, err, sizeof(err));
     CHECK_CONTAINS(err, "leads outside the adapter root");
-    r = lora_path_confine(root, "nope", &why, err, sizeof(err));
+    r = lora_path_confine(root, "nope", false, &why, err, sizeof(err));
     CHECK_CONTAINS(err, "no such adapter directory");
 }
 
