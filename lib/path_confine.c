@@ -253,11 +253,11 @@ int lora_confine_open(int root_fd, const char *label, const char *rel, int flags
         lora_errf(err, err_len, "%s/%s: leads outside the adapter root", label, rel);
         return refuse(why, LORA_CONFINE_ESCAPE, e);
     }
-    if (e == ELOOP && !allow_symlinks) {
-        lora_errf(err, err_len,
-                  "%s/%s: a symbolic link, and links under the adapter root are refused", label,
-                  rel);
-        return refuse(why, LORA_CONFINE_SYMLINK, e);
+    if (!allow_symlinks) {
+        /* openat2 says ELOOP or ENOTDIR for a link, whichever check comes first; the walk,
+         * as safe, says which component is what. */
+        int fd2 = lora_confine_open_walk(root_fd, label, rel, flags, false, why, err, err_len);
+        return fd2; /* opened when it was swapped back meanwhile: as safe */
     }
     if (e == ENOENT) {
         lora_errf(err, err_len, "%s/%s: no such file or directory", label, rel);
