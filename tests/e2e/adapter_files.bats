@@ -73,7 +73,7 @@ special_dir() { # DIR FILE KIND
 @test "adapter files: a FIFO, a device or a socket in place of either file fails at once" {
     kinds=(fifo socket)
     [ "$(id -u)" = 0 ] && kinds+=(chardev)
-    for file in adapter_config.json adapter_model.safetensors; do
+    for file in adapter_model.safetensors adapter_config.json; do
         for kind in "${kinds[@]}"; do
             special_dir "$D/root/sp-$kind" "$file" "$kind"
             SECONDS=0
@@ -121,17 +121,21 @@ special_dir() { # DIR FILE KIND
     cp "$D/good/adapter_model.safetensors" "$D/root/race/"
     echo 'not json' > "$D/root/race/adapter_config.json"
     ln -s "$D/outside/good" "$D/root/race.link"
-    "$PYTHON" - "$D/root" 4 > "$D/swapper.log" 2>&1 3>&- <<'PY' &
-import os, sys, time
+    "$PYTHON" - "$D/root" 5 > "$D/swapper.log" 2>&1 3>&- <<'PY' &
+import os, random, sys, time
 root, seconds = sys.argv[1], float(sys.argv[2])
 race, parked, link = (os.path.join(root, n) for n in ("race", "race.dir", "race.link"))
 end = time.monotonic() + seconds
 swaps = 0
+# Each state lasts about as long as a load takes to go from the frontend's check to the
+# worker's open, so that a check of the directory is often followed by an open of the link.
 while time.monotonic() < end:
     os.rename(race, parked)
     os.rename(link, race)
+    time.sleep(random.uniform(0, 0.004))
     os.rename(race, link)
     os.rename(parked, race)
+    time.sleep(random.uniform(0, 0.004))
     swaps += 1
 print(swaps, "swaps")
 PY
