@@ -305,7 +305,7 @@ int cmd_serve(int argc, char **argv)
         {"engine", LORA_OPT_STRING, &endpoint, "ENDPOINT", "the engine's worker socket"},
         {"rank", LORA_OPT_INT, &rank, "N", "tensor-parallel rank (default 0)", 0, 63},
         {"lora-root", LORA_OPT_STRING, &w.lora_root, "DIR",
-         "read adapters whose path lies under DIR beneath it, refusing links (as the frontends)"},
+         "read adapters under DIR beneath it, following no link"},
         {"lora-allow-symlinks", LORA_OPT_FLAG, &w.lora_allow_symlinks, NULL,
          "follow links under --lora-root that stay under it"},
         {"load-timeout-ms", LORA_OPT_INT, &load_timeout, "MS",

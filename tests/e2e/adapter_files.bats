@@ -4,10 +4,12 @@
 # directory, always stopped): a FIFO, a character device or a socket in place of either file
 # fails the load at once with a clear message; a symbolic link under the root is refused; a
 # directory swapped for a link to outside while loads run never loads from outside; a file's
-# bytes never appear in an error; a load that hangs fails at its deadline. After each, the stack
+# bytes never appear in an error; a load that hangs fails at its deadline; the worker, not only
+# the frontend, refuses a link; lora-stack gives the workers the root. After each, the stack
 # still serves.
 
 load ../helpers
+bats_require_minimum_version 1.5.0
 
 start() { # NAME ARGS...: a background process logging to $D/NAME.log, its pid in $D/pids
     local name=$1
@@ -200,4 +202,32 @@ PY
     echo "$code $body"
     [ "$code" = 200 ]
     still_serves after
+}
+
+@test "adapter files: the worker refuses a link under the root even when no frontend checked it" {
+    # The engine's control socket takes any path: the worker's open is the guard that holds.
+    ln -s "$D/outside/good" "$D/root/ctl-link"
+    run $PYTHON "$ROOT/tests/ref/client.py" control --run-dir "$D/run" load ctl-link "$D/root/ctl-link"
+    echo "$output"
+    [[ "$output" == *"symbolic link"* ]]
+    [[ "$output" != *'"ok": true'* ]]
+    # A path outside the root is the operator's, and loads as given.
+    run $PYTHON "$ROOT/tests/ref/client.py" control --run-dir "$D/run" load outside-good "$D/outside/good"
+    echo "$output"
+    [[ "$output" != *"error"* ]]
+    still_serves outside-good
+}
+
+@test "adapter files: lora-stack up gives the workers the frontends' --lora-root" {
+    local r=$BATS_TEST_TMPDIR/stack port
+    port=$("$PYTHON" -c 'import socket; s = socket.create_server(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    run --separate-stderr "$LORA_BIN/lora-stack" up --run-dir "$r" --model "$D/m" --frontends 0 \
+        --metrics-port "$port" --enable-runtime-lora --lora-root "$D/root" --load-timeout-ms 5000
+    echo "$output $stderr"
+    worker=$(sed -n 's/^worker-0 \([0-9]*\)$/\1/p' "$r/pids")
+    cmdline=$(tr '\0' ' ' < "/proc/$worker/cmdline")
+    "$LORA_BIN/lora-stack" down --run-dir "$r" > /dev/null 2>&1 || true
+    echo "worker: $cmdline"
+    [[ "$cmdline" == *"--lora-root $D/root"* ]]
+    [[ "$cmdline" == *"--load-timeout-ms 5000"* ]]
 }
