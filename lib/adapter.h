@@ -52,9 +52,9 @@ struct lora_adapter_root {
  * opened beneath root->fd and both files relative to it, so nothing outside the root is read
  * whatever is swapped on disk meanwhile; a symbolic link anywhere below the root is refused
  * unless root->allow_symlinks (and then it must resolve beneath the root). */
-struct lora_adapter *lora_adapter_load_under(const struct lora_adapter_root *root,
-                                             const char *dir, const struct lora_model *m,
-                                             int max_rank, char *err, size_t err_len);
+struct lora_adapter *lora_adapter_load_under(const struct lora_adapter_root *root, const char *dir,
+                                             const struct lora_model *m, int max_rank, char *err,
+                                             size_t err_len);
 
 void lora_adapter_destroy(struct lora_adapter **a);
 

@@ -226,8 +226,7 @@ int lora_confine_open_walk(int root_fd, const char *label, const char *rel, int 
 }
 
 int lora_confine_open(int root_fd, const char *label, const char *rel, int flags,
-                      bool allow_symlinks, enum lora_confine_error *why, char *err,
-                      size_t err_len)
+                      bool allow_symlinks, enum lora_confine_error *why, char *err, size_t err_len)
 {
     if (!rel_is_plain(rel)) {
         lora_errf(err, err_len, "%s/%s: not a path below the adapter root", label, rel ? rel : "");
@@ -237,8 +236,8 @@ int lora_confine_open(int root_fd, const char *label, const char *rel, int flags
         .flags = (uint64_t)(O_RDONLY | O_CLOEXEC | flags |
                             (flags & O_DIRECTORY ? 0 : O_NONBLOCK | O_NOCTTY) |
                             (allow_symlinks ? 0 : O_NOFOLLOW)),
-        .resolve = RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS |
-                   (allow_symlinks ? 0 : RESOLVE_NO_SYMLINKS),
+        .resolve =
+            RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS | (allow_symlinks ? 0 : RESOLVE_NO_SYMLINKS),
     };
     int fd = (int)syscall(SYS_openat2, root_fd, rel, &how, sizeof(how));
     if (fd >= 0) {

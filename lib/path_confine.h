@@ -39,8 +39,7 @@ char *lora_path_confine(const char *root, const char *path, bool allow_symlinks,
  * allow_symlinks and it resolves beneath root_fd. Returns the descriptor (the caller's), or -1
  * with *why, errno and "LABEL/rel: reason" in err (label names the root for people). */
 int lora_confine_open(int root_fd, const char *label, const char *rel, int flags,
-                      bool allow_symlinks, enum lora_confine_error *why, char *err,
-                      size_t err_len);
+                      bool allow_symlinks, enum lora_confine_error *why, char *err, size_t err_len);
 
 /* The same without openat2: the component walk lora_confine_open falls back to where the kernel
  * lacks it (ENOSYS). It never follows a link, so allow_symlinks cannot be honoured: a link is

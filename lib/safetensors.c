@@ -508,8 +508,7 @@ static int parse_header(const struct parse_ctx *c, json_t *root, struct lora_saf
 }
 
 /* Maps fd (a regular file; closed here either way) read-only into st->map / st->map_bytes. */
-static int map_fd(int fd, const char *path, struct lora_safetensors *st, char *err,
-                  size_t err_len)
+static int map_fd(int fd, const char *path, struct lora_safetensors *st, char *err, size_t err_len)
 {
     struct stat sb;
     void *map;

@@ -167,13 +167,13 @@ static void test_open_walk(void)
 {
     check_refusing_links(lora_confine_open_walk);
     /* Without openat2 a link cannot be followed safely: refused even when allowed. */
-    CHECK(open_under(lora_confine_open_walk, "in-link", O_DIRECTORY, true) ==
-          LORA_CONFINE_SYMLINK);
+    CHECK(open_under(lora_confine_open_walk, "in-link", O_DIRECTORY, true) == LORA_CONFINE_SYMLINK);
 }
 
 static void test_relative(void)
 {
-    CHECK(lora_confine_relative("/r", "/r/a") && strcmp(lora_confine_relative("/r", "/r/a"), "a") == 0);
+    CHECK(lora_confine_relative("/r", "/r/a") &&
+          strcmp(lora_confine_relative("/r", "/r/a"), "a") == 0);
     CHECK(lora_confine_relative("/r/", "/r//a/b") &&
           strcmp(lora_confine_relative("/r/", "/r//a/b"), "a/b") == 0);
     CHECK(!lora_confine_relative("/r", "/r"));
