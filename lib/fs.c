@@ -107,8 +107,12 @@ int lora_fs_open_regular(int dir_fd, const char *path, const char *label, bool f
     if (fd < 0) {
         int e = errno;
         /* Say what is there when open refused it: a socket answers ENXIO, a link ELOOP. */
-        if (e != ENOENT && fstatat(dir_fd, path, &lst, follow ? 0 : AT_SYMLINK_NOFOLLOW) == 0 &&
-            !S_ISREG(lst.st_mode))
+        bool known = e != ENOENT &&
+                     fstatat(dir_fd, path, &lst, follow ? 0 : AT_SYMLINK_NOFOLLOW) == 0;
+        if (known && S_ISLNK(lst.st_mode))
+            snprintf(err, err_len, "%s: a symbolic link, refused (links are not followed here)",
+                     label);
+        else if (known && !S_ISREG(lst.st_mode))
             snprintf(err, err_len, "%s: not a regular file (%s)", label, lora_fs_kind(lst.st_mode));
         else
             snprintf(err, err_len, "%s: unable to open: %s", label, strerror(e));
