@@ -1,17 +1,25 @@
 /* adapter: loads and validates a PEFT LoRA adapter for one model shard; see adapter.h. */
 #include "adapter.h"
 
+#include "fs.h"
 #include "json_file.h"
+#include "path_confine.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define KEY_PREFIX "base_model.model.model.layers."
 
 struct adapter_load {
     const char *dir;
+    const struct lora_adapter_root *root; /* NULL: dir is the operator's, opened as it is */
+    const char *rel;                      /* dir below the root */
+    int dir_fd;                           /* dir, opened beneath the root; -1 without one */
     const struct lora_model *m;
     struct lora_adapter *ad;
     bool *layer_on; /* layers the adapter covers */
@@ -29,9 +37,9 @@ static int parse_targets(struct adapter_load *ld, json_t *tm)
     if (json_is_string(tm)) {
         if (strcmp(json_string_value(tm), "all-linear") != 0) {
             snprintf(ld->err, ld->err_len,
-                     "%s: target_modules '%s' is not supported: give a list of projection names "
-                     "or \"all-linear\"",
-                     ld->cfg_path, json_string_value(tm));
+                     "%s: target_modules as a string must be \"all-linear\"; else give a list "
+                     "of projection names",
+                     ld->cfg_path);
             return -1;
         }
         mask = (1u << LORA_PROJ_COUNT) - 1;
@@ -128,10 +136,35 @@ bad_type:
     return -1;
 }
 
+/* Opens one file of the adapter to read, as a regular file, without blocking. Under a root it
+ * is opened relative to the directory opened beneath the root, never following a link (with
+ * links allowed, beneath the root again, so a link inside may lead anywhere under it). */
+static int open_member(struct adapter_load *ld, const char *file, const char *label)
+{
+    if (!ld->root)
+        return lora_fs_open_regular(AT_FDCWD, label, label, true, NULL, ld->err, ld->err_len);
+    if (!ld->root->allow_symlinks)
+        return lora_fs_open_regular(ld->dir_fd, file, label, false, NULL, ld->err, ld->err_len);
+    char rel[4096];
+    enum lora_confine_error why;
+    snprintf(rel, sizeof(rel), "%s/%s", ld->rel, file);
+    int fd = lora_confine_open(ld->root->fd, ld->root->path, rel, 0, true, &why, ld->err,
+                               ld->err_len);
+    if (fd >= 0 && lora_fs_check_regular(fd, label, NULL, ld->err, ld->err_len) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
 static int load_config(struct adapter_load *ld, int max_rank)
 {
     struct lora_adapter *ad = ld->ad;
-    json_t *cfg = lora_json_file_load(ld->cfg_path, ld->err, ld->err_len);
+    int fd = open_member(ld, "adapter_config.json", ld->cfg_path);
+    if (fd < 0)
+        return -1;
+    json_t *cfg = lora_json_file_load_fd(fd, ld->cfg_path, LORA_JSON_FILE_MAX_BYTES, ld->err,
+                                         ld->err_len);
     int rc = -1;
 
     if (!cfg)
@@ -293,10 +326,31 @@ static int take_weights(struct adapter_load *ld)
 struct lora_adapter *lora_adapter_load(const char *dir, const struct lora_model *m, int max_rank,
                                        char *err, size_t err_len)
 {
+    return lora_adapter_load_under(NULL, dir, m, max_rank, err, err_len);
+}
+
+struct lora_adapter *lora_adapter_load_under(const struct lora_adapter_root *root,
+                                             const char *dir, const struct lora_model *m,
+                                             int max_rank, char *err, size_t err_len)
+{
     int n = m->cfg.n_layers * LORA_PROJ_COUNT;
     struct lora_adapter *ad = calloc(1, sizeof(*ad));
-    struct adapter_load ld = {.dir = dir, .m = m, .ad = ad, .err = err, .err_len = err_len};
+    struct adapter_load ld = {
+        .dir = dir, .root = root, .dir_fd = -1, .m = m, .ad = ad, .err = err, .err_len = err_len};
     struct lora_safetensors *st = NULL;
+    enum lora_confine_error why;
+
+    if (root) {
+        ld.rel = lora_confine_relative(root->path, dir);
+        if (!ld.rel) {
+            snprintf(err, err_len, "%s: not under the adapter root '%s'", dir, root->path);
+            goto fail;
+        }
+        ld.dir_fd = lora_confine_open(root->fd, root->path, ld.rel, O_DIRECTORY,
+                                      root->allow_symlinks, &why, err, err_len);
+        if (ld.dir_fd < 0)
+            goto fail;
+    }
 
     ld.layer_on = calloc((size_t)m->cfg.n_layers, sizeof(*ld.layer_on));
     ld.ta = calloc((size_t)n, sizeof(*ld.ta));
@@ -314,7 +368,10 @@ struct lora_adapter *lora_adapter_load(const char *dir, const struct lora_model 
     snprintf(ld.st_path, sizeof(ld.st_path), "%s/adapter_model.safetensors", dir);
     if (load_config(&ld, max_rank) < 0)
         goto fail;
-    st = lora_safetensors_open(ld.st_path, err, err_len);
+    int fd = open_member(&ld, "adapter_model.safetensors", ld.st_path);
+    if (fd < 0)
+        goto fail;
+    st = lora_safetensors_open_fd(fd, ld.st_path, err, err_len);
     if (!st)
         goto fail;
     for (int i = 0; i < st->n_tensors; i++)
@@ -326,6 +383,8 @@ struct lora_adapter *lora_adapter_load(const char *dir, const struct lora_model 
 fail:
     lora_adapter_destroy(&ad);
 out:
+    if (ld.dir_fd >= 0)
+        close(ld.dir_fd);
     lora_safetensors_close(&st);
     free(ld.layer_on);
     free(ld.ta);

@@ -9,6 +9,9 @@
  * Everything is checked against the base model: a rank above max_rank, an unknown or unsupported
  * module, a key for a layer the model lacks, a missing A or B, a wrong shape or an unsupported
  * option (fan_in_fan_out, bias training, rank_pattern) is an error naming the file and the key.
+ * Both files are opened without blocking and must be regular files, so a FIFO, a socket or a
+ * device in their place fails at once. A parse error gives the position and never quotes the
+ * file's bytes.
  *
  * Weights are copied to float32 buffers the adapter owns (the files are closed after loading), cut
  * for the shard like the base weights: for q, k, v, gate and up, B keeps this shard's output
@@ -37,6 +40,21 @@ struct lora_adapter {
 /* Loads the adapter in dir for model m. Returns NULL with "file: reason" in err. */
 struct lora_adapter *lora_adapter_load(const char *dir, const struct lora_model *m, int max_rank,
                                        char *err, size_t err_len);
+
+/* Where a worker may read client-named adapters: the root directory, opened once. */
+struct lora_adapter_root {
+    int fd;              /* the root, opened with O_DIRECTORY */
+    const char *path;    /* its real path: dir must lie strictly under it */
+    bool allow_symlinks; /* links that stay beneath the root are followed */
+};
+
+/* As lora_adapter_load, for dir under root (NULL: as lora_adapter_load). The directory is
+ * opened beneath root->fd and both files relative to it, so nothing outside the root is read
+ * whatever is swapped on disk meanwhile; a symbolic link anywhere below the root is refused
+ * unless root->allow_symlinks (and then it must resolve beneath the root). */
+struct lora_adapter *lora_adapter_load_under(const struct lora_adapter_root *root, const char *dir,
+                                             const struct lora_model *m, int max_rank, char *err,
+                                             size_t err_len);
 
 void lora_adapter_destroy(struct lora_adapter **a);
 

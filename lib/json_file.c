@@ -18,18 +18,50 @@ static json_t *fail(int fd, int e)
     return NULL;
 }
 
-json_t *lora_json_file_load_bounded(const char *path, size_t max_bytes, char *err,
-                                    size_t err_len)
+const char *lora_json_error_what(const json_error_t *jerr)
+{
+    switch (json_error_code(jerr)) {
+    case json_error_out_of_memory:
+        return "out of memory";
+    case json_error_stack_overflow:
+        return "nested too deeply";
+    case json_error_cannot_open_file:
+        return "unable to read";
+    case json_error_premature_end_of_input:
+        return "unexpected end of input";
+    case json_error_end_of_input_expected:
+        return "text after the end of the document";
+    case json_error_invalid_utf8:
+        return "invalid UTF-8";
+    case json_error_invalid_format:
+        return "invalid format";
+    case json_error_wrong_type:
+        return "wrong type";
+    case json_error_null_character:
+        return "a NUL character";
+    case json_error_null_value:
+        return "a null value";
+    case json_error_null_byte_in_key:
+        return "a NUL byte in a key";
+    case json_error_duplicate_key:
+        return "a duplicate key";
+    case json_error_numeric_overflow:
+        return "a number out of range";
+    case json_error_item_not_found:
+        return "item not found";
+    case json_error_index_out_of_range:
+        return "index out of range";
+    default:
+        return "invalid syntax";
+    }
+}
+
+json_t *lora_json_file_load_fd(int fd, const char *path, size_t max_bytes, char *err,
+                               size_t err_len)
 {
     struct stat st;
     json_error_t jerr;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
 
-    if (fd < 0) {
-        int e = errno;
-        snprintf(err, err_len, "%s: unable to open: %s", path, strerror(e));
-        return fail(-1, e);
-    }
     if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode)) {
         snprintf(err, err_len, "%s: not a regular file", path);
         return fail(fd, EINVAL);
@@ -47,8 +79,8 @@ json_t *lora_json_file_load_bounded(const char *path, size_t max_bytes, char *er
     json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
     fclose(f);
     if (!root) {
-        snprintf(err, err_len, "%s: invalid JSON at line %d column %d: %s", path, jerr.line,
-                 jerr.column, jerr.text);
+        snprintf(err, err_len, "%s: invalid JSON at line %d column %d (byte %d): %s", path,
+                 jerr.line, jerr.column, jerr.position, lora_json_error_what(&jerr));
         return fail(-1, EINVAL);
     }
     if (!json_is_object(root)) {
@@ -57,6 +89,19 @@ json_t *lora_json_file_load_bounded(const char *path, size_t max_bytes, char *er
         return fail(-1, EINVAL);
     }
     return root;
+}
+
+json_t *lora_json_file_load_bounded(const char *path, size_t max_bytes, char *err,
+                                    size_t err_len)
+{
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+
+    if (fd < 0) {
+        int e = errno;
+        snprintf(err, err_len, "%s: unable to open: %s", path, strerror(e));
+        return fail(-1, e);
+    }
+    return lora_json_file_load_fd(fd, path, max_bytes, err, err_len);
 }
 
 json_t *lora_json_file_load(const char *path, char *err, size_t err_len)

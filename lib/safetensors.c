@@ -7,6 +7,8 @@
 #include "safetensors.h"
 
 #include "errbuf.h"
+#include "fs.h"
+#include "json_file.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -348,8 +350,10 @@ static int parse_entry(const struct parse_ctx *c, const char *name, const json_t
         return -1;
     }
     if (dtype_parse(json_string_value(dtype), &t->dtype) < 0) {
-        lora_errf_path(c->err, c->err_len, c->path, "tensor '%s': unknown dtype '%s'", name,
-                       json_string_value(dtype));
+        lora_errf_path(c->err, c->err_len, c->path,
+                       "tensor '%s': unknown dtype (not F32, F16, BF16, F64, I64, I32, I16, I8, "
+                       "U8 or BOOL)",
+                       name);
         return -1;
     }
     if (parse_shape(c, name, json_object_get(entry, "shape"), t) < 0)
@@ -503,26 +507,14 @@ static int parse_header(const struct parse_ctx *c, json_t *root, struct lora_saf
     return check_overlap(c, st);
 }
 
-/* Maps path read-only into st->map / st->map_bytes. */
-static int map_file(const char *path, struct lora_safetensors *st, char *err, size_t err_len)
+/* Maps fd (a regular file; closed here either way) read-only into st->map / st->map_bytes. */
+static int map_fd(int fd, const char *path, struct lora_safetensors *st, char *err, size_t err_len)
 {
     struct stat sb;
     void *map;
-    int fd;
 
-    fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        lora_errf_path(err, err_len, path, "unable to open: %s", strerror(errno));
-        return -1;
-    }
-    if (fstat(fd, &sb) < 0) {
-        lora_errf_path(err, err_len, path, "unable to stat: %s", strerror(errno));
+    if (lora_fs_check_regular(fd, path, &sb, err, err_len) < 0)
         goto out_close;
-    }
-    if (!S_ISREG(sb.st_mode)) {
-        lora_errf_path(err, err_len, path, "not a regular file");
-        goto out_close;
-    }
     if (sb.st_size < LEN_BYTES) {
         lora_errf_path(err, err_len, path,
                        "file is %lld bytes, shorter than the %d-byte header length",
@@ -547,6 +539,22 @@ out_close:
 
 struct lora_safetensors *lora_safetensors_open(const char *path, char *err, size_t err_len)
 {
+    if (err && err_len)
+        err[0] = '\0';
+    if (!path) {
+        lora_errf_path(err, err_len, path, "no path given");
+        return NULL;
+    }
+    /* Without blocking: a FIFO in the file's place must fail at once, not hang the reader. */
+    int fd = lora_fs_open_regular(AT_FDCWD, path, path, true, NULL, err, err_len);
+    if (fd < 0)
+        return NULL;
+    return lora_safetensors_open_fd(fd, path, err, err_len);
+}
+
+struct lora_safetensors *lora_safetensors_open_fd(int fd, const char *path, char *err,
+                                                  size_t err_len)
+{
     struct lora_safetensors *st = NULL;
     const unsigned char *base;
     json_t *root = NULL;
@@ -556,16 +564,13 @@ struct lora_safetensors *lora_safetensors_open(const char *path, char *err, size
 
     if (err && err_len)
         err[0] = '\0';
-    if (!path) {
-        lora_errf_path(err, err_len, path, "no path given");
-        return NULL;
-    }
     st = calloc(1, sizeof(*st));
     if (!st || !(st->path = strdup(path))) {
         lora_errf_path(err, err_len, path, "out of memory");
+        close(fd);
         goto out_fail;
     }
-    if (map_file(path, st, err, err_len) < 0)
+    if (map_fd(fd, path, st, err, err_len) < 0)
         goto out_fail;
     base = st->map;
     for (int i = LEN_BYTES - 1; i >= 0; i--)
@@ -575,17 +580,18 @@ struct lora_safetensors *lora_safetensors_open(const char *path, char *err, size
         goto out_fail;
     }
     if (header_len > LORA_SAFETENSORS_MAX_HEADER) {
+        /* The value is not shown: it is the file's first 8 bytes, whatever the file is. */
         lora_errf_path(err, err_len, path,
-                       "header length %" PRIu64 " exceeds the limit of %u bytes", header_len,
+                       "not a safetensors file: the header length (bytes 0 to 7) exceeds the "
+                       "limit of %u bytes",
                        LORA_SAFETENSORS_MAX_HEADER);
         goto out_fail;
     }
     if (header_len > st->map_bytes - LEN_BYTES) {
         lora_errf_path(err, err_len, path,
-                       "truncated file: header length %" PRIu64
-                       " runs past the end of the file (%zu "
-                       "bytes)",
-                       header_len, st->map_bytes);
+                       "truncated or not a safetensors file: the header length (bytes 0 to 7) "
+                       "runs past the end of the file (%zu bytes)",
+                       st->map_bytes);
         goto out_fail;
     }
     /* duplicate names would silently hide a tensor; NUL in a name is rejected by default;
@@ -593,8 +599,9 @@ struct lora_safetensors *lora_safetensors_open(const char *path, char *err, size
     root = json_loadb((const char *)base + LEN_BYTES, (size_t)header_len,
                       JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &jerr);
     if (!root) {
-        lora_errf_path(err, err_len, path, "invalid JSON header at line %d column %d: %s",
-                       jerr.line, jerr.column, jerr.text);
+        /* Where, and what kind of error; never jansson's text, which quotes the file. */
+        lora_errf_path(err, err_len, path, "invalid JSON header at byte %lld: %s",
+                       (long long)LEN_BYTES + jerr.position, lora_json_error_what(&jerr));
         goto out_fail;
     }
     c.path = path;

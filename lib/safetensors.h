@@ -8,7 +8,9 @@
  * within the file and at most LORA_SAFETENSORS_MAX_HEADER bytes, valid JSON object, every entry
  * with a known dtype, a shape of at most LORA_SAFETENSORS_MAX_DIMS non-negative dims, offsets in
  * order, inside the data section, and end - begin equal to numel * dtype size, no two tensors
- * overlapping. Every error names the file and, where there is one, the tensor.
+ * overlapping. Every error names the file and, where there is one, the tensor; a parse error
+ * gives the byte position and never quotes the file's bytes. The file is opened without
+ * blocking and must be a regular file (a FIFO or a device in its place fails at once).
  * Tensor data pointers stay valid until lora_safetensors_close(). Little-endian hosts only.
  */
 #ifndef LORA_SAFETENSORS_H
@@ -56,6 +58,11 @@ struct lora_safetensors {
 /* Opens and validates path. Returns NULL and writes "path: reason" (with the tensor name where
  * one is at fault) into err on failure. */
 struct lora_safetensors *lora_safetensors_open(const char *path, char *err, size_t err_len);
+
+/* The same from fd, open for reading (closed here either way); path names the file in errors.
+ * It must be a regular file. */
+struct lora_safetensors *lora_safetensors_open_fd(int fd, const char *path, char *err,
+                                                  size_t err_len);
 
 /* Unmaps and frees *st, then sets *st to NULL. Accepts NULL and *st == NULL. */
 void lora_safetensors_close(struct lora_safetensors **st);

@@ -2,7 +2,10 @@
  * /v1/load_lora_adapter and /v1/unload_lora_adapter, with what vLLM does not do: the engine
  * loads the adapter on every rank before the answer, unload removes it from every rank (the
  * engine answers once no running request uses it), and every frontend on the engine sees the
- * change through the engine's registry. Client paths are confined to --lora-root. */
+ * change through the engine's registry. Client paths are confined to --lora-root: checked here
+ * as a first filter (no "..", no symbolic link unless --lora-allow-symlinks, a directory under
+ * the root), and again where it holds, in the workers, which open the files beneath their own
+ * --lora-root descriptor. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -91,7 +94,8 @@ void adapters_load(struct frontend *fe, struct lora_http_request *req, json_t *b
         return;
     }
     enum lora_confine_error why;
-    char *real = lora_path_confine(fe->lora_root, json_string_value(p), &why, err, sizeof(err));
+    char *real = lora_path_confine(fe->lora_root, json_string_value(p), fe->lora_allow_symlinks,
+                                   &why, err, sizeof(err));
     if (!real) {
         reply_error(req, why == LORA_CONFINE_MISSING ? 404 : 400, "lora_path", "%s", err);
         return;

@@ -124,6 +124,7 @@ struct frontend {
     const char *model_dir;
     const char *api_key; /* NULL: no key */
     const char *lora_root; /* realpath of --lora-root, or NULL */
+    bool lora_allow_symlinks; /* links under lora_root that stay under it are accepted */
     bool runtime_lora;
     int max_pending; /* engine requests in flight before 503 */
     const char *version;

@@ -173,6 +173,8 @@ int main(int argc, char **argv)
          "allow /v1/load_lora_adapter and /v1/unload_lora_adapter"},
         {"lora-root", LORA_OPT_STRING, &lora_root, "DIR",
          "runtime loads only from directories under DIR"},
+        {"lora-allow-symlinks", LORA_OPT_FLAG, &fe.lora_allow_symlinks, NULL,
+         "accept symbolic links under --lora-root that stay under it (default refused)"},
         {"chat-template", LORA_OPT_STRING, &chat_name, "NAME",
          "chatml, qwen2.5, qwen3, llama3, llama3.1, llama2, mistral or mistral-v1, instead of "
          "the model's"},

@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -229,13 +230,14 @@ static int dispatch(struct worker *w, const struct lora_msg_frames *f)
 
 static void teardown(struct worker *w)
 {
-    worker_adapters_stop(w);
+    bool loaders_gone = worker_adapters_stop(w);
     worker_step_free(w);
     lora_adapter_cache_destroy(&w->cache);
     lora_adapter_cache_snapshot_release(&w->snap);
     lora_forward_destroy(&w->fwd);
     lora_kv_cache_destroy(&w->kv);
-    lora_model_destroy(&w->model);
+    if (loaders_gone) /* else a stuck loader thread may still read the model's shapes */
+        lora_model_destroy(&w->model);
     lora_sampler_destroy(&w->sampler);
     lora_allreduce_close(&w->ar);
     lora_notify_ring_destroy(&w->ring);
@@ -296,15 +298,22 @@ int cmd_serve(int argc, char **argv)
 {
     const char *endpoint = NULL;
     long rank = 0;
+    struct worker w = {.sig_fd = -1};
+    long load_timeout = 60000; /* below the engine's 120 s wait for an adapter command */
     bool help = false;
     const struct lora_opt options[] = {
         {"engine", LORA_OPT_STRING, &endpoint, "ENDPOINT", "the engine's worker socket"},
         {"rank", LORA_OPT_INT, &rank, "N", "tensor-parallel rank (default 0)", 0, 63},
+        {"lora-root", LORA_OPT_STRING, &w.lora_root, "DIR",
+         "read adapters under DIR beneath it, following no link"},
+        {"lora-allow-symlinks", LORA_OPT_FLAG, &w.lora_allow_symlinks, NULL,
+         "follow links under --lora-root that stay under it"},
+        {"load-timeout-ms", LORA_OPT_INT, &load_timeout, "MS",
+         "an adapter load still running after MS fails (default 60000)", 100, 3600000},
         {"help", LORA_OPT_FLAG, &help, NULL, "show this help"},
         {0},
     };
     char err[1024] = "", identity[32];
-    struct worker w = {.sig_fd = -1};
     int rc = EXIT_SYSTEM;
 
     if (lora_cli_parse(options, "LORA_WORKER", argc, argv, 1, err, sizeof(err)) < 0 ||
@@ -313,12 +322,18 @@ int cmd_serve(int argc, char **argv)
         return EXIT_USAGE;
     }
     if (help) {
-        puts("usage: lora-worker serve --engine ENDPOINT [--rank N]\n");
+        puts("usage: lora-worker serve --engine ENDPOINT [--rank N] [--lora-root DIR]\n");
         lora_cli_usage(stdout, options);
         return 0;
     }
     w.rank = (int)rank;
     w.endpoint = endpoint;
+    w.load_timeout_ms = load_timeout;
+    struct stat root_st;
+    if (w.lora_root && (stat(w.lora_root, &root_st) < 0 || !S_ISDIR(root_st.st_mode))) {
+        fprintf(stderr, "lora-worker: fatal: --lora-root '%s' is not a directory\n", w.lora_root);
+        return EXIT_USAGE;
+    }
     snprintf(identity, sizeof(identity), "worker-%d", w.rank);
     const int sigs[] = {SIGTERM, SIGINT};
     w.sig_fd = lora_signal_pipe_open(sigs, 2);

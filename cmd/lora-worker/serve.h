@@ -42,6 +42,9 @@ struct worker {
     struct lora_notify_ring *ring;
     struct lora_adapter_cache_snapshot snap;
     uint64_t clock; /* steps run: the adapters' LRU clock */
+    const char *lora_root;    /* --lora-root: client adapters are read beneath it */
+    bool lora_allow_symlinks; /* links beneath the root are followed */
+    long load_timeout_ms;     /* a load still running then is answered as failed */
     struct loader *loader;
     int n_loading; /* ADD commands queued to the loader and not yet answered */
 
@@ -75,7 +78,8 @@ int worker_handle_step(struct worker *w, const struct lora_msg_frames *f);
 
 /* serve_adapters.c */
 int worker_adapters_start(struct worker *w, char *err, size_t err_len);
-void worker_adapters_stop(struct worker *w);
+/* Returns false when a loader thread is still stuck in a read (then the model must outlive). */
+bool worker_adapters_stop(struct worker *w);
 int worker_handle_adapter_op(struct worker *w, const struct lora_msg_frames *f);
 int worker_finish_loads(struct worker *w);
 int worker_handle_take_notifications(struct worker *w);

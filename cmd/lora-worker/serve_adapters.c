@@ -1,16 +1,25 @@
-/* lora-worker serve: adapter commands (DESIGN section 6), the loader thread that reads adapters
- * from disk off the step path, and the notification channel (section 7). The loop collects
- * finished loads every turn (and polls briefly while any is pending). */
+/* lora-worker serve: adapter commands, the loader threads that read adapters from disk off the
+ * step path, and the notification channel. The loop collects finished loads every turn (and
+ * polls briefly while any is pending); a load past its deadline (--load-timeout-ms) is answered
+ * as failed at once, whatever its thread is stuck in. An adapter whose path lies under
+ * --lora-root is read beneath the root descriptor opened at setup (lib/path_confine.h). */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
+#include "path_confine.h"
 #include "serve.h"
 
-/* One ADD command: queued by the loop, loaded by the thread, finished by the loop. */
+/* One ADD command: queued by the loop, loaded by a loader thread, finished by the loop. A load
+ * that outlives its deadline is answered by the loop as failed and left to its thread, which
+ * frees it whenever the read returns (a hung file system may never return it). */
+enum job_state { JOB_QUEUED, JOB_RUNNING, JOB_DONE };
+
 struct load_job {
     uint64_t op_id;
     char name[LORA_ADAPTER_NAME_MAX + 1];
@@ -18,17 +27,27 @@ struct load_job {
     struct lora_adapter *adapter; /* NULL when loading failed */
     char err[512];
     double seconds;
+    uint64_t deadline_ms; /* lora_now_ms() clock */
+    enum job_state state;
+    bool abandoned; /* answered at its deadline; its thread frees it */
     struct load_job *next;
 };
 
+#define LOADER_THREADS     2 /* loads read at once */
+#define LOADER_MAX_THREADS 8 /* with those stuck past their deadline */
+#define LOADER_STOP_MS     2000
+
 struct loader {
-    pthread_t thread;
     pthread_mutex_t mu;
-    pthread_cond_t cv;
-    struct load_job *todo, *todo_tail, *done;
-    bool stop;
+    pthread_cond_t cv;       /* a job queued, or stop */
+    pthread_cond_t exited;   /* a thread left */
+    struct load_job *jobs;   /* every job not yet answered, oldest first */
+    int n_threads, n_idle, n_stuck;
+    bool stop, orphaned;
     const struct lora_model *model;
     int max_rank;
+    struct lora_adapter_root root; /* fd -1: no --lora-root */
+    const char *root_given;        /* --lora-root as given */
 };
 
 static double now_s(void)
@@ -38,32 +57,110 @@ static double now_s(void)
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static void loader_free(struct loader *ld)
+{
+    while (ld->jobs) {
+        struct load_job *j = ld->jobs;
+        ld->jobs = j->next;
+        lora_adapter_destroy(&j->adapter);
+        free(j);
+    }
+    pthread_mutex_destroy(&ld->mu);
+    pthread_cond_destroy(&ld->cv);
+    pthread_cond_destroy(&ld->exited);
+    if (ld->root.fd >= 0)
+        close(ld->root.fd);
+    free((char *)ld->root.path);
+    free(ld);
+}
+
+/* Test hook: LORA_WORKER_TEST_STUCK_LOAD=NAME makes loading NAME hang as on a file system that
+ * stopped answering, so that the tests can show the deadline. */
+static void maybe_stuck(const struct load_job *j)
+{
+    const char *name = getenv("LORA_WORKER_TEST_STUCK_LOAD");
+    if (name && strcmp(name, j->name) == 0)
+        sleep(3600);
+}
+
+/* Loads j: beneath the root when its path lies under --lora-root, else as the operator gave it. */
+static struct lora_adapter *load(struct loader *ld, struct load_job *j)
+{
+    if (ld->root.fd < 0)
+        return lora_adapter_load(j->path, ld->model, ld->max_rank, j->err, sizeof(j->err));
+    const char *rel = lora_confine_relative(ld->root.path, j->path);
+    if (!rel)
+        rel = lora_confine_relative(ld->root_given, j->path);
+    if (!rel) /* not a client's path: the frontends confine theirs to the root */
+        return lora_adapter_load(j->path, ld->model, ld->max_rank, j->err, sizeof(j->err));
+    char dir[4096 + 8];
+    snprintf(dir, sizeof(dir), "%s/%s", ld->root.path, rel);
+    return lora_adapter_load_under(&ld->root, dir, ld->model, ld->max_rank, j->err,
+                                   sizeof(j->err));
+}
+
 static void *loader_main(void *arg)
 {
     struct loader *ld = arg;
 
     pthread_mutex_lock(&ld->mu);
     for (;;) {
-        while (!ld->todo && !ld->stop)
+        struct load_job *j = NULL;
+        ld->n_idle++;
+        while (!ld->stop) {
+            for (j = ld->jobs; j && j->state != JOB_QUEUED; j = j->next)
+                ;
+            if (j)
+                break;
             pthread_cond_wait(&ld->cv, &ld->mu);
+        }
+        ld->n_idle--;
         if (ld->stop)
             break;
-        struct load_job *j = ld->todo;
-        ld->todo = j->next;
-        if (!ld->todo)
-            ld->todo_tail = NULL;
+        j->state = JOB_RUNNING;
         pthread_mutex_unlock(&ld->mu);
 
         double t0 = now_s();
-        j->adapter = lora_adapter_load(j->path, ld->model, ld->max_rank, j->err, sizeof(j->err));
+        maybe_stuck(j);
+        j->adapter = load(ld, j);
         j->seconds = now_s() - t0;
 
         pthread_mutex_lock(&ld->mu);
-        j->next = ld->done;
-        ld->done = j;
+        if (!j->abandoned) {
+            j->state = JOB_DONE;
+            continue;
+        }
+        /* The loop answered it and started another thread: this one leaves. */
+        lora_adapter_destroy(&j->adapter);
+        free(j);
+        ld->n_stuck--;
+        break;
     }
+    ld->n_threads--;
+    bool last = ld->n_threads == 0;
+    bool orphaned = ld->orphaned;
+    pthread_cond_broadcast(&ld->exited);
     pthread_mutex_unlock(&ld->mu);
+    if (last && orphaned)
+        loader_free(ld);
     return NULL;
+}
+
+/* Starts one more loader thread when none is idle and fewer than LOADER_THREADS work. With mu
+ * held. */
+static void spawn_locked(struct loader *ld)
+{
+    pthread_t t;
+    pthread_attr_t attr;
+
+    if (ld->n_idle > 0 || ld->n_threads - ld->n_stuck >= LOADER_THREADS ||
+        ld->n_threads >= LOADER_MAX_THREADS)
+        return;
+    pthread_attr_init(&attr);
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    if (pthread_create(&t, &attr, loader_main, ld) == 0)
+        ld->n_threads++;
+    pthread_attr_destroy(&attr);
 }
 
 int worker_adapters_start(struct worker *w, char *err, size_t err_len)
@@ -76,43 +173,59 @@ int worker_adapters_start(struct worker *w, char *err, size_t err_len)
     }
     pthread_mutex_init(&ld->mu, NULL);
     pthread_cond_init(&ld->cv, NULL);
+    pthread_cond_init(&ld->exited, NULL);
     ld->model = w->model;
     ld->max_rank = w->lim.max_lora_rank;
-    if (pthread_create(&ld->thread, NULL, loader_main, ld) != 0) {
+    ld->root.fd = -1;
+    if (w->lora_root) {
+        ld->root.fd = open(w->lora_root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        ld->root.path = realpath(w->lora_root, NULL);
+        ld->root.allow_symlinks = w->lora_allow_symlinks;
+        ld->root_given = w->lora_root;
+        if (ld->root.fd < 0 || !ld->root.path) {
+            snprintf(err, err_len, "--lora-root '%s': unable to open: %s", w->lora_root,
+                     strerror(errno));
+            loader_free(ld);
+            return -1;
+        }
+    }
+    pthread_mutex_lock(&ld->mu);
+    spawn_locked(ld);
+    bool started = ld->n_threads > 0;
+    pthread_mutex_unlock(&ld->mu);
+    if (!started) {
         snprintf(err, err_len, "unable to start the adapter loader thread");
-        free(ld);
+        loader_free(ld);
         return -1;
     }
     w->loader = ld;
     return 0;
 }
 
-static void free_jobs(struct load_job *j)
-{
-    while (j) {
-        struct load_job *next = j->next;
-        lora_adapter_destroy(&j->adapter);
-        free(j);
-        j = next;
-    }
-}
-
-void worker_adapters_stop(struct worker *w)
+bool worker_adapters_stop(struct worker *w)
 {
     struct loader *ld = w->loader;
     if (!ld)
-        return;
+        return true;
+    w->loader = NULL;
     pthread_mutex_lock(&ld->mu);
     ld->stop = true;
-    pthread_cond_signal(&ld->cv);
+    pthread_cond_broadcast(&ld->cv);
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += LOADER_STOP_MS / 1000;
+    while (ld->n_threads > 0 &&
+           pthread_cond_timedwait(&ld->exited, &ld->mu, &until) != ETIMEDOUT)
+        ;
+    if (ld->n_threads > 0) {
+        /* A thread is stuck in a read: the last one to leave frees the loader. */
+        ld->orphaned = true;
+        pthread_mutex_unlock(&ld->mu);
+        return false;
+    }
     pthread_mutex_unlock(&ld->mu);
-    pthread_join(ld->thread, NULL);
-    free_jobs(ld->todo);
-    free_jobs(ld->done);
-    pthread_mutex_destroy(&ld->mu);
-    pthread_cond_destroy(&ld->cv);
-    free(ld);
-    w->loader = NULL;
+    loader_free(ld);
+    return true;
 }
 
 static int reply_op(struct worker *w, uint64_t op_id, const char *err, double seconds)
@@ -158,18 +271,57 @@ void worker_notify(struct worker *w)
 int worker_finish_loads(struct worker *w)
 {
     struct loader *ld = w->loader;
+    struct load_job *answer = NULL, **tail = &answer;
+    uint64_t now = lora_now_ms();
     char err[512];
 
+    /* Takes out, under the lock, every job finished or past its deadline. */
     pthread_mutex_lock(&ld->mu);
-    struct load_job *done = ld->done;
-    ld->done = NULL;
+    for (struct load_job **p = &ld->jobs; *p;) {
+        struct load_job *j = *p;
+        if (j->state != JOB_DONE && now < j->deadline_ms) {
+            p = &j->next;
+            continue;
+        }
+        *p = j->next;
+        j->next = NULL;
+        if (j->state == JOB_RUNNING) {
+            /* Its thread still reads: answer now, let the thread free it, and start another
+             * thread so that later loads do not queue behind it. */
+            j->abandoned = true;
+            ld->n_stuck++;
+            fprintf(stderr,
+                    "lora-worker: warning: rank %d: loading adapter '%s' from '%s' did not finish "
+                    "within %ld ms\n",
+                    w->rank, j->name, j->path, w->load_timeout_ms);
+            struct load_job *copy = calloc(1, sizeof(*copy));
+            if (copy) {
+                copy->op_id = j->op_id;
+                copy->state = JOB_QUEUED; /* marks "timed out" below */
+                snprintf(copy->name, sizeof(copy->name), "%s", j->name);
+                snprintf(copy->path, sizeof(copy->path), "%s", j->path);
+                *tail = copy;
+                tail = &copy->next;
+            }
+            spawn_locked(ld);
+            continue;
+        }
+        *tail = j;
+        tail = &j->next;
+    }
     pthread_mutex_unlock(&ld->mu);
 
     int rc = 0;
-    while (done) {
-        struct load_job *j = done;
-        done = j->next;
+    while (answer) {
+        struct load_job *j = answer;
+        answer = j->next;
         const char *fail = j->adapter ? NULL : j->err;
+        if (j->state != JOB_DONE) {
+            snprintf(j->err, sizeof(j->err),
+                     "%.300s: loading did not finish within %ld ms (a slow or hung file system?)",
+                     j->path, w->load_timeout_ms);
+            fail = j->err;
+        }
         if (j->adapter && lora_adapter_cache_insert(w->cache, j->name, &j->adapter, j->seconds,
                                                     w->clock, err, sizeof(err)) < 0)
             fail = err;
@@ -205,12 +357,14 @@ static int queue_load(struct worker *w, const struct lora_msg_adapter_op *op)
     j->op_id = op->op_id;
     memcpy(j->name, op->name.s, op->name.len);
     memcpy(j->path, op->path.s, op->path.len);
+    j->deadline_ms = lora_now_ms() + (uint64_t)w->load_timeout_ms;
+    j->state = JOB_QUEUED;
     pthread_mutex_lock(&ld->mu);
-    if (ld->todo_tail)
-        ld->todo_tail->next = j;
-    else
-        ld->todo = j;
-    ld->todo_tail = j;
+    struct load_job **p = &ld->jobs;
+    while (*p)
+        p = &(*p)->next;
+    *p = j;
+    spawn_locked(ld);
     pthread_cond_signal(&ld->cv);
     pthread_mutex_unlock(&ld->mu);
     w->n_loading++;

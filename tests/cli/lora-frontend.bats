@@ -139,3 +139,16 @@ help_options() {
         --max-body-memory 0 --engine-timeout-ms 200
     expect_status 111
 }
+
+@test "--lora-allow-symlinks is listed in --help and the man page; a value given to it exits 100" {
+    run --separate-stderr "$FRONTEND" --help
+    expect_status 0
+    [[ "$output" == *"  --lora-allow-symlinks"* ]]
+    grep -qF -- '\-\-lora\-allow\-symlinks' "$ROOT/man/lora-frontend.1"
+    run --separate-stderr "$FRONTEND" --run-dir /tmp --lora-allow-symlinks=yes
+    expect_status 100
+    expect_message "--lora-allow-symlinks"
+    LORA_FRONTEND_LORA_ALLOW_SYMLINKS=maybe run --separate-stderr "$FRONTEND" --run-dir /tmp
+    expect_status 100
+    expect_message "LORA_FRONTEND_LORA_ALLOW_SYMLINKS"
+}

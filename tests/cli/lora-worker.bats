@@ -635,3 +635,36 @@ assert keys == want, sorted(keys ^ want)
     expect_status 0
     [ -z "$output" ]
 }
+
+@test "serve --help lists --lora-root, --lora-allow-symlinks and --load-timeout-ms, as the man page" {
+    run --separate-stderr "$WORKER" serve --help
+    expect_status 0
+    for o in "--lora-root DIR" --lora-allow-symlinks "--load-timeout-ms MS"; do
+        [[ "$output" == *"  $o"* ]] || { echo "serve --help lacks $o" >&2; return 1; }
+    done
+    diff <(help_options serve) <(man_options serve)
+}
+
+@test "serve: a bad --lora-root or --load-timeout-ms exits 100 and names it, also from the mirrors" {
+    run --separate-stderr "$WORKER" serve --engine ipc:///nonexistent --lora-root /nonexistent
+    expect_status 100
+    expect_message "--lora-root '/nonexistent' is not a directory"
+    run --separate-stderr "$WORKER" serve --engine ipc:///nonexistent --lora-root "$D/m/config.json"
+    expect_status 100
+    expect_message "is not a directory"
+    run --separate-stderr "$WORKER" serve --engine ipc:///nonexistent --load-timeout-ms 5
+    expect_status 100
+    expect_message "--load-timeout-ms"
+    run --separate-stderr "$WORKER" serve --engine ipc:///nonexistent --load-timeout-ms soon
+    expect_status 100
+    expect_message "--load-timeout-ms"
+    LORA_WORKER_LOAD_TIMEOUT_MS=0 run --separate-stderr "$WORKER" serve --engine ipc:///x
+    expect_status 100
+    expect_message "LORA_WORKER_LOAD_TIMEOUT_MS"
+    LORA_WORKER_LORA_ROOT=/nonexistent run --separate-stderr "$WORKER" serve --engine ipc:///x
+    expect_status 100
+    expect_message "--lora-root '/nonexistent' is not a directory"
+    run --separate-stderr "$WORKER" serve --engine ipc:///x --lora-allow-symlinks=maybe
+    expect_status 100
+    expect_message "--lora-allow-symlinks"
+}

@@ -469,6 +469,25 @@ static void test_truncated_file(void)
     CHECK_CONTAINS(e, path);
 }
 
+/* A FIFO in place of the weights or of config.json fails at once (opened for reading, a FIFO
+ * would block until a writer came), naming the file and what it is. */
+static void test_fifo_in_model_dir(void)
+{
+    const char *dir = gen_default_model("fifo");
+    const char *path = fx_join(dir, "model.safetensors");
+    const char *e;
+
+    CHECK(unlink(path) == 0 && mkfifo(path, 0600) == 0);
+    e = load_err(dir, 0, 1);
+    CHECK_CONTAINS(e, path);
+    CHECK_CONTAINS(e, "not a regular file (a FIFO)");
+    path = fx_join(dir, "config.json");
+    CHECK(unlink(path) == 0 && mkfifo(path, 0600) == 0);
+    e = load_err(dir, 0, 1);
+    CHECK_CONTAINS(e, path);
+    CHECK_CONTAINS(e, "not a regular file");
+}
+
 /* Rewrites dir/model.safetensors by hand with one lie about victim. */
 static int rewrite_raw(const char *dir, enum lie lie, const char *victim)
 {
@@ -829,6 +848,7 @@ int main(void)
     RUN(test_sharded_model_loads);
     RUN(test_unaligned_f32_loads);
     RUN(test_truncated_file);
+    RUN(test_fifo_in_model_dir);
     RUN(test_header_offsets_past_data);
     RUN(test_header_size_mismatch);
     RUN(test_i64_tensor);

@@ -2,6 +2,9 @@
  * _Float16 as an independent F16 reference), write/read round trips, every malformed-header
  * error, and a fixed-seed mutation run that must never crash.
  */
+#include <sys/socket.h>
+#include <sys/un.h>
+
 #include "check.h"
 #include "fixture.h"
 #include "safetensors.h"
@@ -534,6 +537,57 @@ static void test_bad_framing(void)
     expect_bad("{\"__metadata__\":{\"k\":1}}", 0, "is not a string", "'k'");
 }
 
+/* A FIFO, a socket or a directory in the file's place fails at once (a FIFO opened for reading
+ * would block until a writer came). */
+static void test_special_files(void)
+{
+    char path[PATH_BYTES];
+
+    tmp_path(path, "fifo.safetensors");
+    unlink(path);
+    CHECK(mkfifo(path, 0600) == 0);
+    open_fails_with(path, "not a regular file (a FIFO)", NULL);
+    unlink(path);
+    tmp_path(path, "sock.safetensors");
+    unlink(path);
+    int s = socket(AF_UNIX, SOCK_STREAM, 0);
+    struct sockaddr_un a = {.sun_family = AF_UNIX};
+    snprintf(a.sun_path, sizeof(a.sun_path), "%.100s", path);
+    CHECK(s >= 0 && bind(s, (struct sockaddr *)&a, sizeof(a)) == 0);
+    open_fails_with(path, "not a regular file (a socket)", NULL);
+    close(s);
+    unlink(path);
+}
+
+/* Errors about what a file holds give positions, never its bytes: a file that is no
+ * safetensors file (a secret read by mistake) must not show up in a log. */
+static void test_errors_never_quote(void)
+{
+    char path[PATH_BYTES], err[512], num[32];
+    const char *secret = "TOPSECRET-4711 and the rest of the secret";
+    uint64_t len = 0;
+
+    for (int i = 7; i >= 0; i--)
+        len = len << 8 | (unsigned char)secret[i];
+    snprintf(num, sizeof(num), "%llu", (unsigned long long)len);
+    tmp_path(path, "secret.safetensors");
+    CHECK(write_bytes(path, secret, strlen(secret)) == 0);
+    struct lora_safetensors *st = lora_safetensors_open(path, err, sizeof(err));
+    CHECK(!st);
+    CHECK_CONTAINS(err, "not a safetensors file");
+    CHECK(!strstr(err, "TOPSECRET") && !strstr(err, num));
+    /* A header length that fits, then text that is no JSON: the byte where it breaks. */
+    CHECK(write_raw_len(path, 14, "{\"a\": SECRET9}", 0) == 0);
+    st = lora_safetensors_open(path, err, sizeof(err));
+    CHECK(!st);
+    CHECK_CONTAINS(err, "invalid JSON header at byte 20"); /* where jansson stopped reading */
+    CHECK(!strstr(err, "SECRET9"));
+    printf("# %s\n", err);
+    CHECK(write_raw_len(path, 20, "{\"SECRET8\": 1, \"SECRET8\": 2}", 0) == 0);
+    CHECK(!lora_safetensors_open(path, err, sizeof(err)));
+    CHECK(!strstr(err, "SECRET8"));
+}
+
 static void test_bad_entries(void)
 {
     expect_bad("{\"w\":[1]}", 0, "tensor 'w'", "entry is not an object");
@@ -542,7 +596,7 @@ static void test_bad_entries(void)
     expect_bad("{\"w\":{\"dtype\":4,\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "tensor 'w'",
                "\"dtype\" is not a string");
     expect_bad("{\"w\":{\"dtype\":\"F8\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "tensor 'w'",
-               "unknown dtype 'F8'");
+               "unknown dtype (not F32");
     expect_bad("{\"w\":{\"dtype\":\"f32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, "tensor 'w'",
                "unknown dtype");
     expect_bad("{\"w\":{\"dtype\":\"F32\",\"data_offsets\":[0,4]}}", 4, "tensor 'w'",
@@ -786,6 +840,8 @@ int main(void)
     RUN(test_header_padding);
     RUN(test_valid_edge_cases);
     RUN(test_bad_framing);
+    RUN(test_special_files);
+    RUN(test_errors_never_quote);
     RUN(test_bad_entries);
     RUN(test_bad_offsets);
     RUN(test_write_errors);

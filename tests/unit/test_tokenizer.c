@@ -988,7 +988,7 @@ static void test_load_errors(void)
         {"", "invalid JSON"},
         {"[1, 2]", "top level must be a JSON object"},
         {"{\"model\": {\"type\": \"BPE\", \"vocab\": {\"a\": 0, \"a\": 1}, \"merges\": []}}",
-         "duplicate object key"},
+         "a duplicate key"},
     };
     char spec[4096];
 
