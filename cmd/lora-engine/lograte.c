@@ -1,0 +1,43 @@
+/* lora-engine: repeated warnings, rate-limited. A peer that sends malformed messages in a loop
+ * must not turn the engine's log into a copy of its traffic: each kind of warning is logged at
+ * most LOGRATE_BURST times per LOGRATE_WINDOW_MS, and the lines held back are counted and said in
+ * one summary line when the window is over. */
+#include <stdarg.h>
+#include <stdio.h>
+
+#include "engine.h"
+
+static void summarise(struct eng_lograte *lr)
+{
+    if (lr->n_held > 0)
+        fprintf(stderr, "lora-engine: warning: %llu more %s in the last %d s (not logged)\n",
+                (unsigned long long)lr->n_held, lr->what ? lr->what : "warnings like these",
+                LOGRATE_WINDOW_MS / 1000);
+    lr->n_held = 0;
+    lr->n_logged = 0;
+}
+
+void lograte_flush(struct eng_lograte *lr, uint64_t now_ms)
+{
+    if (now_ms - lr->window_start_ms < LOGRATE_WINDOW_MS)
+        return;
+    summarise(lr);
+    lr->window_start_ms = now_ms;
+}
+
+void lograte_warn(struct eng_lograte *lr, const char *fmt, ...)
+{
+    va_list ap;
+
+    lograte_flush(lr, lora_now_ms());
+    if (lr->n_logged >= LOGRATE_BURST) {
+        lr->n_held++;
+        return;
+    }
+    lr->n_logged++;
+    fputs("lora-engine: warning: ", stderr);
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
