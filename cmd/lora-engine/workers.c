@@ -239,13 +239,12 @@ int workers_wait_setup(struct engine *e, char *err, size_t err_len)
         if (lora_sock_recv(e->work, &f, 100, rerr, sizeof(rerr)) != 1)
             continue;
         lora_msg_arena_reset(e->arena);
-        if (lora_msg_decode_hello(f.body, f.body_len, NULL, 0, e->arena, &h, rerr,
-                                  sizeof(rerr)) == 0 &&
-            h.role == LORA_ROLE_WORKER && h.rank >= 0 && h.rank < e->world &&
-            e->workers[h.rank].present && e->workers[h.rank].pid != h.pid) {
+        bool worker = lora_msg_decode_hello(f.body, f.body_len, NULL, 0, e->arena, &h, rerr,
+                                            sizeof(rerr)) == 0 &&
+                      h.role == LORA_ROLE_WORKER && h.rank >= 0 && h.rank < e->world;
+        if (worker && e->workers[h.rank].present && e->workers[h.rank].pid != h.pid) {
             refuse_hello(e, &f, &h);
-        } else if (h.role == LORA_ROLE_WORKER && h.rank >= 0 && h.rank < e->world &&
-                   !e->workers[h.rank].present) {
+        } else if (worker && !e->workers[h.rank].present) {
             struct eng_peer *w = &e->workers[h.rank];
             memcpy(w->rid, f.rid, f.rid_len);
             w->rid_len = f.rid_len;
