@@ -314,12 +314,16 @@ restart() {
         group=$name
     fi
     local ran=$((SECONDS - ${STARTED[$name]:-0}))
-    local delay=${BACKOFF[$group]:-1}
-    [ "$ran" -ge 60 ] && delay=1
+    # A worker the engine takes back costs no other program anything: its first restart is
+    # immediate (then 1, 2, 4 ... s), so that the engine serves again within a few seconds.
+    local first=1
+    [[ $group == worker-* ]] && first=0
+    local delay=${BACKOFF[$group]:-$first}
+    [ "$ran" -ge 60 ] && delay=$first
     local what=$group
     case $group in engine) what="the engine and its ranks" ;; worker-*) what="$name alone" ;; esac
     say "warning: $name exited; restarting $what in $delay s"
-    BACKOFF[$group]=$((delay * 2 > 30 ? 30 : delay * 2))
+    BACKOFF[$group]=$((delay * 2 > 30 ? 30 : delay < 1 ? 1 : delay * 2))
     sleep "$delay" & # the backoff itself; a SIGTERM meanwhile still stops the stack at once
     wait $! 2> /dev/null
     [ "$STOPPING" = 1 ] && return
