@@ -51,6 +51,18 @@ worker_pid() { sed -n 1p "$PIDS"; }
     is_running "$(worker_pid)"
 }
 
+@test "a connection that takes a live worker's routing id is refused; the worker keeps its rank" {
+    up
+    for i in 1 2 3; do
+        run $CHECK impostor "$R" "worker-0-$(worker_pid)"
+        [ "$status" -eq 0 ] || { echo "trial $i: $output"; false; }
+        is_running "$(engine_pid)"
+        run $CHECK serve "$R" a1
+        [ "$status" -eq 0 ] || { echo "trial $i: $output"; cat "$R/engine.err"; false; }
+    done
+    ! grep -q "Assertion\|is dead\|replaced" "$R/engine.err"
+}
+
 @test "an unload during a stream on an idle engine is answered when the stream ends" {
     STEP_MS=60 up
     run $CHECK unload-idle "$R" a1

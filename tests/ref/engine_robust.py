@@ -8,6 +8,8 @@ subcommand, each exiting 0 when it holds and 1 with the reason otherwise:
   flood RUN N               N malformed control messages and N heartbeats on the control socket;
                             the engine answers a health query afterwards
   serve RUN [ADAPTER]       one request completes (with ADAPTER when given)
+  impostor RUN ID           a connection that takes the routing id ID (a live worker's) and says
+                            hello for its rank: ZeroMQ refuses it, so nothing answers it
   first-ok RUN ADAPTER T    retries a request on ADAPTER until one completes without error, for at
                             most T s; prints the seconds it took
 """
@@ -119,6 +121,25 @@ def first_ok(run, adapter, limit_s):
     fail("no request completed within %s s (last: %s)" % (limit_s, last))
 
 
+def impostor(run, rid):
+    ctx = client.zmq.Context.instance()
+    s = ctx.socket(client.zmq.DEALER)
+    s.setsockopt(client.zmq.LINGER, 0)
+    s.setsockopt(client.zmq.ROUTING_ID, rid.encode())
+    s.connect(client.endpoint(run, "worker"))
+    hello = client.msgpack.packb({"type": "hello", "version": 1, "role": "worker", "rank": 0,
+                                  "pid": 1})
+    deadline = time.time() + 3
+    while time.time() < deadline:
+        if s.poll(0, client.zmq.POLLOUT):
+            s.send_multipart([client.MAGIC, hello], client.zmq.NOBLOCK)
+        if s.poll(200):
+            fail("the engine answered a connection that took a live worker's routing id: %r"
+                 % s.recv_multipart())
+    s.close()
+    print("nothing answered the impostor")
+
+
 def main():
     cmd, run = sys.argv[1], sys.argv[2]
     if cmd == "unload-idle":
@@ -127,6 +148,8 @@ def main():
         flood(run, int(sys.argv[3]))
     elif cmd == "serve":
         serve(run, sys.argv[3] if len(sys.argv) > 3 else None)
+    elif cmd == "impostor":
+        impostor(run, sys.argv[3])
     elif cmd == "first-ok":
         first_ok(run, sys.argv[3], float(sys.argv[4]))
     else:
