@@ -506,11 +506,10 @@ static int copy_names(char (**dst)[ENGINE_NAME_MAX + 1], int *n, const struct lo
     *dst = calloc((size_t)(nv > 0 ? nv : 1), sizeof(**dst));
     if (!*dst)
         return -1;
-    for (int i = 0; i < nv; i++)
-        snprintf((*dst)[i], sizeof((*dst)[i]), "%.*s", (int)(v[i].len > ENGINE_NAME_MAX
-                                                                   ? ENGINE_NAME_MAX
-                                                                   : v[i].len),
-                 v[i].s ? v[i].s : "");
+    for (int i = 0; i < nv; i++) {
+        int n_bytes = v[i].len > ENGINE_NAME_MAX ? ENGINE_NAME_MAX : (int)v[i].len;
+        snprintf((*dst)[i], sizeof((*dst)[i]), "%.*s", n_bytes, v[i].s ? v[i].s : "");
+    }
     *n = nv;
     return 0;
 }
