@@ -8,7 +8,9 @@
  * requests and aborts, control commands, worker heartbeats; one scheduled step at a time while
  * there is work; the notifications of every rank gathered after any adapter change, after a step
  * whose reply rang the doorbell, and every --idle-notify-ms while idle. A dead worker fails every
- * request in flight and marks the engine unhealthy. Exit codes: 0 on SIGTERM/SIGINT, 1 when the
+ * request in flight and marks the engine unhealthy; with one rank, a new worker process for the
+ * rank is set up with the rank's adapters and the engine serves again (workers.c). A second
+ * worker for a rank a live worker holds is refused. Exit codes: 0 on SIGTERM/SIGINT, 1 when the
  * model, the registry file or an adapter of --lora-modules is bad, 100 usage, 111 system failure.
  */
 #include <errno.h>
