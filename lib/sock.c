@@ -74,7 +74,7 @@ static int set_options(struct lora_sock *s, const char *identity, char *err, siz
     switch (s->type) {
     case ZMQ_ROUTER:
         if (set_int(s, ZMQ_ROUTER_MANDATORY, "ZMQ_ROUTER_MANDATORY", 1, err, err_len) < 0 ||
-            set_int(s, ZMQ_ROUTER_HANDOVER, "ZMQ_ROUTER_HANDOVER", 1, err, err_len) < 0)
+            set_int(s, ZMQ_ROUTER_HANDOVER, "ZMQ_ROUTER_HANDOVER", 0, err, err_len) < 0)
             return -1;
         break;
     case ZMQ_DEALER:

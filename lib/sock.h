@@ -27,9 +27,12 @@
  *   best-effort publication.
  * - ZMQ_ROUTER_MANDATORY 1 on ROUTER: sending to an unknown or departed routing id fails with
  *   EHOSTUNREACH instead of being dropped silently, so the engine learns at once that a worker or
- *   frontend is gone. ZMQ_ROUTER_HANDOVER 1 on ROUTER: a restarted worker that reconnects with the
- *   same identity takes the identity over instead of being ignored while the old, dead connection
- *   is still known.
+ *   frontend is gone. ZMQ_ROUTER_HANDOVER 0 on ROUTER (said explicitly): a connection that
+ *   announces a routing id already in use is refused, and the live peer keeps it. Handing an id
+ *   over to a newcomer tore down the live connection under libzmq's feet (an assertion in its
+ *   stream engine was seen) and let any peer silently replace another, so peers that set an
+ *   identity make it unique (lora-worker puts its pid in it) and the engine decides by hello
+ *   who a peer is.
  * - High-water marks, in messages, per peer: LORA_SOCK_HWM (1000) send and receive on ROUTER and
  *   DEALER: control, step and frontend traffic is request/response paced, so 1000 in flight is far
  *   above normal and reaching it means the peer is stuck (sends then fail with EAGAIN rather than

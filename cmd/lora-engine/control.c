@@ -171,6 +171,11 @@ int adapters_unload(struct engine *e, const char *name, char *err, size_t len)
         if (workers_adapter_op(e, LORA_OP_REMOVE, ad->name, NULL, -1, err, len) < 0)
             return -1;
         ad->used = false;
+    } else if (!ad->unloading) {
+        /* A plan releases it once its running requests are done: the loop runs one then even
+         * when no request is left (step_has_work), so the unload never waits for traffic. */
+        ad->unloading = true;
+        e->n_unloading++;
     }
     /* Otherwise a later plan lists it as unloaded once its running requests finish; it is
      * gone for new requests, and from the file, now. */
@@ -421,10 +426,13 @@ int control_handle(struct engine *e, const struct lora_msg_frames *f)
     struct lora_msg_buf data = {0};
     msgpack_packer pk;
 
+    /* Peers keep their connection alive with heartbeats (the frontends do): not an error. */
+    if (lora_msg_peek_type(f->body, f->body_len, err, sizeof(err)) == LORA_MSG_HEARTBEAT)
+        return 0;
     lora_msg_arena_reset(e->arena);
     if (lora_msg_decode_control(f->body, f->body_len, NULL, 0, e->arena, &m, err, sizeof(err)) <
         0) {
-        fprintf(stderr, "lora-engine: warning: dropping a control message: %s\n", err);
+        lograte_warn(&e->log_ctl, "dropping a control message: %s", err);
         return 0;
     }
     /* The arena is reused below: keep the strings. */

@@ -1,7 +1,8 @@
 /* The state of lora-engine, shared by its files: main.c (options, start-up, the loop),
  * workers.c (the worker group: setup, broadcast and gather, notifications), step.c (one
  * scheduled step: activations, the step, outputs, events and stats), frontends.c (requests,
- * aborts, outputs), control.c (the control socket: residency, config, health, adapters). */
+ * aborts, outputs), control.c (the control socket: residency, config, health, adapters),
+ * lograte.c (repeated log lines counted and summarised). */
 #ifndef LORA_ENGINE_H
 #define LORA_ENGINE_H
 
@@ -28,6 +29,19 @@ struct eng_peer {
     bool present;
     int64_t pid; /* workers: from their hello, to tell a repeated hello from a restart */
     struct lora_peer_liveness live;
+    bool lost; /* workers: declared dead; a new process for the rank may take its place */
+};
+
+/* A log line that may repeat without bound (malformed input from a peer): at most
+ * LOGRATE_BURST lines per LOGRATE_WINDOW_MS, then one line that says how many more there were. */
+#define LOGRATE_BURST 5
+#define LOGRATE_WINDOW_MS 10000
+
+struct eng_lograte {
+    const char *what; /* for the summary: "malformed control messages" */
+    uint64_t window_start_ms;
+    int n_logged;      /* in the current window */
+    uint64_t n_held;   /* not logged in the current window */
 };
 
 struct eng_adapter {
@@ -41,6 +55,7 @@ struct eng_adapter {
     /* An unload that waits for running requests: the asker's control reply is sent once the
      * adapter is gone from every rank. */
     bool unload_reply_due;
+    bool unloading; /* removed, still on the ranks until a plan releases it (n_unloading) */
     uint64_t unload_ctl_id;
     unsigned char unload_rid[LORA_SOCK_MAX_RID];
     size_t unload_rid_len;
@@ -105,7 +120,10 @@ struct engine {
     struct eng_peer workers[ENGINE_MAX_WORLD];
     struct eng_peer frontends[ENGINE_MAX_FRONTENDS];
     bool healthy;
-    bool stopping; /* a signal asked to stop: exchanges end, nothing more is started */
+    bool stopping;
+    int n_unloading; /* adapters waiting for a plan to release them: a step is due */
+    /* Repeated warnings: malformed control messages, malformed requests, refused hellos. */
+    struct eng_lograte log_ctl, log_front, log_hello; /* a signal asked to stop: exchanges end, nothing more is started */
     char unhealthy_reason[256];
 
     struct eng_adapter adapters[ENGINE_MAX_ADAPTERS];
@@ -166,10 +184,16 @@ int workers_adapter_op(struct engine *e, enum lora_adapter_op op, const char *na
                        const char *path, int slot, char *err, size_t err_len);
 int workers_gather_notifications(struct engine *e);
 void workers_mark_dead(struct engine *e, const char *why);
+/* Whether a rank that died can be replaced by a new worker process without restarting the
+ * engine: with one rank (several ranks share an all-reduce group a newcomer cannot join). */
+bool workers_can_readmit(const struct engine *e);
+/* A hello outside start-up: a repeat is ignored, a newcomer for a rank held by a live worker is
+ * refused (setup_done not ok, and a log line), a newcomer for a dead rank is set up in its place
+ * with the registered adapters when the engine can re-admit it. In_exchange: called while
+ * gathering replies, when nothing may be set up; returns 1 when the hello ends the exchange (its
+ * rank's process was replaced), else 0. */
+int workers_hello(struct engine *e, const struct lora_msg_frames *f, bool in_exchange);
 void workers_heard(struct engine *e, const struct lora_msg_frames *f);
-/* Whether f is a hello from a new process for a rank already set up. A worker repeats its hello
- * until the engine answers, so a hello from the same process is not a restart. */
-bool workers_restarted(struct engine *e, const struct lora_msg_frames *f);
 /* Every rank's last gathered state, decoded into e->arena. */
 int engine_rank_states(struct engine *e, struct lora_msg_residency_reply *out);
 
@@ -214,6 +238,12 @@ void registry_broadcast(struct engine *e);
 void registry_broadcast_to(struct engine *e, bool to_frontends);
 /* publish.c: limits, registry, every rank's state and, when idle, the request counts. */
 void publish_state(struct engine *e, bool idle);
+
+/* lograte.c: fmt is a whole line without "lora-engine: warning: " and the newline. */
+void lograte_warn(struct eng_lograte *lr, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Says how many lines the window held back, once it is over (call it from the loop). */
+void lograte_flush(struct eng_lograte *lr, uint64_t now_ms);
 
 /* step.c */
 bool step_has_work(const struct engine *e);

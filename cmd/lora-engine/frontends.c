@@ -204,7 +204,7 @@ static void handle_request(struct engine *e, int fe, const struct lora_msg_frame
     lora_msg_arena_reset(e->arena);
     if (lora_msg_decode_request(f->body, f->body_len, bins, f->n_bins, e->arena, &m, err,
                                 sizeof(err)) < 0) {
-        fprintf(stderr, "lora-engine: warning: dropping a request: %s\n", err);
+        lograte_warn(&e->log_front, "dropping a request: %s", err);
         return;
     }
     int adapter_id = 0;

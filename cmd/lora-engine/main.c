@@ -8,7 +8,9 @@
  * requests and aborts, control commands, worker heartbeats; one scheduled step at a time while
  * there is work; the notifications of every rank gathered after any adapter change, after a step
  * whose reply rang the doorbell, and every --idle-notify-ms while idle. A dead worker fails every
- * request in flight and marks the engine unhealthy. Exit codes: 0 on SIGTERM/SIGINT, 1 when the
+ * request in flight and marks the engine unhealthy; with one rank, a new worker process for the
+ * rank is set up with the rank's adapters and the engine serves again (workers.c). A second
+ * worker for a rank a live worker holds is refused. Exit codes: 0 on SIGTERM/SIGINT, 1 when the
  * model, the registry file or an adapter of --lora-modules is bad, 100 usage, 111 system failure.
  */
 #include <errno.h>
@@ -273,8 +275,8 @@ static void teardown(struct engine *e)
         lora_signal_pipe_close(e->sig_fd);
 }
 
-/* Worker traffic outside of an exchange: heartbeats, and a rank that says hello again has
- * restarted, which the engine cannot absorb. */
+/* Worker traffic outside of an exchange: heartbeats, and hellos (a repeat, a second worker for
+ * a rank that is taken, or a new process for a dead rank: see workers_hello). */
 static void drain_workers(struct engine *e)
 {
     struct lora_msg_frames f;
@@ -282,17 +284,20 @@ static void drain_workers(struct engine *e)
 
     while (lora_sock_recv(e->work, &f, 0, err, sizeof(err)) == 1) {
         workers_heard(e, &f);
-        if (workers_restarted(e, &f))
-            workers_mark_dead(e, "a worker restarted");
+        if (lora_msg_peek_type(f.body, f.body_len, err, sizeof(err)) == LORA_MSG_HELLO)
+            workers_hello(e, &f, false);
         lora_msg_frames_release(&f);
     }
     uint64_t now = lora_now_ms();
     for (int r = 0; r < e->world && e->healthy; r++) {
         struct eng_peer *w = &e->workers[r];
+        if (w->lost)
+            continue;
         if (lora_liveness_is_dead(&w->live, now)) {
             char why[128];
-            snprintf(why, sizeof(why), "worker rank %d is dead (silent for %d ms)", r,
-                     LORA_HEARTBEAT_DEAD_MS);
+            snprintf(why, sizeof(why), "worker rank %d (pid %lld) is dead (silent for %d ms)", r,
+                     (long long)w->pid, LORA_HEARTBEAT_DEAD_MS);
+            w->lost = true;
             workers_mark_dead(e, why);
         } else if (lora_liveness_should_send(&w->live, now)) {
             lora_msg_buf_reset(&e->out);
@@ -328,6 +333,10 @@ static int run(struct engine *e)
         }
         drain_workers(e);
         frontends_heartbeat(e);
+        uint64_t now = lora_now_ms();
+        lograte_flush(&e->log_ctl, now);
+        lograte_flush(&e->log_front, now);
+        lograte_flush(&e->log_hello, now);
         if (step_has_work(e)) {
             step_run(e);
             e->was_busy = true;
@@ -347,7 +356,13 @@ static int run(struct engine *e)
 
 int main(int argc, char **argv)
 {
-    struct engine e = {.sig_fd = -1, .healthy = true};
+    struct engine e = {
+        .sig_fd = -1,
+        .healthy = true,
+        .log_ctl = {.what = "malformed control messages"},
+        .log_front = {.what = "malformed requests"},
+        .log_hello = {.what = "refused or malformed worker hellos"},
+    };
     const char *eps[4] = {NULL}, *run_dir = NULL, *registry = NULL;
     struct lora_registry file = {0};
     struct lora_opt_list mods = {0};

@@ -18,8 +18,10 @@ double eng_now(void)
 
 bool step_has_work(const struct engine *e)
 {
-    return e->healthy &&
-           lora_scheduler_n_running(e->sched) + lora_scheduler_n_waiting(e->sched) > 0;
+    /* An adapter being unloaded needs a plan to release it once its requests are done. */
+    return e->healthy && (lora_scheduler_n_running(e->sched) + lora_scheduler_n_waiting(e->sched) >
+                              0 ||
+                          e->n_unloading > 0);
 }
 
 static struct eng_request *request_of(struct engine *e, uint64_t id)
@@ -71,9 +73,27 @@ static int apply_adapters(struct engine *e)
                                rc < 0 ? err : NULL, NULL, 0);
         ad->used = false;
         ad->unload_reply_due = false;
+        if (ad->unloading)
+            e->n_unloading--;
+        ad->unloading = false;
         changed = true;
     }
-    if (e->plan.n_unloaded)
+    /* A plan lists at most max_loras releases; the scheduler forgets the others all the same. */
+    bool released = e->plan.n_unloaded > 0;
+    for (int i = 0; i < ENGINE_MAX_ADAPTERS && e->n_unloading > 0; i++) {
+        struct eng_adapter *ad = &e->adapters[i];
+        struct lora_scheduler_adapter_info info;
+        if (!ad->unloading || lora_scheduler_adapter_info(e->sched, ad->id, &info) == 0)
+            continue;
+        int rc = workers_adapter_op(e, LORA_OP_REMOVE, ad->name, NULL, -1, err, sizeof(err));
+        if (ad->unload_reply_due)
+            control_reply_send(e, ad->unload_rid, ad->unload_rid_len, ad->unload_ctl_id,
+                               rc < 0 ? err : NULL, NULL, 0);
+        ad->used = ad->unload_reply_due = ad->unloading = false;
+        e->n_unloading--;
+        changed = released = true;
+    }
+    if (released)
         registry_broadcast(e);
     return changed ? workers_gather_notifications(e) : 0;
 }

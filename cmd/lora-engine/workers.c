@@ -34,18 +34,9 @@ void workers_heard(struct engine *e, const struct lora_msg_frames *f)
     }
 }
 
-bool workers_restarted(struct engine *e, const struct lora_msg_frames *f)
+bool workers_can_readmit(const struct engine *e)
 {
-    struct lora_msg_hello h;
-    char err[256];
-    int r = rank_of(e, f);
-
-    if (r < 0 || lora_msg_peek_type(f->body, f->body_len, err, sizeof(err)) != LORA_MSG_HELLO)
-        return false;
-    lora_msg_arena_reset(e->arena);
-    if (lora_msg_decode_hello(f->body, f->body_len, NULL, 0, e->arena, &h, err, sizeof(err)) < 0)
-        return false;
-    return h.pid != e->workers[r].pid;
+    return e->world == 1;
 }
 
 void workers_mark_dead(struct engine *e, const char *why)
@@ -54,8 +45,17 @@ void workers_mark_dead(struct engine *e, const char *why)
         return;
     e->healthy = false;
     snprintf(e->unhealthy_reason, sizeof(e->unhealthy_reason), "%.200s", why);
-    fprintf(stderr, "lora-engine: error: %s; the engine is unhealthy\n", why);
+    fprintf(stderr, "lora-engine: error: %s; the engine is unhealthy%s\n", why,
+            workers_can_readmit(e) ? " until a new worker takes the rank" : "");
     requests_fail_all(e, why);
+}
+
+/* Rank r went silent: it is dead, and (when the engine can re-admit) a new process may take it. */
+static void rank_lost(struct engine *e, int r, char *why, size_t why_len)
+{
+    snprintf(why, why_len, "worker rank %d (pid %lld) is dead (silent for %d ms)", r,
+             (long long)e->workers[r].pid, LORA_HEARTBEAT_DEAD_MS);
+    e->workers[r].lost = true;
 }
 
 int workers_broadcast(struct engine *e, const struct lora_msg_bin *bins, int n_bins)
@@ -108,8 +108,7 @@ int workers_gather(struct engine *e, enum lora_msg_type type, struct lora_msg_fr
         }
         for (int r = 0; r < e->world; r++) {
             if (!got[r] && lora_liveness_is_dead(&e->workers[r].live, now)) {
-                snprintf(err, err_len, "worker rank %d is dead (silent for %d ms)", r,
-                         LORA_HEARTBEAT_DEAD_MS);
+                rank_lost(e, r, err, err_len);
                 goto fail;
             }
             /* Keep the ranks we wait for from declaring us dead (the frontends too, below). */
@@ -141,8 +140,8 @@ int workers_gather(struct engine *e, enum lora_msg_type type, struct lora_msg_fr
         int r = reply_rank(e, &f);
         int t = lora_msg_peek_type(f.body, f.body_len, rerr, sizeof(rerr));
         if (r < 0 || t != (int)type || got[r]) {
-            if (workers_restarted(e, &f)) {
-                snprintf(err, err_len, "worker rank %d restarted", r);
+            if (t == LORA_MSG_HELLO && workers_hello(e, &f, true) == 1) {
+                snprintf(err, err_len, "a new worker process took a rank that was dead");
                 lora_msg_frames_release(&f);
                 goto fail;
             }
@@ -170,6 +169,45 @@ static void log_missing_ranks(const struct engine *e, uint64_t waited_ms)
     fprintf(stderr, "lora-engine: waiting for rank%s %s of %d (%llu s of %d s)\n",
             strchr(list, ',') ? "s" : "", list, e->world, (unsigned long long)(waited_ms / 1000),
             e->startup_timeout_ms / 1000);
+}
+
+static int send_setup(struct engine *e, int r, char *err, size_t err_len)
+{
+    struct lora_msg_setup s = {
+        .model = {e->model, strlen(e->model)},
+        .rank = r,
+        .shm = {e->shm, strlen(e->shm)},
+    };
+    engine_limits(e, &s.limits);
+    lora_msg_buf_reset(&e->out);
+    if (lora_msg_encode_setup(&e->out, &s, NULL, NULL) < 0 ||
+        lora_sock_send(e->work, e->workers[r].rid, e->workers[r].rid_len, NULL, e->out.data,
+                       e->out.len, NULL, 0, ZMQ_DONTWAIT) < 0) {
+        snprintf(err, err_len, "unable to send setup to rank %d", r);
+        return -1;
+    }
+    return 0;
+}
+
+static int gather_setup_done(struct engine *e, char *err, size_t err_len);
+
+/* Answers the newcomer f, whose hello h names a rank a live worker holds, with a setup_done
+ * that is not ok, and logs it. The live worker keeps the rank. */
+static void refuse_hello(struct engine *e, const struct lora_msg_frames *f,
+                         const struct lora_msg_hello *h)
+{
+    const struct eng_peer *w = &e->workers[h->rank];
+    char why[256];
+
+    snprintf(why, sizeof(why), "rank %d is taken by a live worker (pid %lld)", h->rank,
+             (long long)w->pid);
+    struct lora_msg_setup_done d = {.ok = false, .error = {why, strlen(why)}, .rank = h->rank};
+    struct lora_msg_buf b = {0};
+    if (lora_msg_encode_setup_done(&b, &d, NULL, NULL) == 0)
+        lora_sock_send(e->work, f->rid, f->rid_len, NULL, b.data, b.len, NULL, 0, ZMQ_DONTWAIT);
+    lora_msg_buf_release(&b);
+    lograte_warn(&e->log_hello, "refused a second worker for rank %d (pid %lld): %s", h->rank,
+                 (long long)h->pid, why);
 }
 
 /* Waits for every rank's hello, sends setup and waits for setup_done from all. Returns 0, 1 when
@@ -201,10 +239,12 @@ int workers_wait_setup(struct engine *e, char *err, size_t err_len)
         if (lora_sock_recv(e->work, &f, 100, rerr, sizeof(rerr)) != 1)
             continue;
         lora_msg_arena_reset(e->arena);
-        if (lora_msg_decode_hello(f.body, f.body_len, NULL, 0, e->arena, &h, rerr,
-                                  sizeof(rerr)) == 0 &&
-            h.role == LORA_ROLE_WORKER && h.rank >= 0 && h.rank < e->world &&
-            !e->workers[h.rank].present) {
+        bool worker = lora_msg_decode_hello(f.body, f.body_len, NULL, 0, e->arena, &h, rerr,
+                                            sizeof(rerr)) == 0 &&
+                      h.role == LORA_ROLE_WORKER && h.rank >= 0 && h.rank < e->world;
+        if (worker && e->workers[h.rank].present && e->workers[h.rank].pid != h.pid) {
+            refuse_hello(e, &f, &h);
+        } else if (worker && !e->workers[h.rank].present) {
             struct eng_peer *w = &e->workers[h.rank];
             memcpy(w->rid, f.rid, f.rid_len);
             w->rid_len = f.rid_len;
@@ -215,21 +255,15 @@ int workers_wait_setup(struct engine *e, char *err, size_t err_len)
         }
         lora_msg_frames_release(&f);
     }
-    for (int r = 0; r < e->world; r++) {
-        struct lora_msg_setup s = {
-            .model = {e->model, strlen(e->model)},
-            .rank = r,
-            .shm = {e->shm, strlen(e->shm)},
-        };
-        engine_limits(e, &s.limits);
-        lora_msg_buf_reset(&e->out);
-        if (lora_msg_encode_setup(&e->out, &s, NULL, NULL) < 0 ||
-            lora_sock_send(e->work, e->workers[r].rid, e->workers[r].rid_len, NULL, e->out.data,
-                           e->out.len, NULL, 0, ZMQ_DONTWAIT) < 0) {
-            snprintf(err, err_len, "unable to send setup to rank %d", r);
+    for (int r = 0; r < e->world; r++)
+        if (send_setup(e, r, err, err_len) < 0)
             return -1;
-        }
-    }
+    return gather_setup_done(e, err, err_len);
+}
+
+/* Gathers every rank's setup_done: 0, 1 stopped by a signal, 2 a rank refused, -1 failed. */
+static int gather_setup_done(struct engine *e, char *err, size_t err_len)
+{
     struct lora_msg_frames replies[ENGINE_MAX_WORLD];
     if (workers_gather(e, LORA_MSG_SETUP_DONE, replies, e->startup_timeout_ms, err, err_len) < 0)
         return e->stopping ? 1 : -1;
@@ -433,5 +467,204 @@ int workers_gather_notifications(struct engine *e)
         fprintf(stderr, "lora-engine: warning: %d adapter%s held at different levels by the ranks\n",
                 d, d == 1 ? " is" : "s are");
     e->disagreement = d;
+    return 0;
+}
+
+/* Whether rank r's process is gone: declared dead, silent too long, or its connection closed
+ * (a send to its routing id fails at once: the socket is ROUTER_MANDATORY). */
+static bool rank_is_gone(struct engine *e, int r)
+{
+    struct eng_peer *w = &e->workers[r];
+    uint64_t now = lora_now_ms();
+
+    if (w->lost || lora_liveness_is_dead(&w->live, now))
+        return true;
+    struct lora_msg_buf hb = {0};
+    int rc = 0;
+    if (lora_msg_encode_empty(&hb, LORA_MSG_HEARTBEAT) == 0) {
+        rc = lora_sock_send(e->work, w->rid, w->rid_len, NULL, hb.data, hb.len, NULL, 0,
+                            ZMQ_DONTWAIT);
+        if (rc == 0)
+            lora_liveness_sent(&w->live, now);
+    }
+    lora_msg_buf_release(&hb);
+    return rc < 0 && errno == EHOSTUNREACH;
+}
+
+/* The names of rank r's last gathered state, copied (the arena is reused by adapter ops). */
+struct rank_names {
+    char (*cpu)[ENGINE_NAME_MAX + 1];
+    int n_cpu;
+    char (*slots)[ENGINE_NAME_MAX + 1]; /* "" for an empty slot */
+    int n_slots;
+    char (*pinned)[ENGINE_NAME_MAX + 1];
+    int n_pinned;
+};
+
+static int copy_names(char (**dst)[ENGINE_NAME_MAX + 1], int *n, const struct lora_str *v, int nv)
+{
+    *dst = calloc((size_t)(nv > 0 ? nv : 1), sizeof(**dst));
+    if (!*dst)
+        return -1;
+    for (int i = 0; i < nv; i++) {
+        int n_bytes = v[i].len > ENGINE_NAME_MAX ? ENGINE_NAME_MAX : (int)v[i].len;
+        snprintf((*dst)[i], sizeof((*dst)[i]), "%.*s", n_bytes, v[i].s ? v[i].s : "");
+    }
+    *n = nv;
+    return 0;
+}
+
+static void rank_names_release(struct rank_names *n)
+{
+    free(n->cpu);
+    free(n->slots);
+    free(n->pinned);
+    memset(n, 0, sizeof(*n));
+}
+
+static int rank_names_of(struct engine *e, int r, struct rank_names *out)
+{
+    struct lora_msg_residency_reply st[ENGINE_MAX_WORLD];
+
+    memset(out, 0, sizeof(*out));
+    lora_msg_arena_reset(e->arena);
+    if (engine_rank_states(e, st) < 0)
+        return -1;
+    const struct lora_msg_state *s = &st[r].state;
+    if (copy_names(&out->cpu, &out->n_cpu, s->cpu, s->n_cpu) < 0 ||
+        copy_names(&out->slots, &out->n_slots, s->slots, s->n_slots) < 0 ||
+        copy_names(&out->pinned, &out->n_pinned, s->pinned, s->n_pinned) < 0) {
+        rank_names_release(out);
+        return -1;
+    }
+    return 0;
+}
+
+static struct eng_adapter *registered(struct engine *e, const char *name)
+{
+    for (int i = 0; i < ENGINE_MAX_ADAPTERS; i++)
+        if (e->adapters[i].used && strcmp(e->adapters[i].name, name) == 0)
+            return &e->adapters[i];
+    return NULL;
+}
+
+/* Puts back on the new process of rank r what the rank held when it was last gathered: the
+ * adapters of its CPU cache, its slots and its pins, so that the scheduler's view holds again.
+ * Returns the number of adapters loaded; list gets their names. */
+static int restore_rank(struct engine *e, int r, char *list, size_t list_len)
+{
+    struct rank_names n;
+    char err[512];
+    int n_loaded = 0;
+    size_t at = 0;
+
+    *list = 0;
+    if (rank_names_of(e, r, &n) < 0)
+        return 0;
+    for (int i = 0; i < n.n_cpu && e->healthy; i++) {
+        struct eng_adapter *ad = registered(e, n.cpu[i]);
+        if (!ad)
+            continue;
+        if (workers_adapter_op(e, LORA_OP_ADD, ad->name, ad->path, -1, err, sizeof(err)) < 0) {
+            fprintf(stderr, "lora-engine: warning: rank %d: adapter '%s' is not restored: %s\n",
+                    r, ad->name, err);
+            continue;
+        }
+        n_loaded++;
+        if (at + strlen(ad->name) + 3 < list_len)
+            at += (size_t)snprintf(list + at, list_len - at, "%s%s", at ? ", " : "", ad->name);
+    }
+    for (int i = 0; i < n.n_slots && e->healthy; i++)
+        if (n.slots[i][0] && registered(e, n.slots[i]) &&
+            workers_adapter_op(e, LORA_OP_ACTIVATE, n.slots[i], NULL, i, err, sizeof(err)) < 0)
+            fprintf(stderr, "lora-engine: warning: rank %d: slot %d: %s\n", r, i, err);
+    for (int i = 0; i < n.n_pinned && e->healthy; i++)
+        if (registered(e, n.pinned[i]) &&
+            workers_adapter_op(e, LORA_OP_PIN, n.pinned[i], NULL, -1, err, sizeof(err)) < 0)
+            fprintf(stderr, "lora-engine: warning: rank %d: pinning '%s': %s\n", r, n.pinned[i],
+                    err);
+    rank_names_release(&n);
+    return n_loaded;
+}
+
+/* Sets up the newcomer f (hello h) in place of rank r's dead process: setup, the rank's adapters,
+ * then the engine serves again. Requests in flight were failed when the rank was found dead. */
+static void readmit(struct engine *e, const struct lora_msg_frames *f, const struct lora_msg_hello *h)
+{
+    int r = h->rank;
+    struct eng_peer *w = &e->workers[r];
+    int64_t old_pid = w->pid;
+    char err[512], list[1024];
+    uint64_t t0 = lora_now_ms();
+
+    if (e->healthy) {
+        char why[128];
+        snprintf(why, sizeof(why), "worker rank %d (pid %lld) was replaced by pid %lld", r,
+                 (long long)old_pid, (long long)h->pid);
+        workers_mark_dead(e, why);
+    }
+    memcpy(w->rid, f->rid, f->rid_len);
+    w->rid_len = f->rid_len;
+    w->pid = h->pid;
+    w->lost = false;
+    lora_liveness_init(&w->live, lora_now_ms());
+    int rc = send_setup(e, r, err, sizeof(err));
+    if (rc == 0)
+        rc = gather_setup_done(e, err, sizeof(err));
+    if (rc != 0) {
+        if (!e->stopping)
+            fprintf(stderr, "lora-engine: error: the new worker for rank %d (pid %lld) failed "
+                            "its setup: %s\n", r, (long long)h->pid, err);
+        w->lost = true;
+        return;
+    }
+    /* The adapter ops below run only while the engine is healthy. */
+    e->healthy = true;
+    int n = restore_rank(e, r, list, sizeof(list));
+    if (!e->healthy || workers_gather_notifications(e) < 0) {
+        w->lost = true;
+        return;
+    }
+    e->unhealthy_reason[0] = 0;
+    fprintf(stderr, "lora-engine: rank %d is back: pid %lld took over from pid %lld in %llu ms; "
+                    "restored %d adapter%s%s%s; serving again\n",
+            r, (long long)h->pid, (long long)old_pid, (unsigned long long)(lora_now_ms() - t0), n,
+            n == 1 ? "" : "s", n ? ": " : "", list);
+}
+
+int workers_hello(struct engine *e, const struct lora_msg_frames *f, bool in_exchange)
+{
+    struct lora_msg_hello h;
+    char err[256];
+
+    lora_msg_arena_reset(e->arena);
+    if (lora_msg_decode_hello(f->body, f->body_len, NULL, 0, e->arena, &h, err, sizeof(err)) < 0) {
+        lograte_warn(&e->log_hello, "dropping a hello on the worker socket: %s", err);
+        return 0;
+    }
+    if (h.role != LORA_ROLE_WORKER || h.rank < 0 || h.rank >= e->world) {
+        lograte_warn(&e->log_hello, "dropping a hello for rank %d of %d (pid %lld)", h.rank,
+                     e->world, (long long)h.pid);
+        return 0;
+    }
+    struct eng_peer *w = &e->workers[h.rank];
+    bool same_peer = w->rid_len == f->rid_len && memcmp(w->rid, f->rid, f->rid_len) == 0;
+    if (same_peer && w->pid == h.pid)
+        return 0; /* a repeated hello: the worker says it until the engine answers */
+    if (!rank_is_gone(e, h.rank)) {
+        refuse_hello(e, f, &h);
+        return 0;
+    }
+    if (in_exchange)
+        return 1; /* the exchange fails; the newcomer says hello again to the loop */
+    if (!workers_can_readmit(e)) {
+        char why[160];
+        snprintf(why, sizeof(why), "worker rank %d (pid %lld) restarted as pid %lld; an engine "
+                 "of %d ranks cannot take it back", h.rank, (long long)w->pid, (long long)h.pid,
+                 e->world);
+        workers_mark_dead(e, why);
+        return 0;
+    }
+    readmit(e, f, &h);
     return 0;
 }

@@ -8,9 +8,12 @@
 #
 # `up` starts a supervisor in the background and returns once every program has said it is
 # ready (each program's ready line, read from its standard error through a pipe: no sleeps).
-# The supervisor restarts what crashes, with a backoff that doubles from 1 s to 30 s: a dead
-# worker or engine restarts the engine with all its ranks (an engine cannot take a restarted
-# rank back), a dead frontend or exporter restarts alone. The engine keeps its adapter registry
+# The supervisor restarts what crashes, with a backoff that doubles from 1 s to 30 s: with one
+# rank, a dead worker restarts alone and the running engine takes the new process back (setup,
+# its adapters, then it serves again); with several ranks (their all-reduce group cannot take a
+# newcomer) a dead worker, and a dead engine in any case, restart the engine with all its ranks;
+# a dead frontend or exporter restarts alone. A worker the engine declares dead while its process
+# lives (stopped, hung) is killed, so that it is restarted as above. The engine keeps its adapter registry
 # in RUN_DIR/adapters.json, so a restarted engine group comes back with the adapters loaded,
 # unloaded and pinned at run time; the supervisor's log says what it restarted and, from the
 # engine's "restored:" line, which adapters came back. SIGTERM to the supervisor, or `down`,
@@ -192,11 +195,27 @@ start() {
         exec 9<> "$fifo"
         while IFS= read -r line; do
             printf '%s\n' "$line" >> "$log"
-            case $line in *": ready"*) printf 'ready\n' >&9 ;; esac
+            case $line in
+            *": ready"*) printf 'ready\n' >&9 ;;
+            "lora-engine: error: worker rank "*" (pid "*") is dead"*) kill_dead_worker "$line" ;;
+            esac
         done
     ) &
     PID[$name]=$!
     STARTED[$name]=$SECONDS
+}
+
+# kill_dead_worker LINE: the engine declared a worker dead ("worker rank R (pid P) is dead")
+# although its process may live on (stopped, hung): kill it, so that it exits and is restarted.
+# Only a lora-worker of this run directory is killed, whatever pid the line names.
+kill_dead_worker() {
+    local p=${1#*"(pid "}
+    p=${p%%")"*}
+    [[ $p =~ ^[0-9]+$ ]] || return 0
+    local cmd
+    cmd=$(tr '\0' ' ' < "/proc/$p/cmdline" 2> /dev/null) || return 0
+    [[ $cmd == *"lora-worker serve "*"ipc://$RUN_DIR/worker.sock"* ]] || return 0
+    kill -KILL "$p" 2> /dev/null || true
 }
 
 # wait_ready NAME: 0 once NAME said it is ready, 1 if it exited or the timeout passed.
@@ -239,10 +258,7 @@ names_of() { # PREFIX: the running names that start with it
 start_engine_group() {
     local r
     # The worker ranks connect first; the engine waits for every hello.
-    for ((r = 0; r < TP; r++)); do
-        OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} start "worker-$r" "$BIN/lora-worker" serve \
-            --engine "ipc://$RUN_DIR/worker.sock" --rank "$r" "${WORKER_ARGS[@]}"
-    done
+    for ((r = 0; r < TP; r++)); do start_worker "$r"; done
     local mods=()
     for m in "${MODULES[@]}"; do mods+=(--lora-modules "$m"); done
     start engine "$BIN/lora-engine" --model "$MODEL" --run-dir "$RUN_DIR" \
@@ -265,37 +281,61 @@ start_metrics() {
     wait_ready metrics
 }
 
+start_worker() { # RANK
+    OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} start "worker-$1" "$BIN/lora-worker" serve \
+        --engine "ipc://$RUN_DIR/worker.sock" --rank "$1" "${WORKER_ARGS[@]}"
+}
+
+# readmit_worker NAME: restarts worker NAME alone and waits until the running engine has taken
+# it back (its log says "rank R is back"); 1 when it did not within the ready timeout.
+readmit_worker() {
+    local r=${1#worker-} log="$RUN_DIR/logs/engine.log" from line deadline
+    from=$(($(stat -c %s "$log" 2> /dev/null || echo 0) + 1))
+    start_worker "$r"
+    deadline=$((SECONDS + READY_TIMEOUT))
+    while [ $SECONDS -lt $deadline ] && kill -0 "${PID[engine]:-0}" 2> /dev/null &&
+        kill -0 "${PID[$1]:-0}" 2> /dev/null; do
+        line=$(tail -c +"$from" "$log" | grep -a -m 1 "^lora-engine: rank $r is back: ")
+        if [ -n "$line" ]; then
+            say "restarted $1 alone; the engine took it back: ${line#*"; "}"
+            return 0
+        fi
+        sleep 0.05
+    done
+    return 1
+}
+
 # What a restart of NAME means: the whole engine group, or NAME alone.
 restart() {
     local name=$1 group=$1
     case $name in worker-* | engine) group=engine ;; esac
+    # One rank: the running engine takes a new worker process back.
+    if [[ $name == worker-* ]] && [ "$TP" = 1 ] && kill -0 "${PID[engine]:-0}" 2> /dev/null; then
+        group=$name
+    fi
     local ran=$((SECONDS - ${STARTED[$name]:-0}))
-    local delay=${BACKOFF[$group]:-1}
-    [ "$ran" -ge 60 ] && delay=1
-    say "warning: $name exited; restarting ${group/engine/the engine and its ranks} in $delay s"
-    BACKOFF[$group]=$((delay * 2 > 30 ? 30 : delay * 2))
+    # A worker the engine takes back costs no other program anything: its first restart is
+    # immediate (then 1, 2, 4 ... s), so that the engine serves again within a few seconds.
+    local first=1
+    [[ $group == worker-* ]] && first=0
+    local delay=${BACKOFF[$group]:-$first}
+    [ "$ran" -ge 60 ] && delay=$first
+    local what=$group
+    case $group in engine) what="the engine and its ranks" ;; worker-*) what="$name alone" ;; esac
+    say "warning: $name exited; restarting $what in $delay s"
+    BACKOFF[$group]=$((delay * 2 > 30 ? 30 : delay < 1 ? 1 : delay * 2))
     sleep "$delay" & # the backoff itself; a SIGTERM meanwhile still stops the stack at once
     wait $! 2> /dev/null
     [ "$STOPPING" = 1 ] && return
     case $group in
-    engine)
-        # What the new engine writes to its log starts after this byte.
-        local log="$RUN_DIR/logs/engine.log" from
-        from=$(($(stat -c %s "$log" 2> /dev/null || echo 0) + 1))
-        stop_pids engine $(names_of worker-)
-        rm -f "$RUN_DIR"/worker.sock "$RUN_DIR"/frontend.sock "$RUN_DIR"/control.sock \
-            "$RUN_DIR"/publish.sock
-        if start_engine_group; then
-            local restored dropped
-            restored=$(tail -c +"$from" "$log" | grep -a '^lora-engine: restored: ' | tail -n 1)
-            restored=${restored#lora-engine: }
-            dropped=$(tail -c +"$from" "$log" | grep -ac 'cannot be restored')
-            [ "$dropped" = 0 ] || restored="$restored; $dropped adapter(s) dropped, see $log"
-            say "restarted the engine and its $TP rank$([ "$TP" = 1 ] || echo s) after $name" \
-                "exited; ${restored:-no adapter registry to restore}"
-        else
-            say "warning: the engine did not come back; retrying"
+    worker-*)
+        if ! readmit_worker "$name"; then
+            say "warning: the engine did not take $name back; restarting the engine and its ranks"
+            restart_engine_group "$name"
         fi
+        ;;
+    engine)
+        restart_engine_group "$name"
         ;;
     frontend-*)
         if start_frontend "${name#frontend-}"; then
@@ -313,6 +353,27 @@ restart() {
         ;;
     esac
     write_pids
+}
+
+restart_engine_group() { # NAME: the program whose exit caused it
+    local name=$1
+    # What the new engine writes to its log starts after this byte.
+    local log="$RUN_DIR/logs/engine.log" from
+    from=$(($(stat -c %s "$log" 2> /dev/null || echo 0) + 1))
+    stop_pids engine $(names_of worker-)
+    rm -f "$RUN_DIR"/worker.sock "$RUN_DIR"/frontend.sock "$RUN_DIR"/control.sock \
+        "$RUN_DIR"/publish.sock
+    if start_engine_group; then
+        local restored dropped
+        restored=$(tail -c +"$from" "$log" | grep -a '^lora-engine: restored: ' | tail -n 1)
+        restored=${restored#lora-engine: }
+        dropped=$(tail -c +"$from" "$log" | grep -ac 'cannot be restored')
+        [ "$dropped" = 0 ] || restored="$restored; $dropped adapter(s) dropped, see $log"
+        say "restarted the engine and its $TP rank$([ "$TP" = 1 ] || echo s) after $name" \
+            "exited; ${restored:-no adapter registry to restore}"
+    else
+        say "warning: the engine did not come back; retrying"
+    fi
 }
 
 shutdown() {

@@ -1,11 +1,14 @@
 /* lora-worker serve: one tensor-parallel rank under an engine (DESIGN sections 2 to 7).
  *
- * Connects a DEALER (identity "worker-RANK") to the engine's worker socket and says hello until
- * the engine answers; the engine's setup names the model, this rank's shard and the limits; then
- * the loop serves step, adapter_op, take_notifications, residency, heartbeat and shutdown.
+ * Connects a DEALER (identity "worker-RANK-PID": unique, so that no connection can take over
+ * another's routing id) to the engine's worker socket and says hello until the engine answers;
+ * the engine's setup names the model, this rank's shard and the limits; then the loop serves
+ * step, adapter_op, take_notifications, residency, heartbeat and shutdown. An engine that
+ * already has this rank answers the hello with a setup_done that is not ok: the worker then
+ * says why and exits 1.
  * Heartbeats: the worker sends one after 500 ms without sending; an engine silent for 3 s is
  * gone, and the worker exits (111) rather than run on for nobody. A second thread with its own
- * socket (identity "worker-RANK-hb") sends a heartbeat every 500 ms whatever the loop is doing,
+ * socket (identity "worker-RANK-PID-hb") sends a heartbeat every 500 ms whatever the loop is doing,
  * so a long step does not look like a dead worker to the engine. SIGTERM and SIGINT exit
  * cleanly (0). Adapter loads run on a loader thread, so steps go on while an adapter is read.
  */
@@ -29,7 +32,7 @@
 struct beat {
     void *zctx;
     const char *endpoint;
-    char identity[48];
+    char identity[64];
     pthread_t thread;
     atomic_bool stop;
 };
@@ -194,7 +197,21 @@ static int handle_setup(struct worker *w, const struct lora_msg_frames *f)
     return worker_send(w, NULL, 0);
 }
 
-/* Returns 1 to stop (shutdown), 0 to go on. */
+/* The engine refused this worker's hello (its rank is taken): says why. */
+static void report_refusal(struct worker *w, const struct lora_msg_frames *f)
+{
+    struct lora_msg_setup_done d = {0};
+    char err[256] = "no reason given";
+
+    lora_msg_arena_reset(w->arena);
+    if (lora_msg_decode_setup_done(f->body, f->body_len, NULL, 0, w->arena, &d, err,
+                                   sizeof(err)) == 0 && d.error.s)
+        snprintf(err, sizeof(err), "%s", d.error.s);
+    fprintf(stderr, "lora-worker: fatal: rank %d: the engine refused this worker: %s\n", w->rank,
+            err);
+}
+
+/* Returns 1 to stop (shutdown), 2 when the engine refused us, 0 to go on. */
 static int dispatch(struct worker *w, const struct lora_msg_frames *f)
 {
     char err[256];
@@ -218,6 +235,11 @@ static int dispatch(struct worker *w, const struct lora_msg_frames *f)
         break;
     case LORA_MSG_SHUTDOWN:
         return 1;
+    case LORA_MSG_SETUP_DONE:
+        if (w->set_up)
+            break; /* a refusal is for a newcomer only */
+        report_refusal(w, f);
+        return 2;
     case LORA_MSG_HEARTBEAT:
     case LORA_MSG_READY:
         break;
@@ -289,7 +311,7 @@ static int run(struct worker *w)
             int stop = dispatch(w, &f);
             lora_msg_frames_release(&f);
             if (stop)
-                return 0;
+                return stop == 2 ? 1 : 0;
         }
     }
 }
@@ -313,7 +335,7 @@ int cmd_serve(int argc, char **argv)
         {"help", LORA_OPT_FLAG, &help, NULL, "show this help"},
         {0},
     };
-    char err[1024] = "", identity[32];
+    char err[1024] = "", identity[48];
     int rc = EXIT_SYSTEM;
 
     if (lora_cli_parse(options, "LORA_WORKER", argc, argv, 1, err, sizeof(err)) < 0 ||
@@ -334,7 +356,7 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "lora-worker: fatal: --lora-root '%s' is not a directory\n", w.lora_root);
         return EXIT_USAGE;
     }
-    snprintf(identity, sizeof(identity), "worker-%d", w.rank);
+    snprintf(identity, sizeof(identity), "worker-%d-%ld", w.rank, (long)getpid());
     const int sigs[] = {SIGTERM, SIGINT};
     w.sig_fd = lora_signal_pipe_open(sigs, 2);
     w.zctx = zmq_ctx_new();

@@ -1,7 +1,8 @@
 #!/usr/bin/env bats
 # Runtime adapter state survives restarts. On a stack started with `lora-stack up` on a tiny model,
 # an adapter is loaded at run time (law), a start-up one unloaded (sql) and one pinned (doc); then
-# a worker, the engine or a frontend is killed with SIGKILL. Once the supervisor has restarted it,
+# a worker, the engine or a frontend is killed with SIGKILL (a worker also stopped with SIGSTOP).
+# Once the supervisor has restarted it (the only worker alone, the engine took it back),
 # /v1/models, `lora-inspect residency --json` and the lora-metrics scrape show exactly the runtime
 # state, and the supervisor's log says what it restarted and restored. Also: a corrupt registry
 # file stops the engine with its path; an adapter whose directory has gone is dropped with a
@@ -130,7 +131,19 @@ wait_restarted() { # TEXT: waits up to 60 s for the supervisor's log to say it
     wait_for_text "$R/supervisor.log" "$1" 60
 }
 
-@test "SIGKILL of a worker: the engine group comes back with the runtime adapters" {
+# Seconds from now until a completion on adapter law answers 200 (at most 60 s).
+seconds_to_serving() {
+    local t0 t1
+    t0=$(date +%s.%N)
+    for _ in $(seq 1 1200); do
+        [ "$(complete law)" = 200 ] && break
+        sleep 0.05
+    done
+    t1=$(date +%s.%N)
+    echo "$t0 $t1" | awk '{ printf "%.2f\n", $2 - $1 }'
+}
+
+@test "SIGKILL of the only worker: it restarts alone, the engine takes it back with the adapters" {
     up
     expect_status 0
     # The exporter subscribed after the engine's start-up loads and counts them all the same.
@@ -138,11 +151,44 @@ wait_restarted() { # TEXT: waits up to 60 s for the supervisor's log to say it
     change_at_runtime
     expect_runtime_state
     expect_load_counts 4 4
+    local engine
+    engine=$(pid_of engine)
     kill -KILL "$(pid_of worker-0)"
-    wait_restarted "restarted the engine and its 1 rank after worker-0 exited; restored: 3 adapters from '$R/adapters.json': doc (pinned), chat, law"
+    s=$(seconds_to_serving)
+    echo "SIGKILL of worker-0: serving again after $s s" >&3
+    awk -v s="$s" 'BEGIN { exit !(s < 10) }'
+    wait_restarted "restarted worker-0 alone; the engine took it back: restored 3 adapters: "
     expect_runtime_state
-    # A new engine: its own loads, counted once although the exporter saw them live.
-    expect_load_counts 3 3
+    # The same engine: no group restart.
+    [ "$(pid_of engine)" = "$engine" ]
+    ! grep -q "restarted the engine" "$R/supervisor.log"
+}
+
+@test "SIGSTOP of the only worker: declared dead after 3 s, killed, restarted alone" {
+    up
+    expect_status 0
+    change_at_runtime
+    expect_runtime_state
+    local engine old
+    engine=$(pid_of engine) old=$(pid_of worker-0)
+    kill -STOP "$old"
+    s=$(seconds_to_serving)
+    echo "SIGSTOP of worker-0: serving again after $s s" >&3
+    awk -v s="$s" 'BEGIN { exit !(s < 15) }'
+    wait_restarted "restarted worker-0 alone; the engine took it back"
+    ! is_running "$old"
+    expect_runtime_state
+    [ "$(pid_of engine)" = "$engine" ]
+}
+
+@test "SIGKILL of a worker of two ranks: the engine group comes back with the runtime adapters" {
+    up --tp 2
+    expect_status 0
+    change_at_runtime
+    expect_runtime_state
+    kill -KILL "$(pid_of worker-1)"
+    wait_restarted "restarted the engine and its 2 ranks after worker-1 exited; restored: 3 adapters from '$R/adapters.json': doc (pinned), chat, law"
+    expect_runtime_state
 }
 
 @test "SIGKILL of the engine: it restores the registry before it reports ready" {
