@@ -2036,6 +2036,78 @@ static void test_json(void)
     lora_msg_buf_release(&js);
 }
 
+/* Maps used as keys of maps: each level's key is the JSON text of the level below, escaped
+ * once more, so without a bound on container keys 30 levels (77 bytes) came to gigabytes.
+ * One level is kept, a deeper one is refused at once, and the output stays linear. */
+static void test_json_container_keys(void)
+{
+    unsigned char nested[77];
+    struct lora_msg_buf js = {0};
+    char err[256];
+    size_t n = 0;
+
+    /* {{...{"0123456789abcdef": 0}...: 0}: 0}: 30 maps of one entry, each the key of the next */
+    for (int i = 0; i < 30; i++)
+        nested[n++] = 0x81;
+    nested[n++] = 0xb0;
+    memcpy(nested + n, "0123456789abcdef", 16);
+    n += 16;
+    while (n < sizeof(nested))
+        nested[n++] = 0x00;
+    CHECK(n == 77);
+    clock_t start = clock();
+    CHECK(lora_msg_to_json(nested, n, &js, err, sizeof(err)) == -1);
+    CHECK_CONTAINS(err, "a map or array as a map key inside a map or array key");
+    CHECK((double)(clock() - start) / CLOCKS_PER_SEC < 0.5);
+    CHECK(js.len == 0);
+
+    /* one level of container keys is kept, as text */
+    static const unsigned char one[] = {0x81, 0x81, 0x01, 0x02, 0x03};
+    lora_msg_buf_reset(&js);
+    CHECK(lora_msg_to_json(one, sizeof(one), &js, err, sizeof(err)) == 0);
+    char *s = buf_string(&js);
+    CHECK(strcmp(s, "{\"{\\\"1\\\":2}\":3}") == 0);
+    free(s);
+    /* an array key holding a map with an array key: refused as well */
+    static const unsigned char arr[] = {0x81, 0x91, 0x81, 0x91, 0x01, 0x02, 0x03};
+    lora_msg_buf_reset(&js);
+    CHECK(lora_msg_to_json(arr, sizeof(arr), &js, err, sizeof(err)) == -1);
+    CHECK_CONTAINS(err, "map key inside");
+
+    /* the widest input the rule allows: a container key full of strings that each need two
+     * escapes; the output stays within a small multiple of the input */
+    size_t len = 1 + 1 + 2 + 4000 * 2 + 1;
+    unsigned char *w = malloc(len);
+    n = 0;
+    w[n++] = 0x81;
+    w[n++] = 0xdc;
+    w[n++] = 4000 >> 8;
+    w[n++] = 4000 & 0xff;
+    for (int i = 0; i < 4000; i++) {
+        w[n++] = 0xa1;
+        w[n++] = '"';
+    }
+    w[n++] = 0x00;
+    CHECK(n == len);
+    lora_msg_buf_reset(&js);
+    CHECK(lora_msg_to_json(w, len, &js, err, sizeof(err)) == 0);
+    CHECK(js.len < 8 * len);
+    free(w);
+
+    /* nesting one past the bound of 32 levels is a clear error; at the bound it decodes */
+    unsigned char deep[40];
+    for (int levels = 32; levels <= 33; levels++) {
+        memset(deep, 0x91, (size_t)levels);
+        deep[levels] = 0x00;
+        lora_msg_buf_reset(&js);
+        int rc = lora_msg_to_json(deep, (size_t)levels + 1, &js, err, sizeof(err));
+        CHECK(rc == (levels == 32 ? 0 : -1));
+        if (rc < 0)
+            CHECK_CONTAINS(err, "nested too deeply (more than 32 levels)");
+    }
+    lora_msg_buf_release(&js);
+}
+
 /* A small arena serves big messages through extra chunks; reset keeps working. */
 static void test_arena(void)
 {
@@ -2469,6 +2541,7 @@ int main(int argc, char **argv)
         RUN(test_frames);
         RUN(test_encoder_checks);
         RUN(test_json);
+        RUN(test_json_container_keys);
         RUN(test_arena);
         RUN(test_random_mutations);
         rc = check_done();
