@@ -6,8 +6,9 @@
  * nesting is limited (JSON_MAX_DEPTH) and so are container keys (JSON_MAX_KEY_DEPTH), so a
  * hostile body costs time, memory and output proportional to its length.
  * Mapping: maps -> objects (a non-string key becomes the JSON text of the key), arrays ->
- * arrays, str -> string (invalid UTF-8 bytes become U+FFFD), bin -> base64 string, ext -> null,
- * non-finite floats -> null, unsigned integers above INT64_MAX -> a (rounded) real.
+ * arrays, str -> string (invalid UTF-8 bytes become U+FFFD, and so does a NUL in a key), bin ->
+ * base64 string, ext -> null, non-finite floats -> null, unsigned integers above INT64_MAX -> a
+ * (rounded) real. The text always reads back with jansson.
  */
 #include "protocol.h"
 
@@ -194,6 +195,34 @@ static json_t *read_key(struct reader *r, int depth)
     return k;
 }
 
+/* Sets o[k] = v for a string key k. A NUL byte in a key becomes U+FFFD: jansson writes it as
+ * \u0000 but refuses it when reading an object key, as many JSON readers do, and the text must
+ * read back. */
+static int set_string_key(json_t *o, json_t *k, json_t *v)
+{
+    const char *s = json_string_value(k);
+    size_t n = json_string_length(k), j = 0;
+
+    if (!memchr(s, 0, n))
+        return json_object_setn_nocheck(o, s, n, v);
+    if (n > SIZE_MAX / 3)
+        return -1;
+    char *t = malloc(3 * n);
+    if (!t)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i]) {
+            t[j++] = s[i];
+        } else {
+            memcpy(t + j, "\xef\xbf\xbd", 3);
+            j += 3;
+        }
+    }
+    int rc = json_object_setn_nocheck(o, t, j, v);
+    free(t);
+    return rc;
+}
+
 /* The object key for k: a string as it is, anything else as its JSON text. */
 static json_t *read_map(struct reader *r, uint64_t n, int depth)
 {
@@ -207,7 +236,7 @@ static json_t *read_map(struct reader *r, uint64_t n, int depth)
         char *text = NULL;
         int rc = -1;
         if (v && json_is_string(k))
-            rc = json_object_setn_nocheck(o, json_string_value(k), json_string_length(k), v);
+            rc = set_string_key(o, k, v);
         else if (v && (text = json_dumps(k, JSON_COMPACT | JSON_ENCODE_ANY)))
             rc = json_object_set_nocheck(o, text, v);
         free(text);
