@@ -2115,6 +2115,54 @@ static void test_json_container_keys(void)
     lora_msg_buf_release(&js);
 }
 
+/* lora_msg_scan: the framing of a byte stream (lora-metrics --stdin). Fed one byte at a time
+ * it finds the same end as fed whole; headers that claim more than a message may hold are
+ * refused from the header alone, before the bytes they claim exist. */
+static void test_scan(void)
+{
+    struct lora_msg_buf b = {0};
+    struct lora_msg_abort m = {.request_id = {"req-1", 5}};
+    struct lora_msg_scan st = {0};
+    size_t len = 0;
+
+    CHECK(lora_msg_encode_abort(&b, &m, NULL, NULL) == 0);
+    CHECK(lora_msg_scan(&st, b.data, b.len, &len) == LORA_MSG_SCAN_DONE);
+    CHECK(len == b.len);
+    st = (struct lora_msg_scan){0};
+    size_t avail = 0;
+    enum lora_msg_scan_result r = LORA_MSG_SCAN_MORE;
+    while (r == LORA_MSG_SCAN_MORE && avail < b.len)
+        r = lora_msg_scan(&st, b.data, ++avail, &len);
+    CHECK(r == LORA_MSG_SCAN_DONE);
+    CHECK(avail == b.len && len == b.len);
+    static const struct {
+        const char *p;
+        size_t len;
+        enum lora_msg_scan_result want;
+        size_t at;
+    } cases[] = {
+        {"\xdd\xff\xff\xff\xff", 5, LORA_MSG_SCAN_TOO_LARGE, 0}, /* array of 2^32-1 */
+        {"\xdf\x00\x80\x00\x00", 5, LORA_MSG_SCAN_TOO_LARGE, 0}, /* map of 2^23: 2^24 values */
+        {"\xdb\x01\x00\x00\x00", 5, LORA_MSG_SCAN_TOO_LARGE, 0}, /* str of 16 MiB */
+        {"\x92\x01\xdd\x00\xff\xff\xff", 7, LORA_MSG_SCAN_TOO_LARGE, 2},
+        {"\xdd\x00\x00\x00\x10", 5, LORA_MSG_SCAN_MORE, 0},        /* 16 values to come */
+        {"\xdd\x00\x00", 3, LORA_MSG_SCAN_MORE, 0},                  /* header cut short */
+        {"\x92\x01\xc1", 3, LORA_MSG_SCAN_MALFORMED, 2},
+        {"\x01", 1, LORA_MSG_SCAN_DONE, 1},
+    };
+    for (int i = 0; i < COUNT(cases); i++) {
+        st = (struct lora_msg_scan){0};
+        len = SIZE_MAX;
+        r = lora_msg_scan(&st, cases[i].p, cases[i].len, &len);
+        CHECK(r == cases[i].want);
+        if (r != LORA_MSG_SCAN_MORE)
+            CHECK(len == cases[i].at);
+        if (check_cur_failed)
+            printf("# case %d: got %d at %zu\n", i, (int)r, len);
+    }
+    lora_msg_buf_release(&b);
+}
+
 /* A small arena serves big messages through extra chunks; reset keeps working. */
 static void test_arena(void)
 {
@@ -2549,6 +2597,7 @@ int main(int argc, char **argv)
         RUN(test_encoder_checks);
         RUN(test_json);
         RUN(test_json_container_keys);
+        RUN(test_scan);
         RUN(test_arena);
         RUN(test_random_mutations);
         rc = check_done();
