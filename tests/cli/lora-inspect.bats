@@ -543,7 +543,7 @@ dropped" ]
     [ -z "$output" ] && [ -z "$stderr" ]
 }
 
-@test "decode: maps nested as map keys are refused in linear time, depth past 32 is an error" {
+@test "decode: maps nested as map keys are refused in linear time, a NUL key reads back, depth past 32 is an error" {
     # 77 bytes: 30 maps of one entry, each the key of the one before, then a 16-byte string
     # key and the values. Each level's key is the JSON text of the next, escaped once more, so
     # the text doubles with every level unless container keys inside container keys are refused.
@@ -562,6 +562,11 @@ dropped" ]
     run --separate-stderr "$INSPECT" decode --json < "$T/key1.mp"
     expect_status 0
     jq -e '.message["{\"1\":2}"] == 3' <<< "$output"
+    # a NUL in a key (found by fuzzing): it used to end decode with "out of memory"
+    printf '\x82\xa4type\xa1x\xa3a\x00b\x01' > "$T/nul.mp"
+    run --separate-stderr "$INSPECT" decode --json < "$T/nul.mp"
+    expect_status 0
+    jq -e '.message["a\ufffdb"] == 1' <<< "$output"
     # 33 nested arrays under a map: one level past the bound
     { printf '\x81\xa1k'; for i in $(seq 32); do printf '\x91'; done; printf '\x00'; } > "$T/deep.mp"
     run --separate-stderr "$INSPECT" decode --json < "$T/deep.mp"
