@@ -7,9 +7,9 @@
 #include <jansson.h>
 #include <stdlib.h>
 
-static const char *const names[] = {"chatml", "qwen2.5", "qwen3", "llama3",
-                                    "llama3.1", "llama2", "mistral", "mistral-v1"};
-#define N_NAMES (sizeof(names) / sizeof(names[0]))
+static const char *const names[] = {"chatml",   "qwen2.5", "qwen3",   "llama3",
+                                    "llama3.1", "llama2",  "mistral", "mistral-v1"};
+#define N_NAMES  (sizeof(names) / sizeof(names[0]))
 #define MAX_MSGS 64
 
 static struct lora_chat_template templates[N_NAMES];
@@ -38,8 +38,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     size_t i;
     json_t *m;
-    json_array_foreach(a, i, m)
-    {
+    json_array_foreach (a, i, m) {
         const char *role = json_string_value(json_object_get(m, "role"));
         const char *content = json_string_value(json_object_get(m, "content"));
         if (!role || !content || n == MAX_MSGS)

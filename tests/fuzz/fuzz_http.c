@@ -21,9 +21,9 @@
 #include <sys/stat.h>
 #include <time.h>
 
-static const char *const paths[] = {"/v1/completions",       "/v1/chat/completions",
-                                    "/tokenize",             "/detokenize",
-                                    "/v1/load_lora_adapter", "/v1/unload_lora_adapter"};
+static const char *const paths[] = {
+    "/v1/completions", "/v1/chat/completions",  "/tokenize",
+    "/detokenize",     "/v1/load_lora_adapter", "/v1/unload_lora_adapter"};
 #define N_PATHS (sizeof(paths) / sizeof(paths[0]))
 
 static struct frontend fe;
@@ -83,9 +83,8 @@ int lora_http_add_header(struct lora_http_request *r, const char *name, const ch
     return 0;
 }
 
-int lora_http_respond_stream(struct lora_http_request *r, unsigned status,
-                             const char *content_type, lora_http_stream_read read,
-                             lora_http_stream_done done, void *ctx)
+int lora_http_respond_stream(struct lora_http_request *r, unsigned status, const char *content_type,
+                             lora_http_stream_read read, lora_http_stream_done done, void *ctx)
 {
     r->n_responses++;
     r->status = status;

@@ -34,11 +34,11 @@ union any_msg {
 
 #define D(name) (decoder) lora_msg_decode_##name
 static const decoder decoders[] = {
-    D(hello),         D(ready),           D(setup),   D(setup_done), D(step),
-    D(step_reply),    D(adapter_op),      D(adapter_op_reply),        D(notifications),
-    D(residency_reply), D(request),       D(abort),   D(output),     D(event),
-    D(stats),         D(control),         D(control_reply),           D(registry),
-    D(request_stats),
+    D(hello),         D(ready),           D(setup),         D(setup_done),
+    D(step),          D(step_reply),      D(adapter_op),    D(adapter_op_reply),
+    D(notifications), D(residency_reply), D(request),       D(abort),
+    D(output),        D(event),           D(stats),         D(control),
+    D(control_reply), D(registry),        D(request_stats),
 };
 #undef D
 

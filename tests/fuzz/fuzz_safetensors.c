@@ -21,7 +21,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         lora_tensor_shape_str(t, shape, sizeof(shape));
         /* the data lies inside the mapping */
         const char *b = st->map, *d = t->data;
-        if (t->bytes && (d < b || t->bytes > st->map_bytes || d - b > (long)(st->map_bytes - t->bytes)))
+        if (t->bytes &&
+            (d < b || t->bytes > st->map_bytes || d - b > (long)(st->map_bytes - t->bytes)))
             abort();
         if (t->dtype <= LORA_DTYPE_BF16 && t->numel <= 256) {
             float f[256];

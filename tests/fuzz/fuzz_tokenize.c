@@ -35,8 +35,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     char err[512], *out = NULL, *piece;
     bool special = size && (data[0] & 1);
 
-    if (lora_tokenizer_encode(tok, (const char *)data, size, special, &ids, &n, err,
-                              sizeof(err)) < 0)
+    if (lora_tokenizer_encode(tok, (const char *)data, size, special, &ids, &n, err, sizeof(err)) <
+        0)
         return 0;
     if (lora_tokenizer_decode(tok, ids, n, !special, &out, &len, err, sizeof(err)) == 0)
         free(out);
