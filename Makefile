@@ -152,7 +152,8 @@ bench: deps
 # Fuzzing: every decoder of untrusted input has a libFuzzer target in tests/fuzz/fuzz_*.c, with
 # a small seed corpus in tests/fuzz/corpus/<target>/. The library is compiled again with clang
 # under AddressSanitizer and UndefinedBehaviorSanitizer into build/fuzz (CUDA off). A target that
-# needs a program's own parsing functions links that program's objects but its main.c.
+# needs a program's own parsing functions links that program's objects but main.c, and stands in
+# for what needs a live peer.
 FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 10
 FUZZ_BUILD   := build/fuzz
@@ -163,8 +164,9 @@ FUZZ_CFLAGS  := -O1 -g -std=c11 -D_GNU_SOURCE -march=x86-64-v2 -mavx2 -mfma -fop
 FUZZ_SRC     := $(filter-out tests/fuzz/fuzz_util.c,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_TARGETS := $(FUZZ_SRC:tests/fuzz/%.c=$(FUZZ_BUILD)/%)
 FUZZ_LIB_OBJ := $(patsubst %.c,$(FUZZ_BUILD)/%.o,$(filter-out kernels/cuda/%,$(LIB_SRC)))
-# fuzz_http links the frontend's routing and parsing (cmd/lora-frontend without main.c and link.c).
-FUZZ_FRONTEND_OBJ := $(patsubst %.c,$(FUZZ_BUILD)/%.o,$(filter-out cmd/lora-frontend/main.c cmd/lora-frontend/link.c,$(wildcard cmd/lora-frontend/*.c)))
+# fuzz_http links the frontend's routing and parsing: cmd/lora-frontend but main.c and link.c.
+FUZZ_FRONTEND_OBJ := $(patsubst %.c,$(FUZZ_BUILD)/%.o,$(filter-out \
+                     cmd/lora-frontend/main.c cmd/lora-frontend/link.c,$(wildcard cmd/lora-frontend/*.c)))
 
 $(FUZZ_BUILD)/%.o: %.c
 	@mkdir -p $(@D)
@@ -203,5 +205,6 @@ format:
 clean:
 	rm -rf build
 
--include $(wildcard $(FUZZ_BUILD)/lib/*.d $(FUZZ_BUILD)/tests/fuzz/*.d)
+-include $(wildcard $(FUZZ_BUILD)/lib/*.d $(FUZZ_BUILD)/kernels/*.d $(FUZZ_BUILD)/kernels/*/*.d \
+    $(FUZZ_BUILD)/cmd/*/*.d $(FUZZ_BUILD)/tests/fuzz/*.d)
 -include $(LIB_OBJ:.o=.d) $(UNITS:=.d) $(FIXTURE_OBJ:.o=.d) $(BENCHES:=.d) $(TOOLS:=.d) $(patsubst %.c,$(BUILD)/%.d,$(wildcard cmd/*/*.c))
