@@ -165,8 +165,9 @@ FUZZ_SRC     := $(filter-out tests/fuzz/fuzz_util.c,$(wildcard tests/fuzz/fuzz_*
 FUZZ_TARGETS := $(FUZZ_SRC:tests/fuzz/%.c=$(FUZZ_BUILD)/%)
 FUZZ_LIB_OBJ := $(patsubst %.c,$(FUZZ_BUILD)/%.o,$(filter-out kernels/cuda/%,$(LIB_SRC)))
 # fuzz_http links the frontend's routing and parsing: cmd/lora-frontend but main.c and link.c.
-FUZZ_FRONTEND_OBJ := $(patsubst %.c,$(FUZZ_BUILD)/%.o,$(filter-out \
-                     cmd/lora-frontend/main.c cmd/lora-frontend/link.c,$(wildcard cmd/lora-frontend/*.c)))
+FUZZ_FRONTEND_SRC := $(filter-out cmd/lora-frontend/main.c cmd/lora-frontend/link.c, \
+                     $(wildcard cmd/lora-frontend/*.c))
+FUZZ_FRONTEND_OBJ := $(FUZZ_FRONTEND_SRC:%.c=$(FUZZ_BUILD)/%.o)
 
 $(FUZZ_BUILD)/%.o: %.c
 	@mkdir -p $(@D)
@@ -177,8 +178,8 @@ $(FUZZ_BUILD)/liblora.a: $(FUZZ_LIB_OBJ)
 
 $(FUZZ_BUILD)/fuzz_http: $(FUZZ_FRONTEND_OBJ)
 $(FUZZ_BUILD)/tests/fuzz/fuzz_http.o: FUZZ_CFLAGS += -Icmd/lora-frontend
-$(FUZZ_TARGETS): $(FUZZ_BUILD)/%: $(FUZZ_BUILD)/tests/fuzz/%.o $(FUZZ_BUILD)/tests/fuzz/fuzz_util.o \
-                 $(FUZZ_BUILD)/liblora.a
+$(FUZZ_TARGETS): $(FUZZ_BUILD)/%: $(FUZZ_BUILD)/tests/fuzz/%.o \
+                 $(FUZZ_BUILD)/tests/fuzz/fuzz_util.o $(FUZZ_BUILD)/liblora.a
 	$(FUZZ_CC) -fopenmp $(FUZZ_SAN) -fsanitize=fuzzer $(filter %.o,$^) $(FUZZ_BUILD)/liblora.a \
 	    $(LDLIBS) -o $@
 
