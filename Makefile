@@ -6,6 +6,8 @@
 #   make bench           build and run the benchmarks in tests/bench
 #   make install         programs and manual pages under PREFIX (default /usr/local)
 #   make SANITIZE=address,undefined test    the same under sanitizers (separate build dir)
+#   make fuzz [FUZZ_SECONDS=N]  build the libFuzzer targets of tests/fuzz with clang (ASan,
+#                        UBSan) into build/fuzz and run each for N seconds (default 10)
 #   make CUDA=auto|0|1   build the CUDA kernels: auto = when nvcc is found
 
 CC       ?= gcc
@@ -76,7 +78,7 @@ DEB_PACKAGES := build-essential pkg-config libmsgpack-dev libzmq3-dev libjansson
 
 .DELETE_ON_ERROR:
 .SECONDARY:
-.PHONY: all deps test demo bench clean format install
+.PHONY: all deps test demo bench clean format install fuzz fuzz-build
 .DEFAULT_GOAL := all
 
 all: $(BINS) $(UNITS) $(BENCHES) $(TOOLS)
@@ -147,6 +149,48 @@ bench: deps
 	@echo "== tests/bench/frontend_overhead.py"; OMP_WAIT_POLICY=passive $(PYTHON) tests/bench/frontend_overhead.py --bin $(BUILD)/bin
 	@echo "== tests/bench/metrics_scrape.py"; $(PYTHON) tests/bench/metrics_scrape.py --bin $(BUILD)/bin
 
+# Fuzzing: every decoder of untrusted input has a libFuzzer target in tests/fuzz/fuzz_*.c, with
+# a small seed corpus in tests/fuzz/corpus/<target>/. The library is compiled again with clang
+# under AddressSanitizer and UndefinedBehaviorSanitizer into build/fuzz (CUDA off). A target that
+# needs a program's own parsing functions links that program's objects but main.c, and stands in
+# for what needs a live peer.
+FUZZ_CC      ?= clang
+FUZZ_SECONDS ?= 10
+FUZZ_BUILD   := build/fuzz
+FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
+FUZZ_CFLAGS  := -O1 -g -std=c11 -D_GNU_SOURCE -march=x86-64-v2 -mavx2 -mfma -fopenmp $(WARN) \
+                -Wno-format-nonliteral -Wno-string-concatenation -Wno-cast-align \
+                -MMD -MP -Ilib -Ikernels -Itests/fuzz $(FUZZ_SAN) -fsanitize=fuzzer-no-link
+FUZZ_SRC     := $(filter-out tests/fuzz/fuzz_util.c,$(wildcard tests/fuzz/fuzz_*.c))
+FUZZ_TARGETS := $(FUZZ_SRC:tests/fuzz/%.c=$(FUZZ_BUILD)/%)
+FUZZ_LIB_OBJ := $(patsubst %.c,$(FUZZ_BUILD)/%.o,$(filter-out kernels/cuda/%,$(LIB_SRC)))
+# fuzz_http links the frontend's routing and parsing: cmd/lora-frontend but main.c and link.c.
+FUZZ_FRONTEND_SRC := $(filter-out cmd/lora-frontend/main.c cmd/lora-frontend/link.c, \
+                     $(wildcard cmd/lora-frontend/*.c))
+FUZZ_FRONTEND_OBJ := $(FUZZ_FRONTEND_SRC:%.c=$(FUZZ_BUILD)/%.o)
+
+$(FUZZ_BUILD)/%.o: %.c
+	@mkdir -p $(@D)
+	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
+
+$(FUZZ_BUILD)/liblora.a: $(FUZZ_LIB_OBJ)
+	$(AR) rcs $@ $^
+
+$(FUZZ_BUILD)/fuzz_http: $(FUZZ_FRONTEND_OBJ)
+$(FUZZ_BUILD)/tests/fuzz/fuzz_http.o: FUZZ_CFLAGS += -Icmd/lora-frontend
+$(FUZZ_TARGETS): $(FUZZ_BUILD)/%: $(FUZZ_BUILD)/tests/fuzz/%.o \
+                 $(FUZZ_BUILD)/tests/fuzz/fuzz_util.o $(FUZZ_BUILD)/liblora.a
+	$(FUZZ_CC) -fopenmp $(FUZZ_SAN) -fsanitize=fuzzer $(filter %.o,$^) $(FUZZ_BUILD)/liblora.a \
+	    $(LDLIBS) -o $@
+
+fuzz-build: $(FUZZ_TARGETS)
+
+# make fuzz FUZZ_SECONDS=N [FUZZ_TARGET=name]: each target for N seconds on a copy of its seed
+# corpus (build/fuzz/corpus), one line of executions per target; a crash fails with its input
+# kept in build/fuzz/ (turn it into a unit test).
+fuzz: fuzz-build
+	@tests/fuzz/run $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGET)
+
 # make install PREFIX=/opt/lora-stack [DESTDIR=...]: the programs and the manual pages.
 PREFIX ?= /usr/local
 install: all
@@ -162,4 +206,6 @@ format:
 clean:
 	rm -rf build
 
+-include $(wildcard $(FUZZ_BUILD)/lib/*.d $(FUZZ_BUILD)/kernels/*.d $(FUZZ_BUILD)/kernels/*/*.d \
+    $(FUZZ_BUILD)/cmd/*/*.d $(FUZZ_BUILD)/tests/fuzz/*.d)
 -include $(LIB_OBJ:.o=.d) $(UNITS:=.d) $(FIXTURE_OBJ:.o=.d) $(BENCHES:=.d) $(TOOLS:=.d) $(patsubst %.c,$(BUILD)/%.d,$(wildcard cmd/*/*.c))

@@ -377,6 +377,42 @@ static int scan_body(const void *body, size_t len, const char **why, size_t *whe
     return 0;
 }
 
+enum lora_msg_scan_result lora_msg_scan(struct lora_msg_scan *st, const void *data, size_t avail,
+                                        size_t *len)
+{
+    const unsigned char *p = data;
+    struct mp_head h;
+
+    if (!st->started) {
+        st->started = true;
+        st->pos = 0;
+        st->pending = 1;
+    }
+    while (st->pending > 0) {
+        if (st->pos >= avail)
+            return LORA_MSG_SCAN_MORE;
+        if (mp_head(p + st->pos, p + avail, &h) < 0) {
+            if (p[st->pos] != 0xc1)
+                return LORA_MSG_SCAN_MORE; /* the header is cut short */
+            *len = st->pos;
+            return LORA_MSG_SCAN_MALFORMED;
+        }
+        /* Every value takes at least one byte: owing more than the bytes left is too large. */
+        uint64_t room = LORA_MSG_MAX_BODY - (uint64_t)st->pos;
+        if (h.hdr > room || h.payload > room - h.hdr ||
+            h.children + (st->pending - 1) > room - h.hdr - h.payload) {
+            *len = st->pos;
+            return LORA_MSG_SCAN_TOO_LARGE;
+        }
+        if (h.hdr + h.payload > avail - st->pos)
+            return LORA_MSG_SCAN_MORE;
+        st->pos += h.hdr + (size_t)h.payload;
+        st->pending += h.children - 1;
+    }
+    *len = st->pos;
+    return LORA_MSG_SCAN_DONE;
+}
+
 /* "WHAT: body: WHY (byte N of LEN)" into err. */
 static void body_error(char *err, size_t err_len, const char *what, const char *why, size_t where,
                        size_t len)

@@ -149,6 +149,31 @@ struct lora_str {
 /* Reads "type" from a body. Returns the type, or -1 with err (not a map, no "type", unknown). */
 int lora_msg_peek_type(const void *body, size_t len, char *err, size_t err_len);
 
+/* Where one msgpack value ends in a byte stream that arrives piece by piece (lora-metrics
+ * --stdin). Allocates nothing and reads each byte once: it walks headers, skips payloads and
+ * counts the values still owed. A container that declares more elements than the bytes left
+ * under LORA_MSG_MAX_BODY could hold is LORA_MSG_SCAN_TOO_LARGE as soon as its header is read,
+ * so the caller never buffers, and msgpack-c never reserves, more than that for one value. */
+enum lora_msg_scan_result {
+    LORA_MSG_SCAN_DONE,      /* the value is complete: *len bytes */
+    LORA_MSG_SCAN_MORE,      /* the bytes end inside the value: call again with more */
+    LORA_MSG_SCAN_MALFORMED, /* the reserved byte 0xc1 at offset *len */
+    LORA_MSG_SCAN_TOO_LARGE, /* the value would exceed LORA_MSG_MAX_BODY bytes */
+};
+
+/* Resumable state of the scan of one value; zero it before the first call. */
+struct lora_msg_scan {
+    size_t pos;       /* bytes of the value accepted so far */
+    uint64_t pending; /* values still to read; 0 before the first call */
+    bool started;
+};
+
+/* Scans the value that starts at data[0], of which data[0..avail) is at hand. On
+ * LORA_MSG_SCAN_MORE the state records how far it got, and the next call (with the same start
+ * and more bytes) goes on from there. */
+enum lora_msg_scan_result lora_msg_scan(struct lora_msg_scan *st, const void *data, size_t avail,
+                                        size_t *len);
+
 /* ---- messages ---------------------------------------------------------------------------- */
 
 enum lora_role {

@@ -2,11 +2,13 @@
  * protocol.h, lora_msg_to_json).
  *
  * A recursive descent over the raw bytes that builds jansson values as it goes: every read is
- * bounds-checked, a container may not declare more elements than there are bytes left, and
- * nesting is limited, so a hostile body costs at most memory proportional to its length.
+ * bounds-checked, a container may not declare more elements than there are bytes left,
+ * nesting is limited (JSON_MAX_DEPTH) and so are container keys (JSON_MAX_KEY_DEPTH), so a
+ * hostile body costs time, memory and output proportional to its length.
  * Mapping: maps -> objects (a non-string key becomes the JSON text of the key), arrays ->
- * arrays, str -> string (invalid UTF-8 bytes become U+FFFD), bin -> base64 string, ext -> null,
- * non-finite floats -> null, unsigned integers above INT64_MAX -> a (rounded) real.
+ * arrays, str -> string (invalid UTF-8 bytes become U+FFFD, and so does a NUL in a key), bin ->
+ * base64 string, ext -> null, non-finite floats -> null, unsigned integers above INT64_MAX -> a
+ * (rounded) real. The text always reads back with jansson.
  */
 #include "protocol.h"
 
@@ -18,11 +20,19 @@
 
 #include <jansson.h>
 
-#define JSON_MAX_DEPTH 32
+#define JSON_MAX_DEPTH 32 /* levels of nesting; the error message says the number */
+
+/* A non-string key is written as its JSON text, and that text is escaped again as the key of
+ * the enclosing object: a container key inside a container key would be escaped twice, and
+ * each further level doubles its backslashes, so output would grow exponentially with nesting.
+ * One level of container keys is kept (the text is escaped at most twice, so the output stays
+ * within a constant factor of the input); a container key inside one is refused. */
+#define JSON_MAX_KEY_DEPTH 1
 
 struct reader {
     const unsigned char *p, *start, *end;
     const char *why; /* set on the first error */
+    int key_depth;   /* container keys that enclose the value being read */
 };
 
 static bool take(struct reader *r, size_t n, const unsigned char **out)
@@ -167,6 +177,52 @@ static json_t *read_array(struct reader *r, uint64_t n, int depth)
     return a;
 }
 
+/* A map key: any value, but a container only where no container key encloses it. */
+static json_t *read_key(struct reader *r, int depth)
+{
+    const unsigned char b = r->p < r->end ? *r->p : 0;
+    bool container = (b >= 0x80 && b <= 0x9f) || (b >= 0xdc && b <= 0xdf);
+
+    if (!container)
+        return read_value(r, depth);
+    if (r->key_depth >= JSON_MAX_KEY_DEPTH) {
+        r->why = "a map or array as a map key inside a map or array key";
+        return NULL;
+    }
+    r->key_depth++;
+    json_t *k = read_value(r, depth);
+    r->key_depth--;
+    return k;
+}
+
+/* Sets o[k] = v for a string key k. A NUL byte in a key becomes U+FFFD: jansson writes it as
+ * \u0000 but refuses it when reading an object key, as many JSON readers do, and the text must
+ * read back. */
+static int set_string_key(json_t *o, json_t *k, json_t *v)
+{
+    const char *s = json_string_value(k);
+    size_t n = json_string_length(k), j = 0;
+
+    if (!memchr(s, 0, n))
+        return json_object_setn_nocheck(o, s, n, v);
+    if (n > SIZE_MAX / 3)
+        return -1;
+    char *t = malloc(3 * n);
+    if (!t)
+        return -1;
+    for (size_t i = 0; i < n; i++) {
+        if (s[i]) {
+            t[j++] = s[i];
+        } else {
+            memcpy(t + j, "\xef\xbf\xbd", 3);
+            j += 3;
+        }
+    }
+    int rc = json_object_setn_nocheck(o, t, j, v);
+    free(t);
+    return rc;
+}
+
 /* The object key for k: a string as it is, anything else as its JSON text. */
 static json_t *read_map(struct reader *r, uint64_t n, int depth)
 {
@@ -176,11 +232,11 @@ static json_t *read_map(struct reader *r, uint64_t n, int depth)
     }
     json_t *o = json_object();
     for (uint64_t i = 0; o && i < n; i++) {
-        json_t *k = read_value(r, depth + 1), *v = k ? read_value(r, depth + 1) : NULL;
+        json_t *k = read_key(r, depth + 1), *v = k ? read_value(r, depth + 1) : NULL;
         char *text = NULL;
         int rc = -1;
         if (v && json_is_string(k))
-            rc = json_object_setn_nocheck(o, json_string_value(k), json_string_length(k), v);
+            rc = set_string_key(o, k, v);
         else if (v && (text = json_dumps(k, JSON_COMPACT | JSON_ENCODE_ANY)))
             rc = json_object_set_nocheck(o, text, v);
         free(text);
@@ -265,7 +321,7 @@ static json_t *read_value(struct reader *r, int depth)
     uint64_t n;
 
     if (depth > JSON_MAX_DEPTH) {
-        r->why = "nested too deeply";
+        r->why = "nested too deeply (more than 32 levels)";
         return NULL;
     }
     if (!take(r, 1, &q))

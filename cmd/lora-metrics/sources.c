@@ -1,15 +1,15 @@
 /* lora-metrics: the sources, on the main thread. Each --engine and --frontend endpoint is a SUB
  * socket subscribed to every topic, with a ZeroMQ socket monitor whose DISCONNECTED event tells
  * that the publisher went away (an engine that restarts breaks the connection: its counters
- * start again). --stdin is a stream of concatenated msgpack bodies, framed here with msgpack's
- * own unpacker: a body that frames but does not decode is logged and skipped; bytes that do
+ * start again). --stdin is a stream of concatenated msgpack bodies, framed here with
+ * lora_msg_scan (no allocation, a container's count bounded by the bytes a body may have): a
+ * body that frames but does not decode is logged and skipped; bytes that do
  * not frame (or a body over LORA_MSG_MAX_BODY) end the stream, since nothing after them can be
  * trusted to start a message. Every message is applied to the state under the mutex as soon as
  * it is read, so it is visible to the next scrape.
  */
 #include <errno.h>
 #include <fcntl.h>
-#include <msgpack.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -102,7 +102,8 @@ static void drain(struct metrics *m, struct metrics_source *s)
 struct stream {
     char *buf;
     size_t len, cap;
-    uint64_t base; /* stream offset of buf[0] */
+    uint64_t base;            /* stream offset of buf[0] */
+    struct lora_msg_scan scan; /* of the message that starts at buf[0] */
     bool done;
     struct metrics_source log; /* the rate limit of its warnings */
 };
@@ -117,29 +118,27 @@ static void stream_end(struct metrics *m, struct stream *st, const char *why)
         fprintf(stderr, "lora-metrics: error: stdin: %s; the rest is ignored\n", why);
 }
 
-/* Applies every complete body in the buffer and keeps the incomplete tail. */
+/* Applies every complete body in the buffer and keeps the incomplete tail. The framing is
+ * lora_msg_scan, not msgpack_unpack_next: msgpack-c reserves memory for a container's elements
+ * from its header before they arrive, and would parse a partial message again on every read. */
 static void stream_parse(struct metrics *m, struct stream *st, bool eof)
 {
-    size_t off = 0;
+    size_t off = 0, n;
     char why[128];
 
     while (off < st->len && !st->done) {
-        msgpack_unpacked u;
-        size_t at = off;
-        msgpack_unpacked_init(&u);
-        msgpack_unpack_return rc = msgpack_unpack_next(&u, st->buf, st->len, &at);
-        msgpack_unpacked_destroy(&u);
-        if (rc == MSGPACK_UNPACK_SUCCESS && at - off <= LORA_MSG_MAX_BODY) {
-            apply(m, &st->log, m->stdin_id, "stdin", st->buf + off, at - off);
-            off = at;
+        enum lora_msg_scan_result rc = lora_msg_scan(&st->scan, st->buf + off, st->len - off, &n);
+        if (rc == LORA_MSG_SCAN_MORE)
+            break;
+        if (rc == LORA_MSG_SCAN_DONE) {
+            st->scan = (struct lora_msg_scan){0};
+            apply(m, &st->log, m->stdin_id, "stdin", st->buf + off, n);
+            off += n;
             continue;
         }
-        if (rc == MSGPACK_UNPACK_CONTINUE && st->len - off <= LORA_MSG_MAX_BODY)
-            break;
         snprintf(why, sizeof(why), "byte %llu: %s", (unsigned long long)(st->base + off),
-                 rc == MSGPACK_UNPACK_CONTINUE || rc == MSGPACK_UNPACK_SUCCESS
-                     ? "a message longer than the limit of 16 MiB"
-                     : "not a msgpack value");
+                 rc == LORA_MSG_SCAN_TOO_LARGE ? "a message longer than the limit of 16 MiB"
+                                               : "not a msgpack value");
         stream_end(m, st, why);
     }
     memmove(st->buf, st->buf + off, st->len - off);

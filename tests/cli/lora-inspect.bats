@@ -543,6 +543,38 @@ dropped" ]
     [ -z "$output" ] && [ -z "$stderr" ]
 }
 
+@test "decode: maps nested as map keys are refused in linear time, a NUL key reads back, depth past 32 is an error" {
+    # 77 bytes: 30 maps of one entry, each the key of the one before, then a 16-byte string
+    # key and the values. Each level's key is the JSON text of the next, escaped once more, so
+    # the text doubles with every level unless container keys inside container keys are refused.
+    { for i in $(seq 30); do printf '\x81'; done
+      printf '\xb00123456789abcdef'
+      for i in $(seq 30); do printf '\x00'; done; } > "$T/keys.mp"
+    [ "$(stat -c %s "$T/keys.mp")" -eq 77 ]
+    # A generous bound for a loaded machine; the exponential version ran for 30 s and 2.6 GB.
+    run --separate-stderr timeout 20 bash -c 'ulimit -v 1000000; "$0" decode --json' \
+        "$INSPECT" < "$T/keys.mp"
+    expect_status 1
+    [ -z "$output" ]
+    local why="a map or array as a map key inside a map or array key"
+    [[ "$stderr" == *"message 1 at byte 0: message: body: $why"* ]]
+    # one level of map keys decodes, its key written as JSON text
+    printf '\x82\xa4type\xa1x\x81\x01\x02\x03' > "$T/key1.mp"
+    run --separate-stderr "$INSPECT" decode --json < "$T/key1.mp"
+    expect_status 0
+    jq -e '.message["{\"1\":2}"] == 3' <<< "$output"
+    # a NUL in a key (found by fuzzing): it used to end decode with "out of memory"
+    printf '\x82\xa4type\xa1x\xa3a\x00b\x01' > "$T/nul.mp"
+    run --separate-stderr "$INSPECT" decode --json < "$T/nul.mp"
+    expect_status 0
+    jq -e '.message["a\ufffdb"] == 1' <<< "$output"
+    # 33 nested arrays under a map: one level past the bound
+    { printf '\x81\xa1k'; for i in $(seq 32); do printf '\x91'; done; printf '\x00'; } > "$T/deep.mp"
+    run --separate-stderr "$INSPECT" decode --json < "$T/deep.mp"
+    expect_status 1
+    [[ "$stderr" == *"nested too deeply (more than 32 levels)"* ]]
+}
+
 @test "decode --tsv and --table escape tabs and newlines in values" {
     # {"type": "a<TAB>b<LF>c"}
     printf '\x81\xa4type\xa5a\tb\nc' > "$T/esc.mp"

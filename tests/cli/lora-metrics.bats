@@ -464,6 +464,29 @@ for v in (5, [1, 2], {"type": "bogus"}, {"type": "stats", "engine": 0}, {}):
     same_number "$(value vllm:num_cpu_loaded_lora_adapters)" 2
 }
 
+@test "--stdin: a container header that claims more than its input reserves no memory for it" {
+    # The peak virtual size with an empty input is the baseline.
+    metrics_on /dev/null
+    base=$(awk '/^VmPeak:/ {print $2}' "/proc/$METRICS_PID/status")
+    kill -TERM "$METRICS_PID"
+    wait "$METRICS_PID"
+    # An array of 16776960 elements (within the 16 MiB a message may have): framing it must not
+    # reserve their 400 MB before they come; here they never do.
+    printf '\xdd\x00\xff\xff\x00' > "$T/in.mp"
+    metrics_on "$T/in.mp"
+    grep -qx 'stdin: byte 0: the input ends inside a message' "$T/health"
+    peak=$(awk '/^VmPeak:/ {print $2}' "/proc/$METRICS_PID/status")
+    echo "VmPeak: $base kB with no input, $peak kB after the header" >&2
+    [ "$peak" -lt $((base + 100000)) ]
+    kill -TERM "$METRICS_PID"
+    wait "$METRICS_PID"
+    # 2^32-1 elements in five bytes: refused at the header, as a message over the limit.
+    printf '\xdd\xff\xff\xff\xff' > "$T/in.mp"
+    metrics_on "$T/in.mp"
+    grep -qx 'stdin: byte 0: a message longer than the limit of 16 MiB' "$T/health"
+    is_running "$METRICS_PID"
+}
+
 @test "--stdin: garbage from the first byte, and empty input, leave it serving" {
     printf '\xc1\xc1\xc1' > "$T/in.mp"
     metrics_on "$T/in.mp"

@@ -2021,6 +2021,10 @@ static void test_json(void)
         {"\x81\x92\x01\x02\xa1z", 6, "{\"[1,2]\":\"z\"}"},
         {"\x81\xcb\x3f\xf8\x00\x00\x00\x00\x00\x00\x01", 11, "{\"1.5\":1}"},
         {"\xd4\x01\x02", 3, "null"},
+        /* a NUL in a key: jansson would not read \u0000 back in a key (found by fuzz_msg_json) */
+        {"\x81\xa3"
+         "a\0b\x01",
+         6, "{\"a\xef\xbf\xbd" "b\":1}"},
     };
     for (int i = 0; i < COUNT(small); i++) {
         lora_msg_buf_reset(&js);
@@ -2030,10 +2034,133 @@ static void test_json(void)
             printf("# case %d: got %s, want %s\n", i, s, small[i].json);
             CHECK(0);
         }
+        json_t *back = json_loads(s, JSON_DECODE_ANY, NULL);
+        CHECK(back != NULL);
+        json_decref(back);
         free(s);
     }
     lora_msg_buf_release(&in);
     lora_msg_buf_release(&js);
+}
+
+/* Maps used as keys of maps: each level's key is the JSON text of the level below, escaped
+ * once more, so without a bound on container keys 30 levels (77 bytes) came to gigabytes.
+ * One level is kept, a deeper one is refused at once, and the output stays linear. */
+static void test_json_container_keys(void)
+{
+    unsigned char nested[77];
+    struct lora_msg_buf js = {0};
+    char err[256];
+    size_t n = 0;
+
+    /* {{...{"0123456789abcdef": 0}...: 0}: 0}: 30 maps of one entry, each the key of the next */
+    for (int i = 0; i < 30; i++)
+        nested[n++] = 0x81;
+    nested[n++] = 0xb0;
+    memcpy(nested + n, "0123456789abcdef", 16);
+    n += 16;
+    while (n < sizeof(nested))
+        nested[n++] = 0x00;
+    CHECK(n == 77);
+    clock_t start = clock();
+    CHECK(lora_msg_to_json(nested, n, &js, err, sizeof(err)) == -1);
+    CHECK_CONTAINS(err, "a map or array as a map key inside a map or array key");
+    CHECK((double)(clock() - start) / CLOCKS_PER_SEC < 0.5);
+    CHECK(js.len == 0);
+
+    /* one level of container keys is kept, as text */
+    static const unsigned char one[] = {0x81, 0x81, 0x01, 0x02, 0x03};
+    lora_msg_buf_reset(&js);
+    CHECK(lora_msg_to_json(one, sizeof(one), &js, err, sizeof(err)) == 0);
+    char *s = buf_string(&js);
+    CHECK(strcmp(s, "{\"{\\\"1\\\":2}\":3}") == 0);
+    free(s);
+    /* an array key holding a map with an array key: refused as well */
+    static const unsigned char arr[] = {0x81, 0x91, 0x81, 0x91, 0x01, 0x02, 0x03};
+    lora_msg_buf_reset(&js);
+    CHECK(lora_msg_to_json(arr, sizeof(arr), &js, err, sizeof(err)) == -1);
+    CHECK_CONTAINS(err, "map key inside");
+
+    /* the widest input the rule allows: a container key full of strings that each need two
+     * escapes; the output stays within a small multiple of the input */
+    size_t len = 1 + 1 + 2 + 4000 * 2 + 1;
+    unsigned char *w = malloc(len);
+    n = 0;
+    w[n++] = 0x81;
+    w[n++] = 0xdc;
+    w[n++] = 4000 >> 8;
+    w[n++] = 4000 & 0xff;
+    for (int i = 0; i < 4000; i++) {
+        w[n++] = 0xa1;
+        w[n++] = '"';
+    }
+    w[n++] = 0x00;
+    CHECK(n == len);
+    lora_msg_buf_reset(&js);
+    CHECK(lora_msg_to_json(w, len, &js, err, sizeof(err)) == 0);
+    CHECK(js.len < 8 * len);
+    free(w);
+
+    /* nesting one past the bound of 32 levels is a clear error; at the bound it decodes */
+    unsigned char deep[40];
+    for (int levels = 32; levels <= 33; levels++) {
+        memset(deep, 0x91, (size_t)levels);
+        deep[levels] = 0x00;
+        lora_msg_buf_reset(&js);
+        int rc = lora_msg_to_json(deep, (size_t)levels + 1, &js, err, sizeof(err));
+        CHECK(rc == (levels == 32 ? 0 : -1));
+        if (rc < 0)
+            CHECK_CONTAINS(err, "nested too deeply (more than 32 levels)");
+    }
+    lora_msg_buf_release(&js);
+}
+
+/* lora_msg_scan: the framing of a byte stream (lora-metrics --stdin). Fed one byte at a time
+ * it finds the same end as fed whole; headers that claim more than a message may hold are
+ * refused from the header alone, before the bytes they claim exist. */
+static void test_scan(void)
+{
+    struct lora_msg_buf b = {0};
+    struct lora_msg_abort m = {.request_id = {"req-1", 5}};
+    struct lora_msg_scan st = {0};
+    size_t len = 0;
+
+    CHECK(lora_msg_encode_abort(&b, &m, NULL, NULL) == 0);
+    CHECK(lora_msg_scan(&st, b.data, b.len, &len) == LORA_MSG_SCAN_DONE);
+    CHECK(len == b.len);
+    st = (struct lora_msg_scan){0};
+    size_t avail = 0;
+    enum lora_msg_scan_result r = LORA_MSG_SCAN_MORE;
+    while (r == LORA_MSG_SCAN_MORE && avail < b.len)
+        r = lora_msg_scan(&st, b.data, ++avail, &len);
+    CHECK(r == LORA_MSG_SCAN_DONE);
+    CHECK(avail == b.len && len == b.len);
+    static const struct {
+        const char *p;
+        size_t len;
+        enum lora_msg_scan_result want;
+        size_t at;
+    } cases[] = {
+        {"\xdd\xff\xff\xff\xff", 5, LORA_MSG_SCAN_TOO_LARGE, 0}, /* array of 2^32-1 */
+        {"\xdf\x00\x80\x00\x00", 5, LORA_MSG_SCAN_TOO_LARGE, 0}, /* map of 2^23: 2^24 values */
+        {"\xdb\x01\x00\x00\x00", 5, LORA_MSG_SCAN_TOO_LARGE, 0}, /* str of 16 MiB */
+        {"\x92\x01\xdd\x00\xff\xff\xff", 7, LORA_MSG_SCAN_TOO_LARGE, 2},
+        {"\xdd\x00\x00\x00\x10", 5, LORA_MSG_SCAN_MORE, 0},        /* 16 values to come */
+        {"\xdd\x00\x00", 3, LORA_MSG_SCAN_MORE, 0},                  /* header cut short */
+        {"\x92\x01\xc1", 3, LORA_MSG_SCAN_MALFORMED, 2},
+        {"\x01", 1, LORA_MSG_SCAN_DONE, 1},
+    };
+    for (int i = 0; i < COUNT(cases); i++) {
+        st = (struct lora_msg_scan){0};
+        len = SIZE_MAX;
+        r = lora_msg_scan(&st, cases[i].p, cases[i].len, &len);
+        CHECK(r == cases[i].want);
+        if (r != LORA_MSG_SCAN_MORE)
+            CHECK(len == cases[i].at);
+        if (check_cur_failed)
+            printf("# case %d: got %d at %zu\n", i, (int)r, len);
+    }
+    lora_msg_buf_release(&b);
 }
 
 /* A small arena serves big messages through extra chunks; reset keeps working. */
@@ -2469,6 +2596,8 @@ int main(int argc, char **argv)
         RUN(test_frames);
         RUN(test_encoder_checks);
         RUN(test_json);
+        RUN(test_json_container_keys);
+        RUN(test_scan);
         RUN(test_arena);
         RUN(test_random_mutations);
         rc = check_done();

@@ -1,0 +1,41 @@
+/* fuzz_metrics_stdin: the metrics state machine fed as lora-metrics --stdin feeds it: the input
+ * is framed with lora_msg_scan, every complete body is applied (time moving one second a
+ * message, so engines come and go with a 5 s timeout), and the exposition is rendered at the
+ * end, with the health line. */
+#include "fuzz.h"
+#include "metrics_render.h"
+#include "metrics_state.h"
+#include "protocol.h"
+
+#include <stdlib.h>
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+    struct lora_mstate_options o = {.inflight = size && (data[0] & 1), .engine_timeout_ms = 5000};
+    struct lora_mstate *s = lora_mstate_new(&o);
+    struct lora_msg_scan st = {0};
+    struct lora_expo w;
+    char err[512], health[4096];
+    uint64_t now_ms = 1000000;
+    size_t off = 0, n;
+
+    if (!s)
+        abort();
+    int id = lora_mstate_add_source(s, "stdin", LORA_SOURCE_STDIN);
+    while (off < size) {
+        enum lora_msg_scan_result rc = lora_msg_scan(&st, data + off, size - off, &n);
+        if (rc != LORA_MSG_SCAN_DONE)
+            break;
+        st = (struct lora_msg_scan){0};
+        lora_mstate_apply(s, id, data + off, n, now_ms, err, sizeof(err));
+        off += n;
+        now_ms += 1000;
+    }
+    lora_mstate_source_ended(s, id, "end of input");
+    lora_expo_init(&w);
+    lora_metrics_render(s, &w, (double)now_ms / 1000, now_ms);
+    lora_expo_release(&w);
+    lora_mstate_health(s, now_ms, health, sizeof(health));
+    lora_mstate_destroy(&s);
+    return 0;
+}
