@@ -257,15 +257,19 @@ fake_supervisor() { # DIR [USER]
 @test "a run directory writable by group or others is refused with the reason (exit 100), by every program" {
     local r=$BATS_TEST_TMPDIR/open
     mkdir -m 0777 "$r"
+    # Ports of this test's own, and a down in teardown, should up start anything after all.
+    RUNS+=("$r" "$BATS_TEST_TMPDIR/shared/run")
     for cmd in up status logs down; do
-        run --separate-stderr "$STACK" "$cmd" --run-dir "$r"
+        run --separate-stderr "$STACK" "$cmd" --run-dir "$r" --port "$BASE" \
+            --metrics-port $((BASE + 5))
         expect_status 100
         expect_message "run directory '$r' is writable by group or others (mode 0777)"
     done
     [ -z "$(ls -A "$r")" ] && [ "$(stat -c %a "$r")" = 777 ]
     # Below a directory others may write to without the sticky bit: refused too.
     mkdir -m 0777 "$BATS_TEST_TMPDIR/shared"
-    run --separate-stderr "$STACK" up --run-dir "$BATS_TEST_TMPDIR/shared/run"
+    run --separate-stderr "$STACK" up --run-dir "$BATS_TEST_TMPDIR/shared/run" --port "$BASE" \
+        --metrics-port $((BASE + 5))
     expect_status 100
     expect_message "lies in '$BATS_TEST_TMPDIR/shared', which group or others may write to (mode 0777, not sticky)"
     # The engine, the frontends and the exporter check their --run-dir the same way.
@@ -289,8 +293,10 @@ fake_supervisor() { # DIR [USER]
     mkdir -m 0700 "$r"
     chown nobody "$r"
     local want="run directory '$r' is owned by uid $(id -u nobody), not by you (uid 0)"
+    RUNS+=("$r" "$BATS_TEST_TMPDIR/link")
     for cmd in up status logs down; do
-        run --separate-stderr "$STACK" "$cmd" --run-dir "$r"
+        run --separate-stderr "$STACK" "$cmd" --run-dir "$r" --port "$BASE" \
+            --metrics-port $((BASE + 5))
         expect_status 100
         expect_message "$want"
     done
@@ -298,7 +304,8 @@ fake_supervisor() { # DIR [USER]
     mkdir -m 0700 "$BATS_TEST_TMPDIR/ours"
     ln -s "$BATS_TEST_TMPDIR/ours" "$BATS_TEST_TMPDIR/link"
     chown -h nobody "$BATS_TEST_TMPDIR/link"
-    run --separate-stderr "$STACK" up --run-dir "$BATS_TEST_TMPDIR/link"
+    run --separate-stderr "$STACK" up --run-dir "$BATS_TEST_TMPDIR/link" --port "$BASE" \
+        --metrics-port $((BASE + 5))
     expect_status 100
     expect_message "'$BATS_TEST_TMPDIR/link' is a symbolic link owned by uid $(id -u nobody)"
     [ -z "$(ls -A "$r")" ] && [ -z "$(ls -A "$BATS_TEST_TMPDIR/ours")" ]
@@ -332,7 +339,10 @@ fake_supervisor() { # DIR [USER]
     chown root "$xdg"
     [ ! -e "/tmp/lora-stack-$uid" ] || skip "/tmp/lora-stack-$uid exists already"
     mkdir -m 0700 "/tmp/lora-stack-$uid"
-    XDG_RUNTIME_DIR=$xdg run --separate-stderr runuser -u nobody -- "$STACK" up --port "$BASE"
+    CLEAN+=("/tmp/lora-stack-$uid")
+    RUNS+=("/tmp/lora-stack-$uid")
+    XDG_RUNTIME_DIR=$xdg run --separate-stderr runuser -u nobody -- "$STACK" up --port "$BASE" \
+        --metrics-port $((BASE + 5))
     rmdir "/tmp/lora-stack-$uid"
     expect_status 100
     expect_message "run directory '/tmp/lora-stack-$uid' is owned by uid 0, not by you (uid $uid)"
