@@ -20,8 +20,8 @@ int lora_run_dir_check(const char *path, char *err, size_t err_len)
     }
     if (S_ISLNK(st.st_mode)) {
         if (st.st_uid != me) {
-            lora_errf(err, err_len, "run directory '%s' is a symbolic link owned by uid %u",
-                      path, (unsigned)st.st_uid);
+            lora_errf(err, err_len, "run directory '%s' is a symbolic link owned by uid %u", path,
+                      (unsigned)st.st_uid);
             return -1;
         }
         if (stat(path, &st) != 0) {
