@@ -25,6 +25,7 @@
 #include "kv_cache.h"
 #include "lora_module.h"
 #include "model_config.h"
+#include "run_dir.h"
 
 void engine_limits(const struct engine *e, struct lora_msg_limits *l)
 {
@@ -483,7 +484,8 @@ int main(int argc, char **argv)
         e.num_kv_blocks = blocks ? (int)blocks : (int)((size_t)kv_bytes / block_bytes);
     }
     if (check_options(&e, &cfg, run_dir, eps, err, sizeof(err)) < 0 ||
-        check_modules(&mods, err, sizeof(err)) < 0) {
+        check_modules(&mods, err, sizeof(err)) < 0 ||
+        (run_dir && lora_run_dir_check(run_dir, err, sizeof(err)) < 0)) {
         fprintf(stderr, "lora-engine: fatal: %s\n", err);
         return EXIT_USAGE;
     }

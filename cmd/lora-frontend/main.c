@@ -22,6 +22,7 @@
 #include "cli.h"
 #include "frontend.h"
 #include "params.h"
+#include "run_dir.h"
 #include "sock.h"
 
 struct setup_args {
@@ -260,6 +261,10 @@ int main(int argc, char **argv)
                     lora_root);
             return EXIT_USAGE;
         }
+    }
+    if (run_dir && lora_run_dir_check(run_dir, err, sizeof(err)) < 0) {
+        fprintf(stderr, "lora-frontend: fatal: %s\n", err);
+        return EXIT_USAGE;
     }
     char ep_front[PATH_MAX + 32], ep_ctl[PATH_MAX + 32], ep_pub[PATH_MAX + 32];
     char ep_engine_pub[PATH_MAX + 32];

@@ -10,6 +10,7 @@
 
 #include "cli.h"
 #include "metrics.h"
+#include "run_dir.h"
 
 #define DEFAULT_ENGINE_TIMEOUT_MS 5000 /* also the longest wait for the ready line when 0 */
 
@@ -153,6 +154,8 @@ int main(int argc, char **argv)
                  "--stdin cannot be combined with --engine, --frontend or --run-dir");
         goto usage;
     }
+    if (run_dir && lora_run_dir_check(run_dir, err, sizeof(err)) < 0)
+        goto usage;
     struct lora_opt_list from_run_dir = {.items = {m.run_dir_ep}, .n = run_dir ? 1 : 0};
     if (run_dir)
         snprintf(m.run_dir_ep, sizeof(m.run_dir_ep), "ipc://%s/publish.sock", run_dir);

@@ -3,7 +3,8 @@
 # lora-engine, lora-frontend(s) and lora-metrics, with their ipc sockets in one run directory.
 #
 #   lora-stack up [MODEL] [--run-dir DIR] [--model DIR] [--tp N] [--frontends N] [--port N]
-#                 [--metrics-port N] [--lora-modules NAME=PATH...]... [any program option]
+#                 [--metrics-port N] [--lora-modules NAME=PATH...]... [--unhealthy-timeout S]
+#                 [any program option]
 #   lora-stack status|logs [PROGRAM]|down [--run-dir DIR]
 #
 # `up` starts a supervisor in the background and returns once every program has said it is
@@ -13,7 +14,10 @@
 # its adapters, then it serves again); with several ranks (their all-reduce group cannot take a
 # newcomer) a dead worker, and a dead engine in any case, restart the engine with all its ranks;
 # a dead frontend or exporter restarts alone. A worker the engine declares dead while its process
-# lives (stopped, hung) is killed, so that it is restarted as above. The engine keeps its adapter registry
+# lives (stopped, hung) is killed, so that it is restarted as above. An engine that says it is
+# unhealthy while every process runs is restarted with its ranks once it has said so for
+# --unhealthy-timeout seconds: the supervisor asks it every HEALTH_POLL_S seconds with
+# `lora-inspect health`. The engine keeps its adapter registry
 # in RUN_DIR/adapters.json, so a restarted engine group comes back with the adapters loaded,
 # unloaded and pinned at run time; the supervisor's log says what it restarted and, from the
 # engine's "restored:" line, which adapters came back. SIGTERM to the supervisor, or `down`,
@@ -23,13 +27,21 @@
 # --lora-modules with several values and in its JSON form, --enable-lora (LoRA is always on),
 # --disable-log-requests (no program logs requests) and --uvicorn-log-level LEVEL (checked
 # against vLLM's choices; the frontends' HTTP server has no log levels).
-# Exit codes: 0 ok, 1 not running / not healthy, 100 usage, 111 a program did not start.
+# The run directory must be the caller's and writable by no one else, and so must be every
+# directory above it unless it is root's (a shared one such as /tmp must be sticky): another
+# user could otherwise plant the sockets, the registry or the supervisor.pid that `down` signals.
+# `down` signals the pid of supervisor.pid only when /proc says it is this run directory's
+# supervisor (lora-stack _supervise RUN_DIR, run by the caller).
+# Exit codes: 0 ok, 1 not running / not healthy, 100 usage or an unsafe run directory, 111 a
+# program did not start.
 set -u
 shopt -s nullglob
 
 PROG=lora-stack
 BIN=$(cd "$(dirname "$(readlink -f "$0")")" && pwd)
+SELF=$(readlink -f "$0")
 READY_TIMEOUT=${LORA_STACK_READY_TIMEOUT:-180}
+HEALTH_POLL_S=2 # how often the supervisor asks the engine whether it is healthy
 
 say() { printf '%s: %s\n' "$PROG" "$*" >&2; }
 die() { say "fatal: $2"; exit "$1"; }
@@ -42,8 +54,9 @@ usage: lora-stack up [MODEL] [--run-dir DIR] [--model DIR] [--tp N] [--frontends
        lora-stack logs [PROGRAM] [--run-dir DIR]
        lora-stack down [--run-dir DIR]
 
-  --run-dir DIR          sockets, logs and pids (default $XDG_RUNTIME_DIR/lora-stack, else
-                         /tmp/lora-stack-UID); mode 0700
+  --run-dir DIR          sockets, logs and pids (default $XDG_RUNTIME_DIR/lora-stack when
+                         that is yours, else /tmp/lora-stack-UID); mode 0700; refused when
+                         another user owns it or may write to it
   --model DIR, MODEL     Hugging Face model directory (default: the demo model and adapters);
                          as vLLM's `vllm serve MODEL`, it may be the first argument of up
   --tp N, --tensor-parallel-size N, -tp N
@@ -63,6 +76,9 @@ usage: lora-stack up [MODEL] [--run-dir DIR] [--model DIR] [--tp N] [--frontends
   --generation-config G  checked as vLLM checks it (auto, vllm or a folder), then given to
                          the programs that list it in their --help
   --host ADDR            HTTP address of the frontends and the exporter (default 127.0.0.1)
+  --unhealthy-timeout S  restart the engine and its ranks once the engine has said it is
+                         unhealthy for S seconds while every process runs (default 15;
+                         0: never; environment LORA_STACK_UNHEALTHY_TIMEOUT)
   -h, --help             this help
 Any other option goes to every program that lists it in its --help (for example --max-loras 2
 --max-cpu-loras 3 to the engine, --enable-runtime-lora --lora-root DIR to the frontends).
@@ -71,9 +87,18 @@ EOF
 
 # ---- options ---------------------------------------------------------------------------------
 
-RUN_DIR=${XDG_RUNTIME_DIR:+$XDG_RUNTIME_DIR/lora-stack}
-RUN_DIR=${RUN_DIR:-/tmp/lora-stack-$(id -u)}
+UID_SELF=$(id -u)
+# The default run directory: under XDG_RUNTIME_DIR when that is a directory of ours, else one
+# per user in /tmp, which check_run_dir refuses when someone else made it first.
+if [ -n "${XDG_RUNTIME_DIR:-}" ] && [ -d "$XDG_RUNTIME_DIR" ] && [ ! -L "$XDG_RUNTIME_DIR" ] &&
+    [ "$(stat -c %u "$XDG_RUNTIME_DIR")" = "$UID_SELF" ]; then
+    RUN_DIR=$XDG_RUNTIME_DIR/lora-stack
+else
+    RUN_DIR=/tmp/lora-stack-$UID_SELF
+fi
 MODEL="" TP=1 FRONTENDS=1 PORT=8000 METRICS_PORT=9100 HOST=127.0.0.1
+UNHEALTHY_TIMEOUT=${LORA_STACK_UNHEALTHY_TIMEOUT:-15} UNHEALTHY_FROM=--unhealthy-timeout
+[ -z "${LORA_STACK_UNHEALTHY_TIMEOUT:-}" ] || UNHEALTHY_FROM=LORA_STACK_UNHEALTHY_TIMEOUT
 MODULES=() PASS=()
 
 is_number() { [[ $1 =~ ^[0-9]+$ ]]; }
@@ -109,10 +134,11 @@ parse() {
             shift
             while [ $# -gt 0 ] && [[ $1 != -* ]]; do MODULES+=("$1"); shift; done
             continue ;;
-        --run-dir | --model | --tp | --tensor-parallel-size | -tp | --frontends | --port | --metrics-port | --host)
+        --run-dir | --model | --tp | --tensor-parallel-size | -tp | --frontends | --port | --metrics-port | --host | --unhealthy-timeout)
             [ $# -ge 2 ] || die 100 "$opt needs a value"
             case $opt in
             --run-dir) RUN_DIR=$2 ;;
+            --unhealthy-timeout) UNHEALTHY_TIMEOUT=$2 UNHEALTHY_FROM=$opt ;;
             --model) MODEL=$2 ;;
             --tp | --tensor-parallel-size | -tp) TP=$2 ;;
             --frontends) FRONTENDS=$2 ;;
@@ -128,6 +154,14 @@ parse() {
     for n in "$TP" "$FRONTENDS" "$PORT" "$METRICS_PORT"; do
         is_number "$n" || die 100 "'$n' is not a number"
     done
+    is_number "$UNHEALTHY_TIMEOUT" && [ "${#UNHEALTHY_TIMEOUT}" -le 6 ] ||
+        die 100 "$UNHEALTHY_FROM '$UNHEALTHY_TIMEOUT' must be a number of seconds (0 to 999999)"
+    UNHEALTHY_TIMEOUT=$((10#$UNHEALTHY_TIMEOUT))
+    [ -n "$RUN_DIR" ] || die 100 "--run-dir is empty"
+    check_links "$RUN_DIR"
+    # One spelling of the run directory, whatever the working directory: the supervisor's
+    # command line carries it, and down compares it.
+    RUN_DIR=$(realpath -m -- "$RUN_DIR")
     [ "$TP" -ge 1 ] && [ "$FRONTENDS" -ge 0 ] || die 100 "--tp must be 1 or more, --frontends 0 or more"
     [ "$PORT" -ge 1 ] && [ "$((PORT + FRONTENDS))" -le 65536 ] && [ "$METRICS_PORT" -ge 1 ] &&
         [ "$METRICS_PORT" -le 65535 ] || die 100 "ports must be 1 to 65535"
@@ -176,10 +210,69 @@ route_options() {
     done
 }
 
+# ---- the run directory -----------------------------------------------------------------------
+
+# check_links PATH: refuses (exit 100) a symbolic link on the way to PATH that neither the caller
+# nor root owns, since its owner could point it elsewhere at any moment.
+check_links() {
+    local abs=$1 p="" part owner parts=()
+    [[ $abs == /* ]] || abs=$PWD/$abs
+    IFS=/ read -r -a parts <<< "$abs"
+    for part in "${parts[@]}"; do
+        [ -n "$part" ] || continue
+        p=$p/$part
+        [ -L "$p" ] || continue
+        owner=$(stat -c %u -- "$p") || die 111 "unable to examine '$p'"
+        [ "$owner" = 0 ] || [ "$owner" = "$UID_SELF" ] ||
+            die 100 "run directory '$1': '$p' is a symbolic link owned by uid $owner"
+    done
+}
+
+# check_run_dir DIR (resolved, existing): refuses (exit 100, with the reason) a directory that
+# another user owns or may write to, or below a directory that someone other than the caller and
+# root owns, or that others may write to without the sticky bit (as /tmp has): whoever can write
+# there can move DIR away and put their own in its place.
+check_run_dir() {
+    local dir=$1 p owner mode
+    [ -d "$dir" ] || die 100 "run directory '$dir' is not a directory"
+    read -r owner mode < <(stat -c '%u %a' -- "$dir") && [ -n "$mode" ] ||
+        die 111 "unable to examine run directory '$dir'"
+    [ "$owner" = "$UID_SELF" ] ||
+        die 100 "run directory '$dir' is owned by uid $owner, not by you (uid $UID_SELF); choose another with --run-dir"
+    [ $((8#$mode & 8#022)) = 0 ] ||
+        die 100 "run directory '$dir' is writable by group or others (mode $(printf %04o $((8#$mode)))); chmod go-w it or choose another with --run-dir"
+    p=$dir
+    while [ "$p" != / ]; do
+        p=$(dirname -- "$p")
+        read -r owner mode < <(stat -c '%u %a' -- "$p") && [ -n "$mode" ] ||
+            die 111 "unable to examine '$p'"
+        [ "$owner" = 0 ] || [ "$owner" = "$UID_SELF" ] ||
+            die 100 "run directory '$dir' lies in '$p', which uid $owner owns"
+        [ $((8#$mode & 8#022)) = 0 ] || [ $((8#$mode & 8#1000)) != 0 ] ||
+            die 100 "run directory '$dir' lies in '$p', which group or others may write to (mode $(printf %04o $((8#$mode))), not sticky)"
+    done
+}
+
+# is_supervisor PID: whether PID is this run directory's supervisor: a process of the caller's
+# whose command line is this script's name, _supervise and the run directory. A supervisor.pid
+# left by a crash may name a process that has since reused the number; that one is not signalled.
+is_supervisor() {
+    local p=$1 i args=()
+    [[ $p =~ ^[1-9][0-9]{0,9}$ ]] && [ -d "/proc/$p" ] || return 1
+    [ "$(stat -c %u "/proc/$p" 2> /dev/null)" = "$UID_SELF" ] || return 1
+    mapfile -d '' args < "/proc/$p/cmdline" 2> /dev/null || return 1
+    for ((i = 0; i + 2 < ${#args[@]}; i++)); do
+        [ "${args[i]##*/}" = "${SELF##*/}" ] && [ "${args[i + 1]}" = _supervise ] &&
+            [ "${args[i + 2]}" = "$RUN_DIR" ] && return 0
+    done
+    return 1
+}
+
 # ---- the supervisor --------------------------------------------------------------------------
 
 declare -A PID=() STARTED=() BACKOFF=()
 STOPPING=0
+TICK="" UNHEALTHY_SINCE="" # the health ticker's pid; since when the engine is not healthy
 
 # start NAME CMD...: runs CMD with its stderr through a reader that appends it to logs/NAME.log
 # and writes one line into ready/NAME (a FIFO) when the program says it is ready.
@@ -237,6 +330,8 @@ stop_pids() { # NAMES...: SIGTERM, then SIGKILL after 10 s
     for n in "$@"; do
         p=${PID[$n]:-}
         [ -n "$p" ] && kill -TERM "$p" 2> /dev/null && pids+=("$p")
+        # A stopped program (a hung rank someone stopped) acts on the SIGTERM only once continued.
+        [ -n "$p" ] && kill -CONT "$p" 2> /dev/null
     done
     local deadline=$((SECONDS + 10))
     for p in "${pids[@]}"; do
@@ -331,11 +426,11 @@ restart() {
     worker-*)
         if ! readmit_worker "$name"; then
             say "warning: the engine did not take $name back; restarting the engine and its ranks"
-            restart_engine_group "$name"
+            restart_engine_group "after $name exited"
         fi
         ;;
     engine)
-        restart_engine_group "$name"
+        restart_engine_group "after $name exited"
         ;;
     frontend-*)
         if start_frontend "${name#frontend-}"; then
@@ -355,22 +450,60 @@ restart() {
     write_pids
 }
 
-restart_engine_group() { # NAME: the program whose exit caused it
-    local name=$1
+# start_ticker: a child that exits after HEALTH_POLL_S, which the main loop waits for like the
+# others; then it asks the engine whether it is healthy. None with --unhealthy-timeout 0.
+start_ticker() {
+    TICK=""
+    [ "$UNHEALTHY_TIMEOUT" -gt 0 ] && [ -x "$BIN/lora-inspect" ] || return 0
+    sleep "$HEALTH_POLL_S" &
+    TICK=$!
+}
+
+# check_health: asks the engine (bounded); once it has not been healthy for UNHEALTHY_TIMEOUT
+# seconds, restarts the engine group. An engine that does not answer at all counts as unhealthy:
+# a live engine that cannot answer its control socket for that long is hung.
+check_health() {
+    local rc=0 why
+    timeout 10 "$BIN/lora-inspect" health --run-dir "$RUN_DIR" --timeout-ms 3000 --json \
+        > /dev/null 2> "$RUN_DIR/health.err" || rc=$?
+    if [ "$rc" = 0 ]; then
+        [ -z "$UNHEALTHY_SINCE" ] || say "the engine is healthy again"
+        UNHEALTHY_SINCE=""
+        return 0
+    fi
+    why=$(tail -n 1 "$RUN_DIR/health.err")
+    why=${why#lora-inspect: }
+    why=${why#*is unhealthy: }
+    [ -n "$why" ] || why="lora-inspect health exited $rc"
+    if [ -z "$UNHEALTHY_SINCE" ]; then
+        UNHEALTHY_SINCE=$SECONDS
+        say "warning: the engine is not healthy ($why); it restarts with its ranks if it stays so for $UNHEALTHY_TIMEOUT s"
+    fi
+    [ $((SECONDS - UNHEALTHY_SINCE)) -ge "$UNHEALTHY_TIMEOUT" ] || return 0
+    local cause="as it was not healthy for $((SECONDS - UNHEALTHY_SINCE)) s while every process ran"
+    say "warning: the engine is still not healthy ($why); restarting the engine and its ranks"
+    restart_engine_group "$cause"
+    UNHEALTHY_SINCE=""
+    write_pids
+}
+
+# restart_engine_group CAUSE: stops the engine and its ranks, starts them again at once (the
+# registry file brings the adapters back), and says why ("after worker-1 exited", "as it was not
+# healthy for 15 s ...") and what the engine restored.
+restart_engine_group() {
     # What the new engine writes to its log starts after this byte.
-    local log="$RUN_DIR/logs/engine.log" from
+    local log="$RUN_DIR/logs/engine.log" from restored dropped
     from=$(($(stat -c %s "$log" 2> /dev/null || echo 0) + 1))
     stop_pids engine $(names_of worker-)
     rm -f "$RUN_DIR"/worker.sock "$RUN_DIR"/frontend.sock "$RUN_DIR"/control.sock \
         "$RUN_DIR"/publish.sock
     if start_engine_group; then
-        local restored dropped
         restored=$(tail -c +"$from" "$log" | grep -a '^lora-engine: restored: ' | tail -n 1)
         restored=${restored#lora-engine: }
         dropped=$(tail -c +"$from" "$log" | grep -ac 'cannot be restored')
         [ "$dropped" = 0 ] || restored="$restored; $dropped adapter(s) dropped, see $log"
-        say "restarted the engine and its $TP rank$([ "$TP" = 1 ] || echo s) after $name" \
-            "exited; ${restored:-no adapter registry to restore}"
+        say "restarted the engine and its $TP rank$([ "$TP" = 1 ] || echo s) $1;" \
+            "${restored:-no adapter registry to restore}"
     else
         say "warning: the engine did not come back; retrying"
     fi
@@ -378,10 +511,11 @@ restart_engine_group() { # NAME: the program whose exit caused it
 
 shutdown() {
     STOPPING=1
+    [ -z "$TICK" ] || kill "$TICK" 2> /dev/null
     stop_pids $(names_of frontend-) metrics
     stop_pids engine
     stop_pids $(names_of worker-)
-    rm -f "$RUN_DIR"/*.sock "$RUN_DIR/pids" "$RUN_DIR/supervisor.pid"
+    rm -f "$RUN_DIR"/*.sock "$RUN_DIR/pids" "$RUN_DIR/supervisor.pid" "$RUN_DIR/health.err"
     rm -rf "$RUN_DIR/ready"
     say "stopped"
     exit 0
@@ -421,16 +555,23 @@ supervise() {
     write_pids
     printf 'ready%s\n' "$urls" > "$RUN_DIR/up.fifo"
     local exited
+    start_ticker
     while :; do
         exited=""
         wait -n -p exited 2> /dev/null
         [ "$STOPPING" = 1 ] && break
         [ -n "$exited" ] || continue
+        if [ "$exited" = "$TICK" ]; then
+            check_health
+            start_ticker
+            continue
+        fi
         local n
         for n in "${!PID[@]}"; do
             if [ "${PID[$n]}" = "$exited" ]; then
                 unset "PID[$n]"
                 restart "$n"
+                UNHEALTHY_SINCE=""
                 break
             fi
         done
@@ -440,7 +581,12 @@ supervise() {
 supervisor_pid() {
     local p
     p=$(cat "$RUN_DIR/supervisor.pid" 2> /dev/null) || return 1
-    kill -0 "$p" 2> /dev/null && printf '%s\n' "$p"
+    is_supervisor "$p" && printf '%s\n' "$p"
+}
+
+# in_run_dir: refuses a run directory that exists and is not safe (status, logs, down).
+in_run_dir() {
+    [ ! -e "$RUN_DIR" ] || check_run_dir "$RUN_DIR"
 }
 
 # ---- commands --------------------------------------------------------------------------------
@@ -459,11 +605,17 @@ cmd_up() {
         MODEL=$positional
     fi
     route_options
+    # Made with mode 0700 by this call, or there before: either way checked before any use, so
+    # a directory someone else made first (say /tmp/lora-stack-UID) is refused.
+    if [ ! -e "$RUN_DIR" ]; then
+        mkdir -p -- "$(dirname -- "$RUN_DIR")" && mkdir -m 0700 -- "$RUN_DIR" ||
+            [ -d "$RUN_DIR" ] || die 111 "unable to create '$RUN_DIR'"
+    fi
+    check_run_dir "$RUN_DIR"
+    chmod 0700 "$RUN_DIR" || die 111 "unable to make '$RUN_DIR' mode 0700"
     if supervisor_pid > /dev/null; then
         die 1 "a stack is already running in '$RUN_DIR' (lora-stack down --run-dir $RUN_DIR)"
     fi
-    mkdir -p -m 0700 "$RUN_DIR" || die 111 "unable to create '$RUN_DIR'"
-    chmod 0700 "$RUN_DIR"
     if [ -z "$MODEL" ]; then
         MODEL=$("$BIN/lora-worker" demo-model) || die 111 "unable to write the demo model"
         if [ ${#MODULES[@]} -eq 0 ]; then
@@ -474,9 +626,10 @@ cmd_up() {
     rm -f "$RUN_DIR/up.fifo"
     mkfifo -m 0600 "$RUN_DIR/up.fifo"
     # The supervisor gets the resolved settings through its environment.
+    # Its command line names the run directory: down checks it before it signals the pid.
     LORA_STACK_STATE=$(declare -p RUN_DIR MODEL TP FRONTENDS PORT METRICS_PORT HOST MODULES \
-        ENGINE_ARGS WORKER_ARGS FRONTEND_ARGS METRICS_ARGS) \
-        setsid "$0" _supervise < /dev/null >> "$RUN_DIR/supervisor.log" 2>&1 &
+        UNHEALTHY_TIMEOUT ENGINE_ARGS WORKER_ARGS FRONTEND_ARGS METRICS_ARGS) \
+        setsid "$SELF" _supervise "$RUN_DIR" < /dev/null >> "$RUN_DIR/supervisor.log" 2>&1 &
     echo $! > "$RUN_DIR/supervisor.pid"
     local answer=""
     read -r -t "$((READY_TIMEOUT * 3))" answer < "$RUN_DIR/up.fifo" || true
@@ -496,6 +649,7 @@ cmd_up() {
 
 cmd_status() {
     parse "$@"
+    in_run_dir
     local sup rc=0
     sup=$(supervisor_pid) || { say "no stack runs in '$RUN_DIR'"; exit 1; }
     printf '%-12s %-8s %s\n' PROGRAM PID STATE
@@ -515,6 +669,7 @@ cmd_logs() {
     local which=""
     if [ $# -gt 0 ] && [[ $1 != --* ]]; then which=$1; shift; fi
     parse "$@"
+    in_run_dir
     local f found=0
     for f in "$RUN_DIR"/logs/*.log "$RUN_DIR/supervisor.log"; do
         local base
@@ -529,8 +684,15 @@ cmd_logs() {
 
 cmd_down() {
     parse "$@"
-    local sup
-    sup=$(supervisor_pid) || { say "no stack runs in '$RUN_DIR'"; exit 0; }
+    in_run_dir
+    local sup p
+    if ! sup=$(supervisor_pid); then
+        p=$(cat "$RUN_DIR/supervisor.pid" 2> /dev/null)
+        [[ ! $p =~ ^[0-9]+$ ]] || [ ! -d "/proc/$p" ] ||
+            say "warning: '$RUN_DIR/supervisor.pid' names pid $p, which is not this run directory's supervisor; not signalling it"
+        say "no stack runs in '$RUN_DIR'"
+        exit 0
+    fi
     kill -TERM "$sup"
     # Not our child: wait for it through /proc, bounded.
     timeout 60 tail --pid="$sup" -f /dev/null

@@ -1,8 +1,10 @@
 #!/usr/bin/env bats
 # lora-stack, the supervisor: up, status, logs and down on the demo model; a killed worker and a
 # killed frontend are restarted and the stack serves again; down leaves no process and no socket;
-# two stacks in different run directories do not collide; option routing and usage errors.
-# Every stack is brought down in teardown, whatever happened.
+# two stacks in different run directories do not collide; option routing and usage errors; an
+# unsafe run directory is refused, down signals only the run directory's own supervisor, and an
+# engine that stays unhealthy while every process runs is restarted. Every stack is brought
+# down in teardown, whatever happened.
 
 load ../helpers
 bats_require_minimum_version 1.5.0
@@ -10,7 +12,7 @@ bats_require_minimum_version 1.5.0
 STACK="$LORA_BIN/lora-stack"
 
 setup() {
-    RUNS=()
+    RUNS=() FAKES=() CLEAN=()
     # Ports of this test: a block of its own, away from the defaults.
     BASE=$((20000 + (BATS_TEST_NUMBER * 10) + ($$ % 500) * 40))
 }
@@ -19,6 +21,11 @@ teardown() {
     for r in "${RUNS[@]}"; do
         "$STACK" down --run-dir "$r" > /dev/null 2>&1 || true
     done
+    for p in "${FAKES[@]}"; do
+        kill -KILL "$p" 2> /dev/null || true
+        wait "$p" 2> /dev/null || true
+    done
+    [ ${#CLEAN[@]} = 0 ] || rm -rf "${CLEAN[@]}"
 }
 
 up() { # RUN PORT [OPTIONS]: a stack with one frontend, no exporter port clash
@@ -213,4 +220,182 @@ wait_serving() { # PORT MODEL: waits up to 30 s for a 200
             "$BATS_TEST_TMPDIR/s"
     done
     [ "$(complete "$BASE" served-x)" = 200 ]
+}
+
+# ---- the run directory and the health-checked restart
+
+# A fake supervisor: a shell whose command line is "... lora-stack _supervise DIR", asleep, run
+# by USER when given (setpriv execs it, so the pid is the shell's).
+fake_supervisor() { # DIR [USER]
+    local cmd=(bash -c 'sleep 300; :' lora-stack _supervise "$1")
+    if [ -n "${2:-}" ]; then
+        setpriv --reuid "$2" --regid "$(id -g "$2")" --clear-groups -- "${cmd[@]}" &
+    else
+        "${cmd[@]}" &
+    fi
+    FAKES+=($!)
+}
+
+@test "--unhealthy-timeout is listed in --help; a bad value, as the flag or its mirror, exits 100" {
+    run "$STACK" --help
+    [[ "$output" == *"  --unhealthy-timeout S "* && "$output" == *LORA_STACK_UNHEALTHY_TIMEOUT* ]]
+    local r=$BATS_TEST_TMPDIR/r
+    for v in soon -1 1.5 ""; do
+        run --separate-stderr "$STACK" up --run-dir "$r" --unhealthy-timeout "$v"
+        expect_status 100
+        expect_message "--unhealthy-timeout '$v' must be a number of seconds"
+    done
+    run --separate-stderr "$STACK" up --run-dir "$r" --unhealthy-timeout
+    expect_status 100
+    expect_message "--unhealthy-timeout needs a value"
+    LORA_STACK_UNHEALTHY_TIMEOUT=later run --separate-stderr "$STACK" up --run-dir "$r"
+    expect_status 100
+    expect_message "LORA_STACK_UNHEALTHY_TIMEOUT 'later' must be a number of seconds"
+    [ ! -e "$r/supervisor.pid" ]
+}
+
+@test "a run directory writable by group or others is refused with the reason (exit 100), by every program" {
+    local r=$BATS_TEST_TMPDIR/open
+    mkdir -m 0777 "$r"
+    # Ports of this test's own, and a down in teardown, should up start anything after all.
+    RUNS+=("$r" "$BATS_TEST_TMPDIR/shared/run")
+    for cmd in up status logs down; do
+        run --separate-stderr "$STACK" "$cmd" --run-dir "$r" --port "$BASE" \
+            --metrics-port $((BASE + 5))
+        expect_status 100
+        expect_message "run directory '$r' is writable by group or others (mode 0777)"
+    done
+    [ -z "$(ls -A "$r")" ] && [ "$(stat -c %a "$r")" = 777 ]
+    # Below a directory others may write to without the sticky bit: refused too.
+    mkdir -m 0777 "$BATS_TEST_TMPDIR/shared"
+    run --separate-stderr "$STACK" up --run-dir "$BATS_TEST_TMPDIR/shared/run" --port "$BASE" \
+        --metrics-port $((BASE + 5))
+    expect_status 100
+    expect_message "lies in '$BATS_TEST_TMPDIR/shared', which group or others may write to (mode 0777, not sticky)"
+    # The engine, the frontends and the exporter check their --run-dir the same way.
+    local m
+    m=$("$LORA_BIN/lora-worker" demo-model)
+    run --separate-stderr "$LORA_BIN/lora-engine" --model "$m" --run-dir "$r"
+    expect_status 100
+    expect_message "run directory '$r' is writable by group or others (mode 0777)"
+    run --separate-stderr "$LORA_BIN/lora-frontend" --run-dir "$r" --port 0
+    expect_status 100
+    expect_message "run directory '$r' is writable by group or others (mode 0777)"
+    run --separate-stderr "$LORA_BIN/lora-metrics" --run-dir "$r" --listen 127.0.0.1:0
+    expect_status 100
+    expect_message "run directory '$r' is writable by group or others (mode 0777)"
+    [ -z "$(ls -A "$r")" ]
+}
+
+@test "a run directory another user owns is refused (exit 100) by lora-stack and the programs" {
+    [ "$(id -u)" = 0 ] || skip "needs root to give a directory to another user"
+    local r=$BATS_TEST_TMPDIR/theirs m
+    mkdir -m 0700 "$r"
+    chown nobody "$r"
+    local want="run directory '$r' is owned by uid $(id -u nobody), not by you (uid 0)"
+    RUNS+=("$r" "$BATS_TEST_TMPDIR/link")
+    for cmd in up status logs down; do
+        run --separate-stderr "$STACK" "$cmd" --run-dir "$r" --port "$BASE" \
+            --metrics-port $((BASE + 5))
+        expect_status 100
+        expect_message "$want"
+    done
+    # A link of theirs to a directory of ours is refused as well: they could repoint it.
+    mkdir -m 0700 "$BATS_TEST_TMPDIR/ours"
+    ln -s "$BATS_TEST_TMPDIR/ours" "$BATS_TEST_TMPDIR/link"
+    chown -h nobody "$BATS_TEST_TMPDIR/link"
+    run --separate-stderr "$STACK" up --run-dir "$BATS_TEST_TMPDIR/link" --port "$BASE" \
+        --metrics-port $((BASE + 5))
+    expect_status 100
+    expect_message "'$BATS_TEST_TMPDIR/link' is a symbolic link owned by uid $(id -u nobody)"
+    [ -z "$(ls -A "$r")" ] && [ -z "$(ls -A "$BATS_TEST_TMPDIR/ours")" ]
+    m=$("$LORA_BIN/lora-worker" demo-model)
+    want="run directory '$r' is owned by uid $(id -u nobody), not by uid 0 (the caller)"
+    run --separate-stderr "$LORA_BIN/lora-engine" --model "$m" --run-dir "$r"
+    expect_status 100
+    expect_message "$want"
+    run --separate-stderr "$LORA_BIN/lora-frontend" --run-dir "$r" --port 0
+    expect_status 100
+    expect_message "$want"
+    run --separate-stderr "$LORA_BIN/lora-metrics" --run-dir "$r" --listen 127.0.0.1:0
+    expect_status 100
+    expect_message "$want"
+}
+
+@test "the default run directory: XDG_RUNTIME_DIR when it is the caller's, else /tmp/lora-stack-UID, refused when another user made it" {
+    [ "$(id -u)" = 0 ] || skip "needs root to run as another user"
+    local uid xdg
+    uid=$(id -u nobody)
+    # Somewhere nobody can reach: the test's own directory is root's alone.
+    xdg=$(mktemp -d /tmp/lora-stack-test.XXXXXX)/xdg
+    CLEAN+=("${xdg%/xdg}")
+    chmod 0711 "${xdg%/xdg}"
+    mkdir -m 0700 "$xdg"
+    chown nobody "$xdg"
+    XDG_RUNTIME_DIR=$xdg run --separate-stderr runuser -u nobody -- "$STACK" status
+    expect_status 1
+    expect_message "no stack runs in '$xdg/lora-stack'"
+    # Not theirs: the /tmp one, which root made first, so up refuses it and starts nothing.
+    chown root "$xdg"
+    [ ! -e "/tmp/lora-stack-$uid" ] || skip "/tmp/lora-stack-$uid exists already"
+    mkdir -m 0700 "/tmp/lora-stack-$uid"
+    CLEAN+=("/tmp/lora-stack-$uid")
+    RUNS+=("/tmp/lora-stack-$uid")
+    XDG_RUNTIME_DIR=$xdg run --separate-stderr runuser -u nobody -- "$STACK" up --port "$BASE" \
+        --metrics-port $((BASE + 5))
+    rmdir "/tmp/lora-stack-$uid"
+    expect_status 100
+    expect_message "run directory '/tmp/lora-stack-$uid' is owned by uid 0, not by you (uid $uid)"
+}
+
+@test "down signals only this run directory's supervisor, never another process that supervisor.pid names" {
+    local r=$BATS_TEST_TMPDIR/run other=$BATS_TEST_TMPDIR/other p
+    mkdir -m 0700 "$r" "$other"
+    sleep 300 &
+    FAKES+=($!)
+    fake_supervisor "$other"
+    # One of another user's, naming this very run directory.
+    [ "$(id -u)" != 0 ] || fake_supervisor "$r" nobody
+    for p in "${FAKES[@]}"; do
+        # The fake's command line is in place once /proc shows it.
+        for _ in $(seq 1 100); do
+            grep -qa _supervise "/proc/$p/cmdline" 2> /dev/null || [ "$p" = "${FAKES[0]}" ] && break
+            sleep 0.05
+        done
+        echo "$p" > "$r/supervisor.pid"
+        run --separate-stderr "$STACK" down --run-dir "$r"
+        expect_status 0
+        [[ "$stderr" == *"supervisor.pid' names pid $p, which is not this run directory's supervisor; not signalling it"* ]]
+        is_running "$p"
+        run "$STACK" status --run-dir "$r"
+        expect_status 1
+    done
+}
+
+@test "an engine that stays unhealthy while every process runs is restarted, its runtime adapters kept" {
+    R=$BATS_TEST_TMPDIR/run
+    M=$("$LORA_BIN/lora-worker" demo-model)
+    up "$R" "$BASE" --unhealthy-timeout 2 --lora-modules "sql=$M/adapters/demo-sql" \
+        --enable-runtime-lora --lora-root "$M/adapters"
+    expect_status 0
+    run curl -s -o /dev/null -w '%{http_code}' -m 30 "http://127.0.0.1:$BASE/v1/load_lora_adapter" \
+        -H 'Content-Type: application/json' \
+        -d "{\"lora_name\":\"extra\",\"lora_path\":\"$M/adapters/demo-code\"}"
+    [ "$output" = 200 ]
+    # A hung rank: stopped, so alive to the supervisor, silent to the engine, which declares
+    # itself unhealthy and stays so.
+    old=$(pid_of "$R" worker-0)
+    kill -STOP "$old"
+    wait_for_text "$R/supervisor.log" "as it was not healthy" 60
+    grep -q "warning: the engine was not healthy for [0-9]* s while every process ran (worker rank 0 is dead" \
+        "$R/supervisor.log"
+    grep "as it was not healthy" "$R/supervisor.log" | grep -q "restored: 2 adapters .*extra"
+    wait_serving "$BASE" extra
+    [ "$(complete "$BASE" sql)" = 200 ]
+    [ "$(pid_of "$R" worker-0)" != "$old" ]
+    # The hung rank was stopped for good, not left behind.
+    for _ in $(seq 1 100); do is_running "$old" || break; sleep 0.1; done
+    ! is_running "$old"
+    run "$STACK" status --run-dir "$R"
+    expect_status 0
 }
