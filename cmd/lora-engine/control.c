@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine.h"
 
@@ -389,16 +390,36 @@ static void pack_config(struct engine *e, msgpack_packer *pk)
         msgpack_pack_nil(pk);
 }
 
+/* Test hook: while the file LORA_ENGINE_TEST_UNHEALTHY_FILE names exists, health answers
+ * unhealthy (and nothing else changes), so that the tests can show what the supervisor does
+ * with an engine that says it is unhealthy while every process runs. */
+static const char *test_unhealthy(void)
+{
+    const char *path = getenv("LORA_ENGINE_TEST_UNHEALTHY_FILE");
+    return path && *path && access(path, F_OK) == 0 ? "LORA_ENGINE_TEST_UNHEALTHY_FILE exists"
+                                                    : NULL;
+}
+
+/* Whether the engine is healthy; *why is the reason when it is not. */
+static bool healthy(struct engine *e, const char **why)
+{
+    *why = e->healthy ? test_unhealthy() : e->unhealthy_reason;
+    return !*why;
+}
+
 static void pack_health(struct engine *e, msgpack_packer *pk)
 {
+    const char *why;
+    bool ok = healthy(e, &why);
+
     msgpack_pack_map(pk, 3);
     pack_str(pk, "healthy");
-    if (e->healthy)
+    if (ok)
         msgpack_pack_true(pk);
     else
         msgpack_pack_false(pk);
     pack_str(pk, "reason");
-    pack_str(pk, e->healthy ? "" : e->unhealthy_reason);
+    pack_str(pk, ok ? "" : why);
     pack_str(pk, "workers");
     msgpack_pack_int(pk, e->world);
 }
@@ -449,12 +470,14 @@ int control_handle(struct engine *e, const struct lora_msg_frames *f)
     case LORA_CTL_CONFIG:
         pack_config(e, &pk);
         break;
-    case LORA_CTL_HEALTH:
+    case LORA_CTL_HEALTH: {
+        const char *why;
         pack_health(e, &pk);
-        rc = e->healthy ? 0 : -1;
+        rc = healthy(e, &why) ? 0 : -1;
         if (rc)
-            snprintf(err, sizeof(err), "%s", e->unhealthy_reason);
+            snprintf(err, sizeof(err), "%s", why);
         break;
+    }
     case LORA_CTL_STATS:
         pack_stats(e, &pk);
         break;

@@ -374,6 +374,8 @@ fake_supervisor() { # DIR [USER]
 
 @test "an engine that stays unhealthy while every process runs is restarted, its runtime adapters kept" {
     R=$BATS_TEST_TMPDIR/run
+    UNHEALTHY=$BATS_TEST_TMPDIR/unhealthy
+    export LORA_ENGINE_TEST_UNHEALTHY_FILE=$UNHEALTHY
     M=$("$LORA_BIN/lora-worker" demo-model)
     up "$R" "$BASE" --unhealthy-timeout 2 --lora-modules "sql=$M/adapters/demo-sql" \
         --enable-runtime-lora --lora-root "$M/adapters"
@@ -382,18 +384,23 @@ fake_supervisor() { # DIR [USER]
         -H 'Content-Type: application/json' \
         -d "{\"lora_name\":\"extra\",\"lora_path\":\"$M/adapters/demo-code\"}"
     [ "$output" = 200 ]
-    # A hung rank: stopped, so alive to the supervisor, silent to the engine, which declares
-    # itself unhealthy and stays so.
-    old=$(pid_of "$R" worker-0)
-    kill -STOP "$old"
+    # An engine that says it is unhealthy while every process runs (the engine's test hook: a
+    # hung or failed rank is declared dead by the engine and replaced without a health check).
+    old=$(pid_of "$R" engine)
+    touch "$UNHEALTHY"
+    wait_for_text "$R/supervisor.log" "warning: the engine is not healthy (" 30
+    # Gone before the new engine answers its first health check.
+    wait_for_text "$R/supervisor.log" "warning: the engine is still not healthy (" 30
+    rm "$UNHEALTHY"
     wait_for_text "$R/supervisor.log" "as it was not healthy" 60
-    grep -q "warning: the engine was not healthy for [0-9]* s while every process ran (worker rank 0 is dead" \
+    grep -q "still not healthy (LORA_ENGINE_TEST_UNHEALTHY_FILE exists); restarting the engine" \
         "$R/supervisor.log"
-    grep "as it was not healthy" "$R/supervisor.log" | grep -q "restored: 2 adapters .*extra"
+    grep "as it was not healthy for [0-9]* s while every process ran" "$R/supervisor.log" |
+        grep -q "restored: 2 adapters .*extra"
     wait_serving "$BASE" extra
     [ "$(complete "$BASE" sql)" = 200 ]
-    [ "$(pid_of "$R" worker-0)" != "$old" ]
-    # The hung rank was stopped for good, not left behind.
+    [ "$(pid_of "$R" engine)" != "$old" ]
+    # The old engine was stopped for good, not left behind.
     for _ in $(seq 1 100); do is_running "$old" || break; sleep 0.1; done
     ! is_running "$old"
     run "$STACK" status --run-dir "$R"
