@@ -73,8 +73,7 @@ BINS     := $(PROGRAMS:%=$(BUILD)/bin/%) $(patsubst %.sh,$(BUILD)/bin/%,$(notdir
 DEB_PACKAGES := build-essential pkg-config libmsgpack-dev libzmq3-dev libjansson-dev \
                 libopenblas-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev bats python3 \
                 python3-numpy python3-msgpack python3-zmq curl jq groff-base python3-yaml \
-                python3-jsonschema \
-                prometheus
+                python3-jsonschema prometheus clang
 
 .DELETE_ON_ERROR:
 .SECONDARY:
