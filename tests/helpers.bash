@@ -58,6 +58,24 @@ is_running() {
     [ -r "/proc/$1/stat" ] && read -r _ _ state _ < "/proc/$1/stat" && [ "$state" != Z ]
 }
 
+# start_logged NAME CMD...: runs CMD in the background with its output in $D/NAME.log (without
+# bats' descriptor 3, which a program left running would hold open); its pid goes to
+# $D/NAME.pid and is appended to $D/pids, for stop_pids.
+start_logged() {
+    local name=$1
+    shift
+    "$@" > "$D/$name.log" 2>&1 3>&- &
+    echo $! > "$D/$name.pid"
+    echo $! >> "$D/pids"
+}
+
+# wait_frontend NAME: waits up to 60 s for the frontend logging to $D/NAME.log to say it is
+# ready, then writes its port to $D/port_NAME. Fails showing every log in $D.
+wait_frontend() {
+    wait_for_text "$D/$1.log" "ready: http://" 60 || { cat "$D"/*.log >&2; return 1; }
+    ready_port "$D/$1.log" > "$D/port_$1"
+}
+
 # Stops the processes listed in pid file $1: SIGTERM in reverse order of start (an engine
 # before its workers), SIGKILL for whatever is left after 5 s.
 stop_pids() {

@@ -11,13 +11,6 @@
 load ../helpers
 bats_require_minimum_version 1.5.0
 
-start() { # NAME ARGS...: a background process logging to $D/NAME.log, its pid in $D/pids
-    local name=$1
-    shift
-    "$@" > "$D/$name.log" 2>&1 3>&- &
-    echo $! >> "$D/pids"
-}
-
 setup_file() {
     export D=$BATS_FILE_TMPDIR
     make_model_and_adapters "$D" good
@@ -25,12 +18,12 @@ setup_file() {
     cp -r "$D/good" "$D/root/good"
     cp -r "$D/good" "$D/outside/good"
     mkdir -m 0700 "$D/run"
-    start engine "$LORA_BIN/lora-engine" --model "$D/m" --run-dir "$D/run" --max-loras 2 \
+    start_logged engine "$LORA_BIN/lora-engine" --model "$D/m" --run-dir "$D/run" --max-loras 2 \
         --max-cpu-loras 64
-    LORA_WORKER_TEST_STUCK_LOAD=stuck start worker "$WORKER" serve \
+    LORA_WORKER_TEST_STUCK_LOAD=stuck start_logged worker "$WORKER" serve \
         --engine "ipc://$D/run/worker.sock" --rank 0 --lora-root "$D/root" \
         --load-timeout-ms 1500
-    start frontend "$LORA_BIN/lora-frontend" --run-dir "$D/run" --port 0 \
+    start_logged frontend "$LORA_BIN/lora-frontend" --run-dir "$D/run" --port 0 \
         --enable-runtime-lora --lora-root "$D/root"
     wait_for_text "$D/frontend.log" "ready: http://" 120
     ready_port "$D/frontend.log" > "$D/port"

@@ -6,25 +6,6 @@
 
 load ../helpers
 
-start() { # NAME ARGS...: a background process logging to $D/NAME.log, its pid in $D/NAME.pid
-    local name=$1
-    shift
-    "$@" > "$D/$name.log" 2>&1 3>&- &
-    echo $! > "$D/$name.pid"
-}
-
-wait_ready() { # NAME: the frontend's port once it says ready
-    for _ in $(seq 1 600); do
-        if grep -q "ready: http://" "$D/$1.log" 2>/dev/null; then
-            sed -n 's/.*ready: http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$D/$1.log" > "$D/port_$1"
-            return 0
-        fi
-        sleep 0.1
-    done
-    cat "$D"/*.log >&2
-    return 1
-}
-
 setup_file() {
     export D=$BATS_FILE_TMPDIR
     echo "$LORA_BIN" > "$D/bin"
@@ -53,15 +34,15 @@ setup_file() {
     done
 
     mkdir -m 0700 "$D/run"
-    start engine "$LORA_BIN/lora-engine" --model "$D/m" --run-dir "$D/run" --max-loras 2 \
+    start_logged engine "$LORA_BIN/lora-engine" --model "$D/m" --run-dir "$D/run" --max-loras 2 \
         --max-lora-rank 16 --lora-modules "a0=$D/loras/a0" --idle-notify-ms 50
-    start worker "$LORA_BIN/lora-worker" serve --engine "ipc://$D/run/worker.sock" --rank 0
+    start_logged worker "$LORA_BIN/lora-worker" serve --engine "ipc://$D/run/worker.sock" --rank 0
     local fe=("$LORA_BIN/lora-frontend" --run-dir "$D/run" --enable-runtime-lora
         --lora-root "$D/loras")
-    start f1 "${fe[@]}" --port 0 --publish-endpoint "ipc://$D/run/frontend-f1.sock"
-    start f2 "${fe[@]}" --port 0
-    start fkey "${fe[@]}" --port 0 --api-key s3cret
-    wait_ready f1 && wait_ready f2 && wait_ready fkey
+    start_logged f1 "${fe[@]}" --port 0 --publish-endpoint "ipc://$D/run/frontend-f1.sock"
+    start_logged f2 "${fe[@]}" --port 0
+    start_logged fkey "${fe[@]}" --port 0 --api-key s3cret
+    wait_frontend f1 && wait_frontend f2 && wait_frontend fkey
     cp "$D/port_f1" "$D/port1"
     cp "$D/port_f2" "$D/port2"
     cp "$D/port_fkey" "$D/port_key"

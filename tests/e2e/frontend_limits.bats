@@ -6,25 +6,6 @@
 
 load ../helpers
 
-start() { # NAME ARGS...: a background process logging to $D/NAME.log, its pid in $D/NAME.pid
-    local name=$1
-    shift
-    "$@" > "$D/$name.log" 2>&1 3>&- &
-    echo $! > "$D/$name.pid"
-}
-
-wait_ready() { # NAME: the frontend's port in $D/port_NAME once it says ready
-    for _ in $(seq 1 600); do
-        if grep -q "ready: http://" "$D/$1.log" 2>/dev/null; then
-            sed -n 's/.*ready: http:\/\/127.0.0.1:\([0-9]*\).*/\1/p' "$D/$1.log" > "$D/port_$1"
-            return 0
-        fi
-        sleep 0.1
-    done
-    cat "$D"/*.log >&2
-    return 1
-}
-
 setup_file() {
     export D=$BATS_FILE_TMPDIR
     "$WORKER" make-model --out "$D/m" --hidden 64 --layers 2 --heads 4 --kv-heads 2 \
@@ -32,14 +13,14 @@ setup_file() {
     "$WORKER" make-adapter --model "$D/m" --out "$D/a0" --rank 8 --seed 90
     mkdir -m 0700 "$D/run"
     # One sequence at a time, so that requests queue behind a long one.
-    start engine "$LORA_BIN/lora-engine" --model "$D/m" --run-dir "$D/run" --max-model-len 512 \
+    start_logged engine "$LORA_BIN/lora-engine" --model "$D/m" --run-dir "$D/run" --max-model-len 512 \
         --max-num-seqs 1 --lora-modules "a0=$D/a0"
-    start worker "$LORA_BIN/lora-worker" serve --engine "ipc://$D/run/worker.sock" --rank 0
+    start_logged worker "$LORA_BIN/lora-worker" serve --engine "ipc://$D/run/worker.sock" --rank 0
     # f1: small connection limits and a short deadline; f2: the defaults.
-    start f1 "$LORA_BIN/lora-frontend" --run-dir "$D/run" --port 0 --max-connections 16 \
+    start_logged f1 "$LORA_BIN/lora-frontend" --run-dir "$D/run" --port 0 --max-connections 16 \
         --max-connections-per-ip 4 --request-timeout 3 --http-timeout 60
-    start f2 "$LORA_BIN/lora-frontend" --run-dir "$D/run" --port 0 --enable-runtime-lora
-    wait_ready f1 && wait_ready f2
+    start_logged f2 "$LORA_BIN/lora-frontend" --run-dir "$D/run" --port 0 --enable-runtime-lora
+    wait_frontend f1 && wait_frontend f2
 }
 
 teardown_file() {

@@ -7,18 +7,6 @@
 bats_require_minimum_version 1.5.0
 load ../helpers
 
-start() { # NAME ARGS...: a background process logging to $D/NAME.log, its pid in $D/pids
-    local name=$1
-    shift
-    "$@" > "$D/$name.log" 2>&1 3>&- &
-    echo $! >> "$D/pids"
-}
-
-wait_ready() { # NAME: the frontend's port once it says ready, in $D/port_NAME
-    wait_for_text "$D/$1.log" "ready: http://" 60 || { cat "$D"/*.log >&2; return 1; }
-    ready_port "$D/$1.log" > "$D/port_$1"
-}
-
 setup_file() {
     export D=$BATS_FILE_TMPDIR
     echo "$LORA_BIN" > "$D/bin"
@@ -33,14 +21,14 @@ setup_file() {
         > "$D/gc/generation_config.json"
 
     mkdir -m 0700 "$D/run"
-    start engine "$LORA_BIN/lora-engine" --model "$D/m" --run-dir "$D/run" \
+    start_logged engine "$LORA_BIN/lora-engine" --model "$D/m" --run-dir "$D/run" \
         --generation-config "$D/gc"
-    start worker "$WORKER" serve --engine "ipc://$D/run/worker.sock" --rank 0
+    start_logged worker "$WORKER" serve --engine "ipc://$D/run/worker.sock" --rank 0
     local fe=("$LORA_BIN/lora-frontend" --run-dir "$D/run" --port 0)
-    start plain "${fe[@]}" --generation-config vllm
-    start dir "${fe[@]}" --generation-config "$D/gc"
-    start auto "${fe[@]}"
-    wait_ready plain && wait_ready dir && wait_ready auto
+    start_logged plain "${fe[@]}" --generation-config vllm
+    start_logged dir "${fe[@]}" --generation-config "$D/gc"
+    start_logged auto "${fe[@]}"
+    wait_frontend plain && wait_frontend dir && wait_frontend auto
 }
 
 teardown_file() {
