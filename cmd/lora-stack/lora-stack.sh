@@ -77,8 +77,8 @@ usage: lora-stack up [MODEL] [--run-dir DIR] [--model DIR] [--tp N] [--frontends
                          the programs that list it in their --help
   --host ADDR            HTTP address of the frontends and the exporter (default 127.0.0.1)
   --unhealthy-timeout S  restart the engine and its ranks once the engine has said it is
-                         unhealthy for S seconds while every process runs (default 15;
-                         0: never; environment LORA_STACK_UNHEALTHY_TIMEOUT)
+                         unhealthy for S seconds while every process runs (default 0:
+                         never; environment LORA_STACK_UNHEALTHY_TIMEOUT)
   -h, --help             this help
 Any other option goes to every program that lists it in its --help (for example --max-loras 2
 --max-cpu-loras 3 to the engine, --enable-runtime-lora --lora-root DIR to the frontends).
@@ -97,7 +97,7 @@ else
     RUN_DIR=/tmp/lora-stack-$UID_SELF
 fi
 MODEL="" TP=1 FRONTENDS=1 PORT=8000 METRICS_PORT=9100 HOST=127.0.0.1
-UNHEALTHY_TIMEOUT=${LORA_STACK_UNHEALTHY_TIMEOUT:-15} UNHEALTHY_FROM=--unhealthy-timeout
+UNHEALTHY_TIMEOUT=${LORA_STACK_UNHEALTHY_TIMEOUT:-0} UNHEALTHY_FROM=--unhealthy-timeout
 [ -z "${LORA_STACK_UNHEALTHY_TIMEOUT:-}" ] || UNHEALTHY_FROM=LORA_STACK_UNHEALTHY_TIMEOUT
 MODULES=() PASS=()
 
