@@ -861,6 +861,26 @@ static int get_map(struct dec *d, const msgpack_object_map *m, const char *key,
 /* Typed arrays into the arena: *out = NULL for an empty array. */
 
 static int i32_list(struct dec *d, const char *key, const msgpack_object_array *a,
+                    const int32_t **out);
+
+/* An optional list of int32 of at most max entries: *out and *n are set only when it is there. */
+static int opt_i32_list(struct dec *d, const msgpack_object_map *m, const char *key,
+                        uint32_t max, const int32_t **out, int *n)
+{
+    const msgpack_object *v;
+    const msgpack_object_array *a;
+
+    if (find(d, m, key, &v) < 0)
+        return -1;
+    if (!v)
+        return 0;
+    if (as_array(d, key, v, max, &a) < 0 || i32_list(d, key, a, out) < 0)
+        return -1;
+    *n = (int)a->size;
+    return 0;
+}
+
+static int i32_list(struct dec *d, const char *key, const msgpack_object_array *a,
                     const int32_t **out)
 {
     int32_t *v = NULL;
@@ -1505,25 +1525,9 @@ static int step_seq_fields(struct dec *d, const msgpack_object_map *m, void *p)
         get_int(d, m, "top_n", 0, LORA_MSG_MAX_TOP, &s->top_n) < 0 ||
         get_int(d, m, "next_token", -1, INT32_MAX, &s->next_token) < 0)
         return -1;
-    const msgpack_object *v;
-    const msgpack_object_array *banned;
-    if (find(d, m, "banned", &v) < 0)
+    if (opt_i32_list(d, m, "banned", LORA_MSG_MAX_BANNED, &s->banned, &s->n_banned) < 0 ||
+        opt_i32_list(d, m, "allowed", LORA_MSG_MAX_ALLOWED, &s->allowed, &s->n_allowed) < 0)
         return -1;
-    if (v) {
-        if (as_array(d, "banned", v, LORA_MSG_MAX_BANNED, &banned) < 0 ||
-            i32_list(d, "banned", banned, &s->banned) < 0)
-            return -1;
-        s->n_banned = (int)banned->size;
-    }
-    const msgpack_object_array *allowed;
-    if (find(d, m, "allowed", &v) < 0)
-        return -1;
-    if (v) {
-        if (as_array(d, "allowed", v, LORA_MSG_MAX_ALLOWED, &allowed) < 0 ||
-            i32_list(d, "allowed", allowed, &s->allowed) < 0)
-            return -1;
-        s->n_allowed = (int)allowed->size;
-    }
     bool present;
     return opt_int(d, m, "prompt_top_n", 0, LORA_MSG_MAX_PROMPT_TOP, &s->prompt_top_n, &present);
 }
@@ -1981,8 +1985,7 @@ static int request_fields(struct dec *d, const msgpack_object_map *m, void *p)
 {
     struct lora_msg_request *o = p;
     const msgpack_object *seed;
-    const msgpack_object_array *stop, *allowed;
-    const msgpack_object *v;
+    const msgpack_object_array *stop;
     uint64_t n_prompt;
 
     bool present;
@@ -2005,14 +2008,9 @@ static int request_fields(struct dec *d, const msgpack_object_map *m, void *p)
         i32_list(d, "stop_token_ids", stop, &o->stop_token_ids) < 0 ||
         frame_i32(d, 0, "n_prompt", n_prompt, &o->prompt) < 0 ||
         opt_int(d, m, "prompt_top_n", 0, LORA_MSG_MAX_PROMPT_TOP, &o->prompt_top_n, &present) < 0 ||
-        find(d, m, "allowed_token_ids", &v) < 0)
+        opt_i32_list(d, m, "allowed_token_ids", LORA_MSG_MAX_ALLOWED, &o->allowed_token_ids,
+                     &o->n_allowed_token_ids) < 0)
         return -1;
-    if (v) {
-        if (as_array(d, "allowed_token_ids", v, LORA_MSG_MAX_ALLOWED, &allowed) < 0 ||
-            i32_list(d, "allowed_token_ids", allowed, &o->allowed_token_ids) < 0)
-            return -1;
-        o->n_allowed_token_ids = (int)allowed->size;
-    }
     o->has_seed = seed != NULL;
     o->n_stop_token_ids = (int)stop->size;
     o->n_prompt = (size_t)n_prompt;
