@@ -184,11 +184,12 @@ $(FUZZ_TARGETS): $(FUZZ_BUILD)/%: $(FUZZ_BUILD)/tests/fuzz/%.o \
 
 fuzz-build: $(FUZZ_TARGETS)
 
-# make fuzz FUZZ_SECONDS=N [FUZZ_TARGET=name]: each target for N seconds on a copy of its seed
-# corpus (build/fuzz/corpus), one line of executions per target; a crash fails with its input
-# kept in build/fuzz/ (turn it into a unit test).
+# make fuzz FUZZ_SECONDS=N [FUZZ_RUNS=N] [FUZZ_TARGET=name]: each target for N seconds (or N
+# executions; FUZZ_SECONDS=0 lifts the time limit) on a copy of its seed corpus
+# (build/fuzz/corpus), one line of executions per target; a crash fails with its input kept in
+# build/fuzz/ (turn it into a unit test).
 fuzz: fuzz-build
-	@tests/fuzz/run $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGET)
+	@FUZZ_RUNS=$(FUZZ_RUNS) tests/fuzz/run $(FUZZ_BUILD) $(FUZZ_SECONDS) $(FUZZ_TARGET)
 
 # make install PREFIX=/opt/lora-stack [DESTDIR=...]: the programs and the manual pages.
 PREFIX ?= /usr/local

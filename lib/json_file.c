@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -70,14 +71,30 @@ json_t *lora_json_file_load_fd(int fd, const char *path, size_t max_bytes, char 
         snprintf(err, err_len, "%s: larger than %zu bytes", path, max_bytes);
         return fail(fd, EFBIG);
     }
-    FILE *f = fdopen(fd, "rb");
-    if (!f) {
-        int e = errno;
-        snprintf(err, err_len, "%s: unable to read: %s", path, strerror(e));
-        return fail(fd, e);
+    /* One read of the whole file, then the parser on memory: json_loadf reads a byte at a
+     * time through stdio, which is most of the load of a large tokenizer.json. */
+    size_t size = (size_t)st.st_size, got = 0;
+    char *buf = malloc(size ? size : 1);
+    if (!buf) {
+        snprintf(err, err_len, "%s: out of memory reading %zu bytes", path, size);
+        return fail(fd, ENOMEM);
     }
-    json_t *root = json_loadf(f, JSON_REJECT_DUPLICATES, &jerr);
-    fclose(f);
+    while (got < size) {
+        ssize_t n = read(fd, buf + got, size - got);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            int e = n < 0 ? errno : EIO;
+            snprintf(err, err_len, "%s: unable to read: %s", path,
+                     n < 0 ? strerror(e) : "the file shrank while read");
+            free(buf);
+            return fail(fd, e);
+        }
+        got += (size_t)n;
+    }
+    close(fd);
+    json_t *root = json_loadb(buf, size, JSON_REJECT_DUPLICATES, &jerr);
+    free(buf);
     if (!root) {
         snprintf(err, err_len, "%s: invalid JSON at line %d column %d (byte %d): %s", path,
                  jerr.line, jerr.column, jerr.position, lora_json_error_what(&jerr));

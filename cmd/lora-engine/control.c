@@ -101,11 +101,12 @@ static int activate(struct engine *e, struct eng_adapter *ad, bool keep_pinned, 
     return rc;
 }
 
-int adapters_load(struct engine *e, const char *name, const char *path, char *err, size_t len)
+int adapters_check_new(struct engine *e, const char *name, const char *path, char *err,
+                       size_t len)
 {
-    struct eng_adapter *ad = NULL;
+    bool room = false;
 
-    if (!*name || strlen(name) > ENGINE_NAME_MAX || strlen(path) >= sizeof(ad->path)) {
+    if (!*name || strlen(name) > ENGINE_NAME_MAX || strlen(path) >= sizeof(e->adapters[0].path)) {
         snprintf(err, len, "an adapter needs a name of 1 to %d bytes and a path",
                  ENGINE_NAME_MAX);
         return -1;
@@ -115,20 +116,29 @@ int adapters_load(struct engine *e, const char *name, const char *path, char *er
             snprintf(err, len, "adapter '%s' is already loaded", name);
             return -1;
         }
-        if (!e->adapters[i].used && !ad)
-            ad = &e->adapters[i];
+        room = room || !e->adapters[i].used;
     }
-    if (!ad) {
+    if (loads_pending(e, name)) {
+        snprintf(err, len, "adapter '%s' is being loaded", name);
+        return -1;
+    }
+    if (!room) {
         snprintf(err, len, "the registry is full (%d adapters)", ENGINE_MAX_ADAPTERS);
         return -1;
     }
-    if (workers_adapter_op(e, LORA_OP_ADD, name, path, -1, err, len) < 0) {
-        char ignore[256];
-        /* Ranks that did load it must not keep it. */
-        workers_adapter_op(e, LORA_OP_REMOVE, name, NULL, -1, ignore, sizeof(ignore));
-        workers_gather_notifications(e);
+    return 0;
+}
+
+int adapters_register(struct engine *e, const char *name, const char *path, char *err,
+                      size_t len)
+{
+    struct eng_adapter *ad = NULL;
+
+    if (adapters_check_new(e, name, path, err, len) < 0)
         return -1;
-    }
+    for (int i = 0; i < ENGINE_MAX_ADAPTERS && !ad; i++)
+        if (!e->adapters[i].used)
+            ad = &e->adapters[i];
     memset(ad, 0, sizeof(*ad));
     ad->used = true;
     ad->id = (int)(ad - e->adapters) + 1;
@@ -143,6 +153,20 @@ int adapters_load(struct engine *e, const char *name, const char *path, char *er
     registry_broadcast(e);
     registry_save(e);
     return 0;
+}
+
+int adapters_load(struct engine *e, const char *name, const char *path, char *err, size_t len)
+{
+    if (adapters_check_new(e, name, path, err, len) < 0)
+        return -1;
+    if (workers_adapter_op(e, LORA_OP_ADD, name, path, -1, err, len) < 0) {
+        char ignore[256];
+        /* Ranks that did load it must not keep it. */
+        workers_adapter_op(e, LORA_OP_REMOVE, name, NULL, -1, ignore, sizeof(ignore));
+        workers_gather_notifications(e);
+        return -1;
+    }
+    return adapters_register(e, name, path, err, len);
 }
 
 int adapters_unload(struct engine *e, const char *name, char *err, size_t len)
@@ -482,9 +506,15 @@ int control_handle(struct engine *e, const struct lora_msg_frames *f)
         pack_stats(e, &pk);
         break;
     case LORA_CTL_LOAD:
-        rc = m.path.s ? adapters_load(e, name, path, err, sizeof(err)) : -1;
-        if (!m.path.s)
+        if (!m.path.s) {
             snprintf(err, sizeof(err), "load needs a name and a path");
+            rc = -1;
+        } else if ((rc = loads_begin(e, name, path, f->rid, f->rid_len, m.id, err,
+                                     sizeof(err))) == 0) {
+            /* Answered when every rank has loaded it (loads.c). */
+            lora_msg_buf_release(&data);
+            return 0;
+        }
         break;
     case LORA_CTL_UNLOAD:
         rc = adapters_unload(e, name, err, sizeof(err));

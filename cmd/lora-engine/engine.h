@@ -22,6 +22,7 @@
 #define ENGINE_MAX_FRONTENDS 64
 #define ENGINE_MAX_ADAPTERS 1024
 #define ENGINE_NAME_MAX 255
+#define ENGINE_MAX_LOADS 16 /* runtime adapter loads in flight at once */
 
 struct eng_peer {
     unsigned char rid[LORA_SOCK_MAX_RID];
@@ -96,6 +97,22 @@ struct eng_request {
     bool sent_first;
 };
 
+/* A runtime adapter load in flight (loads.c): sent to every rank, answered to the asker once every
+ * rank has replied. */
+struct eng_load {
+    bool used;
+    uint64_t op_id;
+    char name[ENGINE_NAME_MAX + 1];
+    char path[4096];
+    bool replied[ENGINE_MAX_WORLD];
+    int n_replied;
+    char err[512]; /* the first rank's error */
+    uint64_t deadline_ms;
+    uint64_t ctl_id;
+    unsigned char rid[LORA_SOCK_MAX_RID];
+    size_t rid_len;
+};
+
 struct engine {
     /* Options. */
     const char *model;
@@ -120,13 +137,15 @@ struct engine {
     struct eng_peer workers[ENGINE_MAX_WORLD];
     struct eng_peer frontends[ENGINE_MAX_FRONTENDS];
     bool healthy;
-    bool stopping;
+    bool stopping; /* a signal asked to stop: exchanges end, nothing more is started */
     int n_unloading; /* adapters waiting for a plan to release them: a step is due */
     /* Repeated warnings: malformed control messages, malformed requests, refused hellos. */
-    struct eng_lograte log_ctl, log_front, log_hello; /* a signal asked to stop: exchanges end, nothing more is started */
+    struct eng_lograte log_ctl, log_front, log_hello;
     char unhealthy_reason[256];
 
     struct eng_adapter adapters[ENGINE_MAX_ADAPTERS];
+    struct eng_load loads[ENGINE_MAX_LOADS];
+    struct lora_msg_arena *load_arena; /* decodes the ranks' replies to loads in flight */
     uint64_t next_seq;
     /* The registry file (NULL: none), written after every change once start-up is done; the
      * start-up adapter names it has taken in (only its startup list is used). */
@@ -197,8 +216,18 @@ void workers_heard(struct engine *e, const struct lora_msg_frames *f);
 /* Every rank's last gathered state, decoded into e->arena. */
 int engine_rank_states(struct engine *e, struct lora_msg_residency_reply *out);
 
+/* Takes a rank's reply to a load in flight (loads.c); false when it is not one. */
+bool workers_take_load_reply(struct engine *e, const struct lora_msg_frames *f);
+
 /* adapters (control.c) */
+/* Loads an adapter on every rank and registers it, waiting for the ranks (start-up). */
 int adapters_load(struct engine *e, const char *name, const char *path, char *err, size_t len);
+/* Whether NAME and PATH can be registered: a valid name not taken or being loaded, room left. */
+int adapters_check_new(struct engine *e, const char *name, const char *path, char *err,
+                       size_t len);
+/* Registers an adapter every rank has loaded: scheduler, a slot when one is free, registry. */
+int adapters_register(struct engine *e, const char *name, const char *path, char *err,
+                      size_t len);
 /* 0 unloaded, 1 unloading once its running requests finish, -1 failed (err). */
 int adapters_unload(struct engine *e, const char *name, char *err, size_t len);
 /* Whether the adapter is being unloaded (gone for new requests, still on the ranks). */
@@ -215,6 +244,18 @@ void adapters_sync_cached(struct engine *e);
 /* Reloads, from disk, registered adapters that requests wait for and no rank caches. */
 void adapters_reload_wanted(struct engine *e);
 int control_handle(struct engine *e, const struct lora_msg_frames *f);
+
+/* loads.c: runtime loads that finish while the engine steps. */
+/* Sends ADD to every rank; 0: the asker (rid, ctl_id) is answered when it finishes; -1: err. */
+int loads_begin(struct engine *e, const char *name, const char *path, const void *rid,
+                size_t rid_len, uint64_t ctl_id, char *err, size_t len);
+bool loads_pending(const struct engine *e, const char *name);
+/* Records rank r's reply to a load in flight; false when f answers none. */
+bool loads_take_reply(struct engine *e, int r, const struct lora_msg_frames *f);
+/* Finishes the loads every rank has answered, and those past their deadline (the loop). */
+void loads_finish_ready(struct engine *e, uint64_t now_ms);
+/* Fails every load in flight with why (a rank died, the engine stops). */
+void loads_fail_all(struct engine *e, const char *why);
 
 /* frontends.c */
 int frontends_handle(struct engine *e, const struct lora_msg_frames *f);

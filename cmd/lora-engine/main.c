@@ -261,6 +261,7 @@ static void teardown(struct engine *e)
     lora_scheduler_plan_release(&e->plan);
     lora_scheduler_destroy(&e->sched);
     lora_msg_arena_destroy(&e->arena);
+    lora_msg_arena_destroy(&e->load_arena);
     lora_msg_buf_release(&e->out);
     lora_registry_release(&e->startup_seen);
     for (int i = 0; i < e->n_startup_loads; i++)
@@ -285,7 +286,8 @@ static void drain_workers(struct engine *e)
 
     while (lora_sock_recv(e->work, &f, 0, err, sizeof(err)) == 1) {
         workers_heard(e, &f);
-        if (lora_msg_peek_type(f.body, f.body_len, err, sizeof(err)) == LORA_MSG_HELLO)
+        if (!workers_take_load_reply(e, &f) &&
+            lora_msg_peek_type(f.body, f.body_len, err, sizeof(err)) == LORA_MSG_HELLO)
             workers_hello(e, &f, false);
         lora_msg_frames_release(&f);
     }
@@ -335,6 +337,7 @@ static int run(struct engine *e)
         drain_workers(e);
         frontends_heartbeat(e);
         uint64_t now = lora_now_ms();
+        loads_finish_ready(e, now);
         lograte_flush(&e->log_ctl, now);
         lograte_flush(&e->log_front, now);
         lograte_flush(&e->log_hello, now);

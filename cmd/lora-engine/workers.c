@@ -34,6 +34,17 @@ void workers_heard(struct engine *e, const struct lora_msg_frames *f)
     }
 }
 
+bool workers_take_load_reply(struct engine *e, const struct lora_msg_frames *f)
+{
+    char err[64];
+    int r = rank_of(e, f);
+
+    return r >= 0 &&
+           lora_msg_peek_type(f->body, f->body_len, err, sizeof(err)) ==
+               LORA_MSG_ADAPTER_OP_REPLY &&
+           loads_take_reply(e, r, f);
+}
+
 bool workers_can_readmit(const struct engine *e)
 {
     return e->world == 1;
@@ -48,6 +59,7 @@ void workers_mark_dead(struct engine *e, const char *why)
     fprintf(stderr, "lora-engine: error: %s; the engine is unhealthy%s\n", why,
             workers_can_readmit(e) ? " until a new worker takes the rank" : "");
     requests_fail_all(e, why);
+    loads_fail_all(e, why);
 }
 
 /* Rank r went silent: it is dead, and (when the engine can re-admit) a new process may take it. */
@@ -137,6 +149,11 @@ int workers_gather(struct engine *e, enum lora_msg_type type, struct lora_msg_fr
         if (rc == 0)
             continue;
         workers_heard(e, &f);
+        /* A reply to a load in flight is the load's, even while an ADD of our own waits. */
+        if (workers_take_load_reply(e, &f)) {
+            lora_msg_frames_release(&f);
+            continue;
+        }
         int r = reply_rank(e, &f);
         int t = lora_msg_peek_type(f.body, f.body_len, rerr, sizeof(rerr));
         if (r < 0 || t != (int)type || got[r]) {

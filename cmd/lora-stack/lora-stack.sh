@@ -77,8 +77,8 @@ usage: lora-stack up [MODEL] [--run-dir DIR] [--model DIR] [--tp N] [--frontends
                          the programs that list it in their --help
   --host ADDR            HTTP address of the frontends and the exporter (default 127.0.0.1)
   --unhealthy-timeout S  restart the engine and its ranks once the engine has said it is
-                         unhealthy for S seconds while every process runs (default 0:
-                         never; environment LORA_STACK_UNHEALTHY_TIMEOUT)
+                         unhealthy for S seconds while every process runs (default 30;
+                         0: never; environment LORA_STACK_UNHEALTHY_TIMEOUT)
   -h, --help             this help
 Any other option goes to every program that lists it in its --help (for example --max-loras 2
 --max-cpu-loras 3 to the engine, --enable-runtime-lora --lora-root DIR to the frontends).
@@ -97,7 +97,7 @@ else
     RUN_DIR=/tmp/lora-stack-$UID_SELF
 fi
 MODEL="" TP=1 FRONTENDS=1 PORT=8000 METRICS_PORT=9100 HOST=127.0.0.1
-UNHEALTHY_TIMEOUT=${LORA_STACK_UNHEALTHY_TIMEOUT:-0} UNHEALTHY_FROM=--unhealthy-timeout
+UNHEALTHY_TIMEOUT=${LORA_STACK_UNHEALTHY_TIMEOUT:-30} UNHEALTHY_FROM=--unhealthy-timeout
 [ -z "${LORA_STACK_UNHEALTHY_TIMEOUT:-}" ] || UNHEALTHY_FROM=LORA_STACK_UNHEALTHY_TIMEOUT
 MODULES=() PASS=()
 
@@ -450,28 +450,49 @@ restart() {
     write_pids
 }
 
-# start_ticker: a child that exits after HEALTH_POLL_S, which the main loop waits for like the
-# others; then it asks the engine whether it is healthy. None with --unhealthy-timeout 0.
+# start_ticker: a child that the main loop waits for like the others, so that the supervisor
+# never blocks in a command of its own (a stop or a program's exit is seen at once): it sleeps
+# HEALTH_POLL_S, then, with --unhealthy-timeout, asks the engine whether it is healthy (bounded)
+# and exits with the answer; with --unhealthy-timeout 0 it only sleeps (its exit still makes the
+# loop sweep for exits it missed).
 start_ticker() {
-    TICK=""
-    [ "$UNHEALTHY_TIMEOUT" -gt 0 ] && [ -x "$BIN/lora-inspect" ] || return 0
-    sleep "$HEALTH_POLL_S" &
+    if [ "$UNHEALTHY_TIMEOUT" -gt 0 ] && [ -x "$BIN/lora-inspect" ]; then
+        (sleep "$HEALTH_POLL_S" && exec timeout -k 1 10 "$BIN/lora-inspect" health \
+            --run-dir "$RUN_DIR" --timeout-ms 3000 --json > /dev/null 2> "$RUN_DIR/health.err") &
+    else
+        sleep "$HEALTH_POLL_S" &
+    fi
     TICK=$!
 }
 
-# check_health: asks the engine (bounded); once it has not been healthy for UNHEALTHY_TIMEOUT
-# seconds, restarts the engine group. An engine that does not answer at all counts as unhealthy:
-# a live engine that cannot answer its control socket for that long is hung.
-check_health() {
-    local rc=0 why
-    timeout 10 "$BIN/lora-inspect" health --run-dir "$RUN_DIR" --timeout-ms 3000 --json \
-        > /dev/null 2> "$RUN_DIR/health.err" || rc=$?
+# sweep: restarts every program that is gone although no wait reported it. `wait -n` reports
+# each child once, and a child that exits while the supervisor is busy (a restart's backoff, a
+# readmission) can be reaped without being reported to the loop. 1 when it restarted one.
+sweep() {
+    local n rc=0
+    for n in "${!PID[@]}"; do
+        [ "$STOPPING" = 1 ] && return 1
+        kill -0 "${PID[$n]}" 2> /dev/null && continue
+        unset "PID[$n]"
+        restart "$n"
+        UNHEALTHY_SINCE="" rc=1
+    done
+    return $rc
+}
+
+# health RC: the ticker's answer (lora-inspect health's exit status); once the engine has not been
+# healthy for UNHEALTHY_TIMEOUT seconds, restarts the engine group. An engine that does not answer
+# at all counts as unhealthy: a live engine that cannot answer its control socket for that long
+# is hung.
+health() {
+    local rc=$1 why
+    [ "$UNHEALTHY_TIMEOUT" -gt 0 ] || return 0
     if [ "$rc" = 0 ]; then
         [ -z "$UNHEALTHY_SINCE" ] || say "the engine is healthy again"
         UNHEALTHY_SINCE=""
         return 0
     fi
-    why=$(tail -n 1 "$RUN_DIR/health.err")
+    why=$(tail -n 1 "$RUN_DIR/health.err" 2> /dev/null)
     why=${why#lora-inspect: }
     why=${why#*is unhealthy: }
     [ -n "$why" ] || why="lora-inspect health exited $rc"
@@ -554,19 +575,20 @@ supervise() {
     fi
     write_pids
     printf 'ready%s\n' "$urls" > "$RUN_DIR/up.fifo"
-    local exited
+    local exited rc n
     start_ticker
     while :; do
         exited=""
         wait -n -p exited 2> /dev/null
+        rc=$?
         [ "$STOPPING" = 1 ] && break
         [ -n "$exited" ] || continue
         if [ "$exited" = "$TICK" ]; then
-            check_health
+            # An answer from before a restart says nothing about the new engine.
+            sweep && [ "$STOPPING" = 0 ] && health "$rc"
             start_ticker
             continue
         fi
-        local n
         for n in "${!PID[@]}"; do
             if [ "${PID[$n]}" = "$exited" ]; then
                 unset "PID[$n]"
@@ -575,6 +597,8 @@ supervise() {
                 break
             fi
         done
+        # The ticker's own exit can be reaped during a restart too: a new one if it is gone.
+        [ "$STOPPING" = 1 ] || kill -0 "$TICK" 2> /dev/null || start_ticker
     done
 }
 

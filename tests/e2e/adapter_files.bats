@@ -180,7 +180,10 @@ PY
     cp -r "$D/good" "$D/root/stuck"
     load_adapter stuck "$D/root/stuck" &
     loader=$!
+    sleep 0.3 # the load reaches the worker, which holds it for 1.5 s
+    # The engine steps while a load is in flight: a completion answers before the load does.
     still_serves
+    kill -0 "$loader"
     wait "$loader"
     SECONDS=0
     load_adapter stuck "$D/root/stuck"

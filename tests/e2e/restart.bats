@@ -187,6 +187,9 @@ seconds_to_serving() {
     change_at_runtime
     expect_runtime_state
     kill -KILL "$(pid_of worker-1)"
+    s=$(seconds_to_serving)
+    echo "SIGKILL of worker-1 of 2: serving again after $s s" >&3
+    awk -v s="$s" 'BEGIN { exit !(s < 15) }'
     wait_restarted "restarted the engine and its 2 ranks after worker-1 exited; restored: 3 adapters from '$R/adapters.json': doc (pinned), chat, law"
     expect_runtime_state
 }

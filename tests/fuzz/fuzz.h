@@ -1,8 +1,8 @@
 /* fuzz: what the libFuzzer targets of tests/fuzz/ share.
  *
  * Each fuzz_<target>.c defines LLVMFuzzerTestOneInput for one decoder of untrusted input. Most
- * loaders read a path, so an input is written to a file of a private directory under the
- * system's temporary directory (removed at exit) and the loader is called on that path. */
+ * loaders read a path, so an input is written to a file of a private directory under /dev/shm
+ * (else the system's temporary directory; removed at exit) and the loader is called on that path. */
 #ifndef LORA_FUZZ_H
 #define LORA_FUZZ_H
 
