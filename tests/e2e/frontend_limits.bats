@@ -121,10 +121,25 @@ waiting() { # PORT: the engine's waiting requests, from the frontend's /metrics
     [[ "$(jq -r .error.message "$D/unload.body")" == *unloaded* ]]
 }
 
-@test "limits: a stream on an unhealthy engine gets 503 before any 200" {
+@test "limits: a stream cut by a dead rank ends with one 503 error event; a new one gets 503 before any 200" {
     local port
     port=$(cat "$D/port_f2")
+    # A stream that has started when its rank dies: 200, tokens, then vLLM's error event.
+    curl -s -N -D "$D/cut.head" -o "$D/cut.body" -H 'Content-Type: application/json' \
+        -d "{\"model\":\"$D/m\",\"prompt\":\"hello\",\"max_tokens\":500,\"ignore_eos\":true,\"stream\":true}" \
+        "http://127.0.0.1:$port/v1/completions" &
+    local cut=$!
+    for _ in $(seq 1 400); do grep -q '^data: {' "$D/cut.body" 2> /dev/null && break; sleep 0.01; done
+    # Stopped, the rank goes silent mid-stream (declared dead after 3 s), then it is killed.
+    kill -STOP "$(cat "$D/worker.pid")"
+    wait "$cut"
     kill -9 "$(cat "$D/worker.pid")"
+    head -1 "$D/cut.head" | grep -q ' 200'
+    grep '^data: {"error"' "$D/cut.body" > "$D/cut.error"
+    cat "$D/cut.error"
+    [ "$(wc -l < "$D/cut.error")" = 1 ]
+    [ "$(sed 's/^data: //' "$D/cut.error" | jq -r .error.type)" = ServiceUnavailableError ]
+    [ "$(sed 's/^data: //' "$D/cut.error" | jq -r .error.code)" = 503 ]
     for _ in $(seq 1 300); do
         [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$port/health")" = 503 ] &&
             break
