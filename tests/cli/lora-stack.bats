@@ -22,6 +22,7 @@ teardown() {
         "$STACK" down --run-dir "$r" > /dev/null 2>&1 || true
     done
     for p in "${FAKES[@]}"; do
+        pkill -KILL -P "$p" 2> /dev/null || true
         kill -KILL "$p" 2> /dev/null || true
         wait "$p" 2> /dev/null || true
     done
@@ -225,13 +226,15 @@ wait_serving() { # PORT MODEL: waits up to 30 s for a 200
 # ---- the run directory and the health-checked restart
 
 # A fake supervisor: a shell whose command line is "... lora-stack _supervise DIR", asleep, run
-# by USER when given (setpriv execs it, so the pid is the shell's).
+# by USER when given (setpriv execs it, so the pid is the shell's). Its output is not bats'
+# (bats waits for whatever holds that), and teardown kills its sleep with it.
 fake_supervisor() { # DIR [USER]
     local cmd=(bash -c 'sleep 300; :' lora-stack _supervise "$1")
     if [ -n "${2:-}" ]; then
-        setpriv --reuid "$2" --regid "$(id -g "$2")" --clear-groups -- "${cmd[@]}" &
+        setpriv --reuid "$2" --regid "$(id -g "$2")" --clear-groups -- "${cmd[@]}" \
+            > /dev/null 2>&1 3>&- &
     else
-        "${cmd[@]}" &
+        "${cmd[@]}" > /dev/null 2>&1 3>&- &
     fi
     FAKES+=($!)
 }
@@ -351,7 +354,7 @@ fake_supervisor() { # DIR [USER]
 @test "down signals only this run directory's supervisor, never another process that supervisor.pid names" {
     local r=$BATS_TEST_TMPDIR/run other=$BATS_TEST_TMPDIR/other p
     mkdir -m 0700 "$r" "$other"
-    sleep 300 &
+    sleep 300 > /dev/null 2>&1 3>&- &
     FAKES+=($!)
     fake_supervisor "$other"
     # One of another user's, naming this very run directory.
