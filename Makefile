@@ -32,8 +32,10 @@ $(info lora-stack: CUDA=$(CUDA) -> $(if $(filter 1,$(CUDA_ON)),cuda kernels on,c
 WARN := -Wall -Wextra -Wshadow -Wvla -Wpointer-arith -Wstrict-prototypes -Wmissing-prototypes \
         -Wformat=2 -Wundef -Wcast-align -Wwrite-strings -Wno-unused-parameter -Wno-missing-field-initializers
 CFLAGS ?= -O2 -g
-CFLAGS += -std=c11 -D_GNU_SOURCE -march=x86-64-v2 -mavx2 -mfma -fopenmp $(WARN) -MMD -MP \
-          -Ilib -Ikernels
+CFLAGS += -std=c11 -D_GNU_SOURCE -march=x86-64-v2 $(WARN) -MMD -MP -Ilib -I.
+# The CPU backend alone is built for AVX2+FMA and threaded with OpenMP: nothing else depends on
+# either (docs/design.md, "Layers").
+CPU_BACKEND_CFLAGS := -mavx2 -mfma -fopenmp
 LDLIBS += -lopenblas -ljansson -lmsgpackc -lzmq -lmicrohttpd -lpcre2-8 -lutf8proc -lm -lpthread
 LDFLAGS += -fopenmp
 ifneq ($(SANITIZE),)
@@ -41,7 +43,7 @@ CFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=u
 LDFLAGS += -fsanitize=$(SANITIZE)
 endif
 
-NVCCFLAGS ?= -O2 -std=c++17 -Ilib -Ikernels
+NVCCFLAGS ?= -O2 -std=c++17 -Ilib -I.
 ifeq ($(CUDA_ON),1)
 # nvcc may be a wrapper script on the PATH: ask it where its own runtime libraries are.
 ifeq ($(origin CUDA_LIBDIR),undefined)
@@ -58,8 +60,9 @@ endif
 
 PROGRAMS := $(sort $(notdir $(patsubst %/,%,$(dir $(wildcard cmd/*/*.c)))))
 SCRIPT_SRC := $(wildcard cmd/*/*.sh)
-LIB_SRC  := $(wildcard lib/*.c) $(wildcard kernels/cpu/*.c) $(wildcard kernels/*.c)
-CUDA_SRC := $(if $(filter 1,$(CUDA_ON)),$(wildcard kernels/cuda/*.cu))
+LIB_SRC  := $(wildcard lib/*/*.c) $(wildcard backend/*.c) $(wildcard backend/cpu/*.c) \
+            $(wildcard backend/ref/*.c)
+CUDA_SRC := $(if $(filter 1,$(CUDA_ON)),$(wildcard backend/cuda/*.cu))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CUDA_SRC:%.cu=$(BUILD)/%.cu.o)
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNITS    := $(UNIT_SRC:%.c=$(BUILD)/%)
@@ -89,6 +92,15 @@ $(BUILD)/liblora.a: $(LIB_OBJ)
 $(BUILD)/%.o: %.c
 	@mkdir -p $(@D)
 	$(CC) $(CFLAGS) -c $< -o $@
+
+$(BUILD)/backend/cpu/%.o: backend/cpu/%.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) $(CPU_BACKEND_CFLAGS) -c $< -o $@
+
+# Also threaded: the synthetic-model writer (chunks of random weights in parallel) and the
+# benchmarks, which measure the machine's bandwidth and FMA peak with the backend's own flags.
+$(BUILD)/lib/runtime/synthetic.o: CFLAGS += -fopenmp
+$(BUILD)/tests/bench/%.o: CFLAGS += $(CPU_BACKEND_CFLAGS)
 
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(@D)
@@ -159,10 +171,10 @@ FUZZ_BUILD   := build/fuzz
 FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
 FUZZ_CFLAGS  := -O1 -g -std=c11 -D_GNU_SOURCE -march=x86-64-v2 -mavx2 -mfma -fopenmp $(WARN) \
                 -Wno-format-nonliteral -Wno-string-concatenation -Wno-cast-align \
-                -MMD -MP -Ilib -Ikernels -Itests/fuzz $(FUZZ_SAN) -fsanitize=fuzzer-no-link
+                -MMD -MP -Ilib -I. -Itests/fuzz $(FUZZ_SAN) -fsanitize=fuzzer-no-link
 FUZZ_SRC     := $(filter-out tests/fuzz/fuzz_util.c,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_TARGETS := $(FUZZ_SRC:tests/fuzz/%.c=$(FUZZ_BUILD)/%)
-FUZZ_LIB_OBJ := $(patsubst %.c,$(FUZZ_BUILD)/%.o,$(filter-out kernels/cuda/%,$(LIB_SRC)))
+FUZZ_LIB_OBJ := $(patsubst %.c,$(FUZZ_BUILD)/%.o,$(filter-out backend/cuda/%,$(LIB_SRC)))
 # fuzz_http links the frontend's routing and parsing: cmd/lora-frontend but main.c and link.c.
 FUZZ_FRONTEND_SRC := $(filter-out cmd/lora-frontend/main.c cmd/lora-frontend/link.c, \
                      $(wildcard cmd/lora-frontend/*.c))
@@ -176,7 +188,6 @@ $(FUZZ_BUILD)/liblora.a: $(FUZZ_LIB_OBJ)
 	$(AR) rcs $@ $^
 
 $(FUZZ_BUILD)/fuzz_http: $(FUZZ_FRONTEND_OBJ)
-$(FUZZ_BUILD)/tests/fuzz/fuzz_http.o: FUZZ_CFLAGS += -Icmd/lora-frontend
 $(FUZZ_TARGETS): $(FUZZ_BUILD)/%: $(FUZZ_BUILD)/tests/fuzz/%.o \
                  $(FUZZ_BUILD)/tests/fuzz/fuzz_util.o $(FUZZ_BUILD)/liblora.a
 	$(FUZZ_CC) -fopenmp $(FUZZ_SAN) -fsanitize=fuzzer $(filter %.o,$^) $(FUZZ_BUILD)/liblora.a \
@@ -206,6 +217,6 @@ format:
 clean:
 	rm -rf build
 
--include $(wildcard $(FUZZ_BUILD)/lib/*.d $(FUZZ_BUILD)/kernels/*.d $(FUZZ_BUILD)/kernels/*/*.d \
+-include $(wildcard $(FUZZ_BUILD)/lib/*/*.d $(FUZZ_BUILD)/backend/*.d $(FUZZ_BUILD)/backend/*/*.d \
     $(FUZZ_BUILD)/cmd/*/*.d $(FUZZ_BUILD)/tests/fuzz/*.d)
 -include $(LIB_OBJ:.o=.d) $(UNITS:=.d) $(FIXTURE_OBJ:.o=.d) $(BENCHES:=.d) $(TOOLS:=.d) $(patsubst %.c,$(BUILD)/%.d,$(wildcard cmd/*/*.c))

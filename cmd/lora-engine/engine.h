@@ -9,11 +9,11 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "generation_config.h"
-#include "protocol.h"
-#include "registry_file.h"
-#include "scheduler.h"
-#include "sock.h"
+#include "runtime/generation_config.h"
+#include "wire/msg.h"
+#include "sched/registry_file.h"
+#include "sched/scheduler.h"
+#include "wire/sock.h"
 
 #define EXIT_USAGE 100
 #define EXIT_SYSTEM 111

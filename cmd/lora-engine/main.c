@@ -20,12 +20,12 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "base/cli.h"
 #include "engine.h"
-#include "kv_cache.h"
-#include "lora_module.h"
-#include "model_config.h"
-#include "run_dir.h"
+#include "runtime/kv_cache.h"
+#include "base/lora_module.h"
+#include "runtime/model_config.h"
+#include "base/run_dir.h"
 
 void engine_limits(const struct engine *e, struct lora_msg_limits *l)
 {
@@ -68,7 +68,7 @@ static int open_sockets(struct engine *e, const char *run_dir, const char **eps,
     return 0;
 }
 
-static int check_modules(const struct lora_opt_list *mods, char *err, size_t len)
+static int check_modules(const struct lora_cli_opt_list *mods, char *err, size_t len)
 {
     struct lora_module m;
     for (int i = 0; i < mods->n; i++)
@@ -133,7 +133,7 @@ static void list_add(char *list, size_t cap, const char *name, bool pinned)
  * module the file has taken in and that is no longer registered was unloaded at run time and
  * stays unloaded. A new start-up module that cannot be loaded fails start-up (exit 1). */
 static int restore_adapters(struct engine *e, const struct lora_registry *file, bool had_file,
-                            const struct lora_opt_list *mods, char *err, size_t len)
+                            const struct lora_cli_opt_list *mods, char *err, size_t len)
 {
     char done[2048] = "", why[800];
     int n_done = 0, n_failed = 0;
@@ -369,14 +369,14 @@ int main(int argc, char **argv)
     };
     const char *eps[4] = {NULL}, *run_dir = NULL, *registry = NULL;
     struct lora_registry file = {0};
-    struct lora_opt_list mods = {0};
+    struct lora_cli_opt_list mods = {0};
     long tp = 1, idx = 0, max_loras = 4, max_cpu = 0, max_rank = 64, bs = 16, blocks = 0;
     long kv_bytes = 256L << 20, mbt = 512, mns = 64, mml = 0, idle = 100, startup = 120000, maxreq = 1024;
     long publish_ms = 1000, seed = 0;
     const char *gen_source = "auto";
     double kv_fraction = 0;
     bool help = false, version = false;
-    const struct lora_opt options[] = {
+    const struct lora_cli_opt options[] = {
         {"model", LORA_OPT_STRING, &e.model, "DIR", "Hugging Face model directory"},
         {"run-dir", LORA_OPT_STRING, &run_dir, "DIR", "put the ipc sockets in DIR"},
         {"frontend-endpoint", LORA_OPT_STRING, &eps[0], "EP", "bind frontends here"},

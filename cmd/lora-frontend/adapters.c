@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include "frontend.h"
-#include "lora_module.h"
-#include "path_confine.h"
+#include "base/lora_module.h"
+#include "base/path_confine.h"
 
 #define LOAD_TIMEOUT_MS   120000 /* reading an adapter from a slow disk on every rank */
 #define UNLOAD_TIMEOUT_MS 600000 /* waits for the requests that still run on it */
@@ -129,7 +129,7 @@ void adapters_unload(struct frontend *fe, struct lora_http_request *req, json_t 
     answer_success(fe, req, name, false);
 }
 
-int adapters_load_modules(struct frontend *fe, const struct lora_opt_list *mods, char *err,
+int adapters_load_modules(struct frontend *fe, const struct lora_cli_opt_list *mods, char *err,
                           size_t err_len)
 {
     for (int i = 0; i < mods->n; i++) {

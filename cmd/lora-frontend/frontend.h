@@ -15,14 +15,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "chat_template.h"
-#include "generation_config.h"
-#include "cli.h"
-#include "exposition.h"
-#include "http.h"
-#include "metrics_state.h"
-#include "protocol.h"
-#include "tokenizer.h"
+#include "text/chat_template.h"
+#include "runtime/generation_config.h"
+#include "base/cli.h"
+#include "metrics/exposition.h"
+#include "http/http.h"
+#include "metrics/metrics_state.h"
+#include "wire/msg.h"
+#include "text/tokenizer.h"
 
 #define EXIT_USAGE  100
 #define EXIT_SYSTEM 111
@@ -73,8 +73,8 @@ struct fe_pending;
  * thread applying messages) before queue_mu (held only to link or unlink the queue). */
 struct fe_metrics {
     pthread_mutex_t mu;
-    struct lora_mstate *state; /* under mu */
-    struct lora_expo w;        /* under mu; kept across scrapes: its buffers keep their size */
+    struct lora_metrics_state *state; /* under mu */
+    struct lora_exposition w;        /* under mu; kept across scrapes: its buffers keep their size */
     int engine_src, self_src;  /* the state's sources: the engine's publish socket, us */
     uint64_t n_malformed;      /* under mu: messages refused, for the warning's rate limit */
     long test_render_delay_ms; /* LORA_FRONTEND_TEST_RENDER_DELAY_MS, for the tests: 0 */
@@ -210,7 +210,7 @@ void generate_chat(struct frontend *fe, struct lora_http_request *req, json_t *b
 void adapters_load(struct frontend *fe, struct lora_http_request *req, json_t *body);
 void adapters_unload(struct frontend *fe, struct lora_http_request *req, json_t *body);
 /* Loads the --lora-modules adapters the engine does not hold yet. */
-int adapters_load_modules(struct frontend *fe, const struct lora_opt_list *mods, char *err,
+int adapters_load_modules(struct frontend *fe, const struct lora_cli_opt_list *mods, char *err,
                           size_t err_len);
 
 /* reply.c */

@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "errbuf.h"
+#include "base/errbuf.h"
 #include "frontend.h"
 #include "params.h"
 

@@ -21,9 +21,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "errbuf.h"
+#include "base/errbuf.h"
 #include "frontend.h"
-#include "sock.h"
+#include "wire/sock.h"
 
 #define HELLO_EVERY_MS 1000
 #define TABLE_SIZE     1024

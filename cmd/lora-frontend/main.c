@@ -19,11 +19,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "base/cli.h"
 #include "frontend.h"
 #include "params.h"
-#include "run_dir.h"
-#include "sock.h"
+#include "base/run_dir.h"
+#include "wire/sock.h"
 
 struct setup_args {
     struct frontend *fe;
@@ -141,11 +141,11 @@ int main(int argc, char **argv)
     const char *run_dir = NULL, *engine_ep = NULL, *control_ep = NULL, *publish_ep = NULL;
     const char *engine_pub_ep = NULL, *lora_info = "resident";
     const char *host = "127.0.0.1", *chat_name = NULL, *lora_root = NULL, *gen_source = "auto";
-    struct lora_opt_list mods = {0};
+    struct lora_cli_opt_list mods = {0};
     long port = 8000, max_body = 16L << 20, max_conn = 1024, timeout_s = 60, wait_ms = 60000;
     long max_pending = 4096, request_timeout_s = 30, per_ip = 256, body_memory = 32L << 20;
     bool help = false, version = false, runtime = false;
-    const struct lora_opt options[] = {
+    const struct lora_cli_opt options[] = {
         {"run-dir", LORA_OPT_STRING, &run_dir, "DIR", "the engine's ipc sockets are in DIR"},
         {"engine-endpoint", LORA_OPT_STRING, &engine_ep, "EP",
          "the engine's frontend socket (default ipc://DIR/frontend.sock)"},

@@ -1,10 +1,10 @@
 /* lora-frontend: GET /metrics on the API port, the whole exposition that lora-metrics serves
  * (routers scrape the inference port, as vLLM serves /metrics there).
  *
- * The model is a struct lora_mstate, fed by the link thread from two sources: the engine's
+ * The model is a struct lora_metrics_state, fed by the link thread from two sources: the engine's
  * publish socket (a SUB socket the link thread owns, with a monitor for its disconnections)
  * and this frontend's own request_stats, applied directly instead of through a socket. The
- * HTTP thread of a scrape renders it with lib/metrics_render into one writer kept across
+ * HTTP thread of a scrape renders it with lib/metrics/metrics_render into one writer kept across
  * scrapes, under fm->mu, as lora-metrics does.
  *
  * The request path never waits behind a render: HTTP threads never take fm->mu except to
@@ -26,8 +26,8 @@
 #include <time.h>
 
 #include "frontend.h"
-#include "metrics_render.h"
-#include "sock.h"
+#include "metrics/metrics_render.h"
+#include "wire/sock.h"
 
 #define METRICS_MAX_PENDING 4096
 
@@ -42,7 +42,7 @@ struct fe_pending {
 
 int metrics_init(struct fe_metrics *fm, bool inflight, char *err, size_t err_len)
 {
-    struct lora_mstate_options so = {
+    struct lora_metrics_state_options so = {
         .inflight = inflight,
         .engine_timeout_ms = FE_METRICS_ENGINE_TIMEOUT_MS,
     };
@@ -56,17 +56,17 @@ int metrics_init(struct fe_metrics *fm, bool inflight, char *err, size_t err_len
     fm->test_render_delay_ms = delay ? strtol(delay, NULL, 10) : 0;
     if (fm->test_render_delay_ms < 0 || fm->test_render_delay_ms > 10000)
         fm->test_render_delay_ms = 0;
-    fm->state = lora_mstate_new(&so);
+    fm->state = lora_metrics_state_new(&so);
     if (!fm->state)
         goto fail;
-    fm->engine_src = lora_mstate_add_source(fm->state, "engine", LORA_SOURCE_ENGINE);
-    fm->self_src = lora_mstate_add_source(fm->state, "this frontend", LORA_SOURCE_FRONTEND);
+    fm->engine_src = lora_metrics_state_add_source(fm->state, "engine", LORA_SOURCE_ENGINE);
+    fm->self_src = lora_metrics_state_add_source(fm->state, "this frontend", LORA_SOURCE_FRONTEND);
     if (fm->engine_src < 0 || fm->self_src < 0)
         goto fail;
     return 0;
 fail:
     snprintf(err, err_len, "unable to set up /metrics: out of memory");
-    lora_mstate_destroy(&fm->state);
+    lora_metrics_state_destroy(&fm->state);
     return -1;
 }
 
@@ -78,8 +78,8 @@ void metrics_release(struct fe_metrics *fm)
     }
     fm->head = fm->tail = NULL;
     fm->n_pending = 0;
-    lora_mstate_destroy(&fm->state);
-    lora_expo_release(&fm->w);
+    lora_metrics_state_destroy(&fm->state);
+    lora_exposition_release(&fm->w);
 }
 
 void metrics_set_model_name(struct fe_metrics *fm, const char *name)
@@ -95,10 +95,10 @@ static void apply_locked(struct fe_metrics *fm, int source, const void *body, si
     char err[512];
 
     if (!body) {
-        lora_mstate_source_lost(fm->state, source, lora_now_ms());
+        lora_metrics_state_source_lost(fm->state, source, lora_now_ms());
         return;
     }
-    if (lora_mstate_apply(fm->state, source, body, len, lora_now_ms(), err, sizeof(err)) < 0 &&
+    if (lora_metrics_state_apply(fm->state, source, body, len, lora_now_ms(), err, sizeof(err)) < 0 &&
         fm->n_malformed++ % LORA_SOCK_LOG_EVERY == 0)
         fprintf(stderr, "lora-frontend: warning: /metrics dropped a message (%llu so far): %s\n",
                 (unsigned long long)fm->n_malformed, err);
@@ -215,8 +215,8 @@ void metrics_report(struct fe_metrics *fm)
 bool metrics_engine_ready(struct fe_metrics *fm, int engine_index)
 {
     pthread_mutex_lock(&fm->mu);
-    const struct lora_mstate_engine *e = lora_mstate_engine(fm->state, engine_index);
-    bool ok = e && lora_mstate_engine_shows_gauges(fm->state, e, lora_now_ms());
+    const struct lora_metrics_state_engine *e = lora_metrics_state_engine(fm->state, engine_index);
+    bool ok = e && lora_metrics_state_engine_shows_gauges(fm->state, e, lora_now_ms());
     pthread_mutex_unlock(&fm->mu);
     return ok;
 }
@@ -229,11 +229,11 @@ void metrics_serve(struct fe_metrics *fm, struct lora_http_request *req)
 
     pthread_mutex_lock(&fm->mu);
     drain_locked(fm); /* what the link received before this scrape */
-    lora_expo_reset(&fm->w);
+    lora_exposition_reset(&fm->w);
     lora_metrics_render(fm->state, &fm->w, fe_now(), lora_now_ms());
-    const char *body = lora_expo_text(&fm->w, &len, err, sizeof(err));
+    const char *body = lora_exposition_text(&fm->w, &len, err, sizeof(err));
     if (body)
-        lora_http_respond(req, 200, LORA_EXPO_CONTENT_TYPE, body, len); /* copies the body */
+        lora_http_respond(req, 200, LORA_EXPOSITION_CONTENT_TYPE, body, len); /* copies the body */
     if (fm->test_render_delay_ms > 0)
         nanosleep(&(struct timespec){fm->test_render_delay_ms / 1000,
                                      fm->test_render_delay_ms % 1000 * 1000000L},

@@ -12,7 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "errbuf.h"
+#include "base/errbuf.h"
 
 int params_int(json_t *body, const char *key, long long lo, long long hi, long long *out,
                char *err, size_t err_len)

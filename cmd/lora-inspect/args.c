@@ -1,4 +1,4 @@
-/* lora-inspect: the options every command shares. lib/cli reads the environment and the command
+/* lora-inspect: the options every command shares. lib/base/cli reads the environment and the command
  * line into one table, so a format flag from each would look like two flags given together; the
  * environment is therefore parsed on its own first, and what the command line sets wins. */
 #include <ctype.h>
@@ -37,7 +37,7 @@ void args_init(struct common_opts *c)
     c->timeout_ms = INSPECT_TIMEOUT_MS;
 }
 
-static void usage(FILE *out, const struct cmd_info *ci, const struct lora_opt *opts)
+static void usage(FILE *out, const struct cmd_info *ci, const struct lora_cli_opt *opts)
 {
     fprintf(out, "usage: lora-inspect %s %s\n\n%s\n\noptions:\n", ci->name, ci->synopsis,
             ci->about);
@@ -82,10 +82,10 @@ static void clear_formats(struct common_opts *c)
     c->table = c->json = c->tsv = c->msgpack = false;
 }
 
-int args_parse(const struct cmd_info *ci, const struct lora_opt *opts, int argc, char **argv,
+int args_parse(const struct cmd_info *ci, const struct lora_cli_opt *opts, int argc, char **argv,
                struct common_opts *c)
 {
-    struct lora_opt_list saved[8];
+    struct lora_cli_opt_list saved[8];
     int n_lists = 0;
     const char *names[2];
     enum out_format env_format = OUT_JSON, cli_format = OUT_JSON;
@@ -102,20 +102,20 @@ int args_parse(const struct cmd_info *ci, const struct lora_opt *opts, int argc,
         goto usage_error;
     }
     clear_formats(c);
-    for (const struct lora_opt *o = opts; o->name; o++) {
+    for (const struct lora_cli_opt *o = opts; o->name; o++) {
         if (o->kind != LORA_OPT_LIST || n_lists == 8)
             continue;
-        struct lora_opt_list *l = o->dst;
+        struct lora_cli_opt_list *l = o->dst;
         saved[n_lists++] = *l;
         l->n = 0;
     }
     if (lora_cli_parse(opts, NULL, argc, argv, 1, err, sizeof(err)) < 0)
         goto usage_error;
     n_lists = 0;
-    for (const struct lora_opt *o = opts; o->name; o++) {
+    for (const struct lora_cli_opt *o = opts; o->name; o++) {
         if (o->kind != LORA_OPT_LIST || n_lists == 8)
             continue;
-        struct lora_opt_list *l = o->dst;
+        struct lora_cli_opt_list *l = o->dst;
         if (l->n == 0)
             *l = saved[n_lists];
         n_lists++;

@@ -1,7 +1,7 @@
 /* lora-inspect: one request on the engine's control socket (man/lora-engine.1, CONTROL).
  *
  * A DEALER connects to the engine's ROUTER and sends ["LORA1", control {id, op}]. DEALER queues
- * only to completed connections (ZMQ_IMMEDIATE, lib/sock.h), so the send is retried until the
+ * only to completed connections (ZMQ_IMMEDIATE, lib/wire/sock.h), so the send is retried until the
  * connection is up; then the reply with our id is awaited. One deadline, timeout_ms after the
  * start, bounds both. While waiting, a heartbeat goes out after every
  * LORA_HEARTBEAT_INTERVAL_MS without sending, as every peer must (DESIGN section 4); heartbeats
@@ -14,7 +14,7 @@
 #include <time.h>
 
 #include "inspect.h"
-#include "sock.h"
+#include "wire/sock.h"
 
 #define CONNECT_RETRY_MS 10 /* between tries to send while the connection is not up */
 

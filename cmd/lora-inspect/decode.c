@@ -159,7 +159,7 @@ int cmd_decode(int argc, char **argv)
 {
     struct common_opts c;
     args_init(&c);
-    const struct lora_opt options[] = {OPT_FORMATS(&c), OPT_HELP(&c), {0}};
+    const struct lora_cli_opt options[] = {OPT_FORMATS(&c), OPT_HELP(&c), {0}};
     struct decoder d = {0};
     struct out o;
 

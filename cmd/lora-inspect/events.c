@@ -31,7 +31,7 @@
 #include <time.h>
 
 #include "inspect.h"
-#include "sock.h"
+#include "wire/sock.h"
 
 #define SILENT_INTERVALS 3 /* publication intervals of silence before a warning */
 #define MAX_POLL_MS      1000
@@ -54,7 +54,7 @@ struct events {
     struct out *o;
     const char *endpoint;
     bool follow;
-    const struct lora_opt_list *topics; /* printed; all when empty */
+    const struct lora_cli_opt_list *topics; /* printed; all when empty */
     struct lora_msg_arena *arena;
     bool config_seen, registry_seen, stats_seen;
     int world; /* ranks, from config; 0 until then */
@@ -295,11 +295,11 @@ static int run(struct events *ev, struct lora_sock *sub, int sig_fd, long timeou
 int cmd_events(int argc, char **argv)
 {
     struct common_opts c;
-    struct lora_opt_list topics = {0};
+    struct lora_cli_opt_list topics = {0};
     long interval_ms = 1000;
     bool follow = false;
     args_init(&c);
-    const struct lora_opt options[] = {
+    const struct lora_cli_opt options[] = {
         OPT_RUN_DIR(&c),
         OPT_PUBLISH_ENDPOINT(&c),
         {"follow", LORA_OPT_FLAG, &follow, NULL, "run until SIGINT or SIGTERM"},

@@ -22,8 +22,8 @@
 
 #include <jansson.h>
 
-#include "cli.h"
-#include "protocol.h"
+#include "base/cli.h"
+#include "wire/msg.h"
 
 #define EXIT_NO     1
 #define EXIT_USAGE  100
@@ -102,7 +102,7 @@ void args_init(struct common_opts *c);
  * Resolves c->format (two format flags from one source are a usage error).
  * Returns 0 to go on, 1 when --help was printed (exit 0), or -1 after printing a usage error
  * (exit EXIT_USAGE). */
-int args_parse(const struct cmd_info *ci, const struct lora_opt *opts, int argc, char **argv,
+int args_parse(const struct cmd_info *ci, const struct lora_cli_opt *opts, int argc, char **argv,
                struct common_opts *c);
 
 /* The endpoint to connect to: given when set, else ipc://RUN_DIR/SOCK_NAME in buf, RUN_DIR being

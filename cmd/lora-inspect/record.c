@@ -129,7 +129,7 @@ static int ask(const struct cmd_info *ci, enum lora_control_op op, int argc, cha
     char err[1024];
 
     args_init(c);
-    const struct lora_opt options[] = {
+    const struct lora_cli_opt options[] = {
         OPT_RUN_DIR(c),    OPT_CONTROL_ENDPOINT(c),
         OPT_TIMEOUT_MS(c), OPT_FORMATS(c),
         OPT_HELP(c),       {0},

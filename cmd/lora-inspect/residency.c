@@ -275,7 +275,7 @@ int cmd_residency(int argc, char **argv)
 {
     struct common_opts c;
     args_init(&c);
-    const struct lora_opt options[] = {
+    const struct lora_cli_opt options[] = {
         OPT_RUN_DIR(&c),    OPT_CONTROL_ENDPOINT(&c),
         OPT_TIMEOUT_MS(&c), OPT_FORMATS(&c),
         OPT_HELP(&c),       {0},

@@ -8,14 +8,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
+#include "base/cli.h"
 #include "metrics.h"
-#include "run_dir.h"
+#include "base/run_dir.h"
 
 #define DEFAULT_ENGINE_TIMEOUT_MS 5000 /* also the longest wait for the ready line when 0 */
 
 /* Where a string option's value came from, for its error: the variable when the value is the
- * environment's own (lib/cli keeps getenv()'s pointer), else the option. */
+ * environment's own (lib/base/cli keeps getenv()'s pointer), else the option. */
 static const char *origin(const char *value, const char *option, const char *var)
 {
     return value && value == getenv(var) ? var : option;
@@ -60,8 +60,8 @@ static bool already(const struct metrics *m, const char *ep)
     return false;
 }
 
-static int add_sources(struct metrics *m, const struct lora_opt_list *l,
-                       enum lora_mstate_source_kind kind, char *err, size_t err_len)
+static int add_sources(struct metrics *m, const struct lora_cli_opt_list *l,
+                       enum lora_metrics_state_source_kind kind, char *err, size_t err_len)
 {
     for (int i = 0; i < l->n; i++) {
         if (!*l->items[i]) {
@@ -82,12 +82,12 @@ static int add_sources(struct metrics *m, const struct lora_opt_list *l,
 int main(int argc, char **argv)
 {
     static struct metrics m;
-    struct lora_opt_list engines = {0}, frontends = {0};
+    struct lora_cli_opt_list engines = {0}, frontends = {0};
     const char *run_dir = NULL, *listen = "127.0.0.1:9100", *lora_info = "resident";
     const char *model_name = NULL, *served_name = NULL;
     long timeout_ms = DEFAULT_ENGINE_TIMEOUT_MS;
     bool help = false, version = false, use_stdin = false;
-    const struct lora_opt options[] = {
+    const struct lora_cli_opt options[] = {
         {"engine", LORA_OPT_LIST, &engines, "EP",
          "subscribe to an engine's publish socket (repeatable)"},
         {"frontend", LORA_OPT_LIST, &frontends, "EP",
@@ -156,7 +156,7 @@ int main(int argc, char **argv)
     }
     if (run_dir && lora_run_dir_check(run_dir, err, sizeof(err)) < 0)
         goto usage;
-    struct lora_opt_list from_run_dir = {.items = {m.run_dir_ep}, .n = run_dir ? 1 : 0};
+    struct lora_cli_opt_list from_run_dir = {.items = {m.run_dir_ep}, .n = run_dir ? 1 : 0};
     if (run_dir)
         snprintf(m.run_dir_ep, sizeof(m.run_dir_ep), "ipc://%s/publish.sock", run_dir);
     if (add_sources(&m, &from_run_dir, LORA_SOURCE_ENGINE, err, sizeof(err)) < 0 ||
@@ -168,7 +168,7 @@ int main(int argc, char **argv)
         goto usage;
     }
 
-    struct lora_mstate_options so = {
+    struct lora_metrics_state_options so = {
         .inflight = strcmp(lora_info, "inflight") == 0,
         .model_name = model_name,
         .engine_timeout_ms = (uint64_t)timeout_ms,
@@ -189,7 +189,7 @@ int main(int argc, char **argv)
     pthread_mutex_init(&m.mu, NULL);
     m.use_stdin = use_stdin;
     m.sig_fd = lora_signal_pipe_open(sigs, 2);
-    m.state = lora_mstate_new(&so);
+    m.state = lora_metrics_state_new(&so);
     m.zctx = zmq_ctx_new();
     if (m.sig_fd < 0 || !m.state || !m.zctx) {
         fprintf(stderr, "lora-metrics: fatal: unable to start: %s\n", strerror(errno));
@@ -214,7 +214,7 @@ out:
     sources_close(&m);
     if (m.zctx)
         zmq_ctx_term(m.zctx);
-    lora_mstate_destroy(&m.state);
+    lora_metrics_state_destroy(&m.state);
     if (m.sig_fd >= 0)
         lora_signal_pipe_close(m.sig_fd);
     return rc;

@@ -13,11 +13,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "exposition.h"
-#include "http.h"
-#include "metrics_render.h"
-#include "metrics_state.h"
-#include "sock.h"
+#include "metrics/exposition.h"
+#include "http/http.h"
+#include "metrics/metrics_render.h"
+#include "metrics/metrics_state.h"
+#include "wire/sock.h"
 
 #define EXIT_USAGE  100
 #define EXIT_SYSTEM 111
@@ -27,7 +27,7 @@
 /* One endpoint subscribed to; its socket watches its connection's breaks. */
 struct metrics_source {
     const char *endpoint; /* borrowed from argv or the environment, or m->run_dir_ep */
-    enum lora_mstate_source_kind kind;
+    enum lora_metrics_state_source_kind kind;
     int id;               /* the state's source id */
     struct lora_sock *sock;
     uint64_t n_logged;    /* malformed messages logged, for the rate limit */
@@ -35,7 +35,7 @@ struct metrics_source {
 
 struct metrics {
     pthread_mutex_t mu;
-    struct lora_mstate *state; /* under mu */
+    struct lora_metrics_state *state; /* under mu */
     void *zctx;
     int sig_fd;
     struct metrics_source src[METRICS_MAX_SOURCES];

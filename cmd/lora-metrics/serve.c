@@ -24,16 +24,16 @@ static void text(struct lora_http_request *r, unsigned status, const char *body)
 static void metrics(struct metrics *m, struct lora_http_request *r)
 {
     static int logged;
-    static struct lora_expo w; /* under m->mu; zeroed is as after lora_expo_init */
+    static struct lora_exposition w; /* under m->mu; zeroed is as after lora_exposition_init */
     char err[256];
     size_t len;
 
     pthread_mutex_lock(&m->mu);
-    lora_expo_reset(&w);
+    lora_exposition_reset(&w);
     lora_metrics_render(m->state, &w, unix_now(), lora_now_ms());
-    const char *body = lora_expo_text(&w, &len, err, sizeof(err));
+    const char *body = lora_exposition_text(&w, &len, err, sizeof(err));
     if (body)
-        lora_http_respond(r, 200, LORA_EXPO_CONTENT_TYPE, body, len); /* copies the body */
+        lora_http_respond(r, 200, LORA_EXPOSITION_CONTENT_TYPE, body, len); /* copies the body */
     pthread_mutex_unlock(&m->mu);
     if (!body) {
         if (!__atomic_exchange_n(&logged, 1, __ATOMIC_RELAXED))
@@ -47,7 +47,7 @@ static void health(struct metrics *m, struct lora_http_request *r)
     char buf[8192];
 
     pthread_mutex_lock(&m->mu);
-    bool ok = lora_mstate_health(m->state, lora_now_ms(), buf, sizeof(buf));
+    bool ok = lora_metrics_state_health(m->state, lora_now_ms(), buf, sizeof(buf));
     pthread_mutex_unlock(&m->mu);
     text(r, ok ? 200 : 503, buf);
 }

@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #include "metrics.h"
-#include "protocol.h"
+#include "wire/msg.h"
 
 #define DRAIN_MAX 256 /* messages taken from one socket before the others get a turn */
 
@@ -33,7 +33,7 @@ static void apply(struct metrics *m, struct metrics_source *s, int id, const cha
     char err[512];
 
     pthread_mutex_lock(&m->mu);
-    int rc = lora_mstate_apply(m->state, id, body, len, lora_now_ms(), err, sizeof(err));
+    int rc = lora_metrics_state_apply(m->state, id, body, len, lora_now_ms(), err, sizeof(err));
     pthread_mutex_unlock(&m->mu);
     if (rc < 0)
         warn_malformed(s, name, err);
@@ -42,7 +42,7 @@ static void apply(struct metrics *m, struct metrics_source *s, int id, const cha
 int sources_open(struct metrics *m, char *err, size_t err_len)
 {
     if (m->use_stdin) {
-        m->stdin_id = lora_mstate_add_source(m->state, "stdin", LORA_SOURCE_STDIN);
+        m->stdin_id = lora_metrics_state_add_source(m->state, "stdin", LORA_SOURCE_STDIN);
         if (m->stdin_id < 0 || fcntl(0, F_SETFL, fcntl(0, F_GETFL) | O_NONBLOCK) < 0) {
             snprintf(err, err_len, "unable to read standard input: %s", strerror(errno));
             return -1;
@@ -50,7 +50,7 @@ int sources_open(struct metrics *m, char *err, size_t err_len)
     }
     for (int i = 0; i < m->n_src; i++) {
         struct metrics_source *s = &m->src[i];
-        s->id = lora_mstate_add_source(m->state, s->endpoint, s->kind);
+        s->id = lora_metrics_state_add_source(m->state, s->endpoint, s->kind);
         if (s->id < 0) {
             snprintf(err, err_len, "too many sources");
             return -1;
@@ -74,7 +74,7 @@ static void monitor_event(struct metrics *m, struct metrics_source *s)
     if (!lora_sock_disconnected(s->sock))
         return;
     pthread_mutex_lock(&m->mu);
-    lora_mstate_source_lost(m->state, s->id, lora_now_ms());
+    lora_metrics_state_source_lost(m->state, s->id, lora_now_ms());
     pthread_mutex_unlock(&m->mu);
     fprintf(stderr, "lora-metrics: note: '%s' disconnected; its engines start a new epoch\n",
             s->endpoint);
@@ -112,7 +112,7 @@ static void stream_end(struct metrics *m, struct stream *st, const char *why)
 {
     st->done = true;
     pthread_mutex_lock(&m->mu);
-    lora_mstate_source_ended(m->state, m->stdin_id, why);
+    lora_metrics_state_source_ended(m->state, m->stdin_id, why);
     pthread_mutex_unlock(&m->mu);
     if (strcmp(why, "end of input") != 0)
         fprintf(stderr, "lora-metrics: error: stdin: %s; the rest is ignored\n", why);
@@ -183,10 +183,10 @@ static void stream_read(struct metrics *m, struct stream *st)
 /* ---- readiness ----------------------------------------------------------------------------- */
 
 /* Whether an engine heard on engine source id has its whole state (under mu). */
-static bool source_complete(const struct lora_mstate *s, int id)
+static bool source_complete(const struct lora_metrics_state *s, int id)
 {
     for (int i = 0; i < s->n_engines; i++)
-        if (s->engines[i]->source == id && lora_mstate_engine_is_ready(s->engines[i]))
+        if (s->engines[i]->source == id && lora_metrics_state_engine_is_ready(s->engines[i]))
             return true;
     return false;
 }

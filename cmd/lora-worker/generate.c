@@ -13,11 +13,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "adapter.h"
-#include "cli.h"
-#include "demo_model.h"
-#include "generate.h"
-#include "model.h"
+#include "runtime/adapter.h"
+#include "base/cli.h"
+#include "runtime/demo_model.h"
+#include "runtime/generate.h"
+#include "runtime/model.h"
 #include "worker.h"
 
 #define MAX_PROMPT (1 << 20)
@@ -25,7 +25,7 @@
 
 struct gen_opts {
     const char *model;
-    struct lora_opt_list loras;
+    struct lora_cli_opt_list loras;
     const char *prompt_ids;
     const char *batch;
     long max_tokens;
@@ -50,7 +50,7 @@ static struct gen_opts o = {
     .block_size = 16,
 };
 
-static const struct lora_opt options[] = {
+static const struct lora_cli_opt options[] = {
     {"model", LORA_OPT_STRING, &o.model, "DIR", "Hugging Face model directory (default: the demo)"},
     {"lora", LORA_OPT_LIST, &o.loras, "NAME=DIR", "PEFT adapter to load (repeatable)"},
     {"prompt-ids", LORA_OPT_STRING, &o.prompt_ids, "IDS", "one request: comma-separated ids"},
@@ -78,7 +78,7 @@ struct gen_job {
     struct lora_adapter *adapters[LORA_OPT_LIST_MAX];
     char *names[LORA_OPT_LIST_MAX];
     int n_adapters;
-    struct lora_gen_request *reqs;
+    struct lora_generate_request *reqs;
     int **prompts;
     int n_reqs;
 };
@@ -86,7 +86,7 @@ struct gen_job {
 static void job_release(struct gen_job *j)
 {
     for (int i = 0; i < j->n_reqs; i++) {
-        lora_gen_request_release(&j->reqs[i]);
+        lora_generate_request_release(&j->reqs[i]);
         free(j->prompts[i]);
     }
     free(j->reqs);
@@ -136,7 +136,7 @@ static int slot_of(const struct gen_job *j, const char *name)
     return -1;
 }
 
-static void defaults(struct lora_gen_request *r)
+static void defaults(struct lora_generate_request *r)
 {
     r->max_tokens = (int)o.max_tokens;
     r->adapter_slot = -1;
@@ -166,7 +166,7 @@ static int opt_number(json_t *obj, const char *key, double lo, double hi, bool i
     return 0;
 }
 
-static int parse_request(struct gen_job *j, json_t *obj, struct lora_gen_request *r, int **prompt,
+static int parse_request(struct gen_job *j, json_t *obj, struct lora_generate_request *r, int **prompt,
                          const char *where, char *err, size_t err_len)
 {
     json_t *ids = json_object_get(obj, "prompt_ids");
@@ -236,7 +236,7 @@ static int add_request(struct gen_job *j, char *err, size_t err_len)
         snprintf(err, err_len, "more than %d requests", MAX_REQUESTS);
         return -1;
     }
-    struct lora_gen_request *reqs = realloc(j->reqs, sizeof(*reqs) * (size_t)(j->n_reqs + 1));
+    struct lora_generate_request *reqs = realloc(j->reqs, sizeof(*reqs) * (size_t)(j->n_reqs + 1));
     int **prompts = reqs ? realloc(j->prompts, sizeof(*prompts) * (size_t)(j->n_reqs + 1)) : NULL;
     if (reqs)
         j->reqs = reqs;
@@ -311,7 +311,7 @@ static int single_request(struct gen_job *j, char *err, size_t err_len)
     return 0;
 }
 
-static json_t *request_json(const struct lora_gen_request *r)
+static json_t *request_json(const struct lora_generate_request *r)
 {
     json_t *pl = json_array(), *toks = json_array(), *tops = json_array();
 
@@ -336,7 +336,7 @@ static json_t *request_json(const struct lora_gen_request *r)
 static int print_results(const struct gen_job *j)
 {
     for (int i = 0; i < j->n_reqs; i++) {
-        const struct lora_gen_request *r = &j->reqs[i];
+        const struct lora_generate_request *r = &j->reqs[i];
         if (o.json) {
             json_t *obj = request_json(r);
             json_dumpf(obj, stdout, JSON_COMPACT);

@@ -4,11 +4,11 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "cli.h"
+#include "base/cli.h"
 #include "worker.h"
 
 #ifdef LORA_CUDA
-#include "cuda_device.h"
+#include "backend/cuda/cuda_device.h"
 #endif
 
 

@@ -1,12 +1,12 @@
 /* lora-worker make-model / make-adapter / demo-model: write deterministic random models and PEFT
- * adapters in the Hugging Face layout (lib/model_gen.h), for tests, benchmarks and demos. */
+ * adapters in the Hugging Face layout (lib/runtime/synthetic.h), for tests, benchmarks and demos. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "cli.h"
-#include "demo_model.h"
-#include "model_gen.h"
+#include "base/cli.h"
+#include "runtime/demo_model.h"
+#include "runtime/synthetic.h"
 #include "worker.h"
 
 static int parse_dtype(const char *s, enum lora_dtype *dt)
@@ -41,7 +41,7 @@ int cmd_make_model(int argc, char **argv)
     long shards = 1, seed = 1, max_pos = 4096;
     double theta = 10000;
     bool tied = false, help = false;
-    const struct lora_opt options[] = {
+    const struct lora_cli_opt options[] = {
         {"out", LORA_OPT_STRING, &out, "DIR", "directory to write (created)"},
         {"arch", LORA_OPT_STRING, &arch, "NAME", "llama, mistral or qwen2 (default llama)"},
         {"hidden", LORA_OPT_INT, &hidden, "N", "hidden size (default 64)", 2, 1 << 16},
@@ -63,9 +63,9 @@ int cmd_make_model(int argc, char **argv)
         {0},
     };
     char err[1024] = "";
-    struct lora_gen_model_opts mo;
+    struct lora_synthetic_model_opts mo;
 
-    lora_gen_model_defaults(&mo);
+    lora_synthetic_model_defaults(&mo);
     if (lora_cli_parse(options, "LORA_WORKER", argc, argv, 1, err, sizeof(err)) < 0)
         ;
     else if (!help && !out)
@@ -95,7 +95,7 @@ int cmd_make_model(int argc, char **argv)
     mo.tie_word_embeddings = tied;
     mo.n_shards = (int)shards;
     mo.seed = (uint64_t)seed;
-    if (lora_gen_model_write(out, &mo, err, sizeof(err)) < 0) {
+    if (lora_synthetic_model_write(out, &mo, err, sizeof(err)) < 0) {
         fprintf(stderr, "lora-worker: fatal: %s\n", err);
         return EXIT_BAD_INPUT;
     }
@@ -125,7 +125,7 @@ int cmd_make_adapter(int argc, char **argv)
     long rank = 8, seed = 1;
     double alpha = -1;
     bool rslora = false, help = false;
-    const struct lora_opt options[] = {
+    const struct lora_cli_opt options[] = {
         {"model", LORA_OPT_STRING, &model, "DIR", "base model directory"},
         {"out", LORA_OPT_STRING, &out, "DIR", "directory to write (created)"},
         {"rank", LORA_OPT_INT, &rank, "R", "LoRA rank (default 8)", 1, 4096},
@@ -138,9 +138,9 @@ int cmd_make_adapter(int argc, char **argv)
         {0},
     };
     char err[1024] = "";
-    struct lora_gen_adapter_opts ao;
+    struct lora_synthetic_adapter_opts ao;
 
-    lora_gen_adapter_defaults(&ao);
+    lora_synthetic_adapter_defaults(&ao);
     if (lora_cli_parse(options, "LORA_WORKER", argc, argv, 1, err, sizeof(err)) < 0)
         ;
     else if (!help && (!out || !model))
@@ -163,7 +163,7 @@ int cmd_make_adapter(int argc, char **argv)
     ao.alpha = alpha < 0 ? 2.0f * (float)rank : (float)alpha;
     ao.use_rslora = rslora;
     ao.seed = (uint64_t)seed;
-    if (lora_gen_adapter_write(out, model, &ao, err, sizeof(err)) < 0) {
+    if (lora_synthetic_adapter_write(out, model, &ao, err, sizeof(err)) < 0) {
         fprintf(stderr, "lora-worker: fatal: %s\n", err);
         return EXIT_BAD_INPUT;
     }
@@ -173,7 +173,7 @@ int cmd_make_adapter(int argc, char **argv)
 int cmd_demo_model(int argc, char **argv)
 {
     bool help = false;
-    const struct lora_opt options[] = {
+    const struct lora_cli_opt options[] = {
         {"help", LORA_OPT_FLAG, &help, NULL, "show this help"},
         {0},
     };

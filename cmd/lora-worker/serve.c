@@ -23,7 +23,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "cli.h"
+#include "base/cli.h"
 #include "serve.h"
 #include "worker.h"
 
@@ -323,7 +323,7 @@ int cmd_serve(int argc, char **argv)
     struct worker w = {.sig_fd = -1};
     long load_timeout = 60000; /* below the engine's 120 s wait for an adapter command */
     bool help = false;
-    const struct lora_opt options[] = {
+    const struct lora_cli_opt options[] = {
         {"engine", LORA_OPT_STRING, &endpoint, "ENDPOINT", "the engine's worker socket"},
         {"rank", LORA_OPT_INT, &rank, "N", "tensor-parallel rank (default 0)", 0, 63},
         {"lora-root", LORA_OPT_STRING, &w.lora_root, "DIR",

@@ -7,15 +7,15 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "adapter_cache.h"
-#include "allreduce_shm.h"
-#include "forward.h"
-#include "kv_cache.h"
-#include "model.h"
-#include "notify_ring.h"
-#include "protocol.h"
-#include "sampler.h"
-#include "sock.h"
+#include "runtime/adapter_cache.h"
+#include "backend/cpu/allreduce_shm.h"
+#include "runtime/forward.h"
+#include "runtime/kv_cache.h"
+#include "runtime/model.h"
+#include "wire/notify_ring.h"
+#include "wire/msg.h"
+#include "runtime/sampler.h"
+#include "wire/sock.h"
 
 struct loader;
 

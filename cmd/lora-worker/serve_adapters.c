@@ -2,7 +2,7 @@
  * step path, and the notification channel. The loop collects finished loads every turn (and
  * polls briefly while any is pending); a load past its deadline (--load-timeout-ms) is answered
  * as failed at once, whatever its thread is stuck in. An adapter whose path lies under
- * --lora-root is read beneath the root descriptor opened at setup (lib/path_confine.h). */
+ * --lora-root is read beneath the root descriptor opened at setup (lib/base/path_confine.h). */
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -12,7 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "path_confine.h"
+#include "base/path_confine.h"
 #include "serve.h"
 
 /* One ADD command: queued by the loop, loaded by a loader thread, finished by the loop. A load

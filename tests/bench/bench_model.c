@@ -17,12 +17,12 @@
 #include <string.h>
 #include <time.h>
 
-#include "adapter.h"
-#include "fs.h"
-#include "generate.h"
-#include "kernels.h"
-#include "model.h"
-#include "model_gen.h"
+#include "runtime/adapter.h"
+#include "base/fs.h"
+#include "runtime/generate.h"
+#include "backend/cpu/kernels_cpu.h"
+#include "runtime/model.h"
+#include "runtime/synthetic.h"
 
 #define N_ADAPTERS 8
 #define REPEATS    3
@@ -134,7 +134,7 @@ struct bench {
  * Returns seconds per decode step. */
 static double run_decode(struct bench *b, int batch, int n_adapters, double *tok_per_s)
 {
-    struct lora_gen_request *reqs = calloc((size_t)batch, sizeof(*reqs));
+    struct lora_generate_request *reqs = calloc((size_t)batch, sizeof(*reqs));
     struct lora_generate_opts o = {.max_batched_tokens = 4096, .block_size = 16};
     struct lora_generate_stats st;
     char err[512];
@@ -153,7 +153,7 @@ static double run_decode(struct bench *b, int batch, int n_adapters, double *tok
         exit(111);
     }
     for (int i = 0; i < batch; i++)
-        lora_gen_request_release(&reqs[i]);
+        lora_generate_request_release(&reqs[i]);
     free(reqs);
     *tok_per_s = st.n_decode_tokens / st.decode_seconds;
     return st.decode_seconds / st.n_decode_steps;
@@ -212,8 +212,8 @@ int main(int argc, char **argv)
     }
     if (!mkdtemp(tmp))
         return fail("mkdtemp", "unable to create a temporary directory");
-    struct lora_gen_model_opts mo;
-    lora_gen_model_defaults(&mo);
+    struct lora_synthetic_model_opts mo;
+    lora_synthetic_model_defaults(&mo);
     if (!quick) {
         /* Qwen2-0.5B's shape, without the q/k/v biases' negligible bytes. */
         mo.hidden_size = 896;
@@ -227,7 +227,7 @@ int main(int argc, char **argv)
     if (!model_dir) {
         snprintf(path, sizeof(path), "%s/model", tmp);
         double t = now_s();
-        if (lora_gen_model_write(path, &mo, err, sizeof(err)) < 0)
+        if (lora_synthetic_model_write(path, &mo, err, sizeof(err)) < 0)
             return fail("generating the model", err);
         printf("generated the model in %.1f s\n", now_s() - t);
         model_dir = path;
@@ -237,12 +237,12 @@ int main(int argc, char **argv)
         return fail("loading the model", err);
     for (int i = 0; i < N_ADAPTERS; i++) {
         char adir[300];
-        struct lora_gen_adapter_opts ao;
-        lora_gen_adapter_defaults(&ao);
+        struct lora_synthetic_adapter_opts ao;
+        lora_synthetic_adapter_defaults(&ao);
         ao.rank = 16;
         ao.seed = 100 + (uint64_t)i;
         snprintf(adir, sizeof(adir), "%s/adapter-%d", tmp, i);
-        if (lora_gen_adapter_write(adir, model_dir, &ao, err, sizeof(err)) < 0)
+        if (lora_synthetic_adapter_write(adir, model_dir, &ao, err, sizeof(err)) < 0)
             return fail("generating an adapter", err);
         b.ad[i] = lora_adapter_load(adir, b.m, 64, err, sizeof(err));
         if (!b.ad[i])

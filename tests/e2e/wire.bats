@@ -3,7 +3,7 @@
 # what the C encoders write, python reads as the catalogue documents it; what python writes
 # (unknown keys, float64 where float32 is usual), the C decoders read with the same values; and
 # malformed bodies are rejected, each with a message, without disturbing the next message.
-# The C side is the unit-test binary: test_protocol --emit DIR / --check DIR.
+# The C side is the unit-test binary: test_msg --emit DIR / --check DIR.
 
 load ../helpers
 bats_require_minimum_version 1.5.0
@@ -14,8 +14,8 @@ setup_file() {
         [ -d "$ROOT/build/main-cuda" ] && LORA_BUILD=build/main-cuda
     fi
     case "$LORA_BUILD" in
-    /*) CODEC="$LORA_BUILD/tests/unit/test_protocol" ;;
-    *) CODEC="$ROOT/$LORA_BUILD/tests/unit/test_protocol" ;;
+    /*) CODEC="$LORA_BUILD/tests/unit/test_msg" ;;
+    *) CODEC="$ROOT/$LORA_BUILD/tests/unit/test_msg" ;;
     esac
     export CODEC
     export WIRE="$ROOT/tests/ref/wire_compat.py"
@@ -73,7 +73,7 @@ need_tools() {
     [ "$(printf '%s\n' "$output" | grep -c '"ok":true')" -eq "$n_files" ]
 }
 
-@test "wire: test_protocol with a bad argument is a usage error (exit 100)" {
+@test "wire: test_msg with a bad argument is a usage error (exit 100)" {
     need_tools
     run "$CODEC" --bogus
     expect_status 100

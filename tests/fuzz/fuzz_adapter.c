@@ -4,9 +4,9 @@
  * Input: two bytes (big-endian) give the length of adapter_config.json, which follows; the
  * rest is adapter_model.safetensors. */
 #include "fuzz.h"
-#include "adapter.h"
-#include "model.h"
-#include "model_gen.h"
+#include "runtime/adapter.h"
+#include "runtime/model.h"
+#include "runtime/synthetic.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,12 +17,12 @@ static char adapter_dir[512];
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
-    struct lora_gen_model_opts o;
+    struct lora_synthetic_model_opts o;
     char err[512], path[512];
 
-    lora_gen_model_defaults(&o);
+    lora_synthetic_model_defaults(&o);
     snprintf(path, sizeof(path), "%s/model", fuzz_dir());
-    if (lora_gen_model_write(path, &o, err, sizeof(err)) < 0 ||
+    if (lora_synthetic_model_write(path, &o, err, sizeof(err)) < 0 ||
         !(model = lora_model_load(path, 0, 1, err, sizeof(err)))) {
         fprintf(stderr, "fuzz_adapter: %s\n", err);
         abort();

@@ -2,7 +2,7 @@
  * value of a chat request (JSON); byte 0 picks the template and add_generation_prompt. Each
  * message's role and content are taken as the frontend takes them: strings only. */
 #include "fuzz.h"
-#include "chat_template.h"
+#include "text/chat_template.h"
 
 #include <jansson.h>
 #include <stdlib.h>

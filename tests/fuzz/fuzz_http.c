@@ -8,11 +8,11 @@
  * server's request accessors. Input: byte 0 picks the endpoint, the rest is the body. Every
  * request must get exactly one response. */
 #include "fuzz.h"
-#include "chat_template.h"
-#include "frontend.h"
-#include "http.h"
-#include "model_gen.h"
-#include "tokenizer.h"
+#include "text/chat_template.h"
+#include "cmd/lora-frontend/frontend.h"
+#include "http/http.h"
+#include "runtime/synthetic.h"
+#include "text/tokenizer.h"
 
 #include <errno.h>
 #include <stdio.h>
@@ -29,7 +29,7 @@ static const char *const paths[] = {
 static struct frontend fe;
 static char root[512];
 
-/* ---- the request accessors of lib/http.c ---- */
+/* ---- the request accessors of lib/http/http/http.c ---- */
 
 struct lora_http_request {
     const char *method, *path;
@@ -153,12 +153,12 @@ bool link_registry_wait(struct fe_link *l, const char *name, bool present, int t
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
-    struct lora_gen_model_opts o;
+    struct lora_synthetic_model_opts o;
     char err[512], path[512];
 
-    lora_gen_model_defaults(&o);
+    lora_synthetic_model_defaults(&o);
     snprintf(path, sizeof(path), "%s/model", fuzz_dir());
-    if (lora_gen_model_write(path, &o, err, sizeof(err)) < 0)
+    if (lora_synthetic_model_write(path, &o, err, sizeof(err)) < 0)
         goto fail;
     snprintf(path, sizeof(path), "%s/model/tokenizer.json", fuzz_dir());
     if (!(fe.tok = lora_tokenizer_load(path, err, sizeof(err))))

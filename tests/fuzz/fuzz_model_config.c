@@ -1,7 +1,7 @@
 /* fuzz_model_config: a model's config.json parsed and validated, the projection shapes read
  * from a config that passes. */
 #include "fuzz.h"
-#include "model_config.h"
+#include "runtime/model_config.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {

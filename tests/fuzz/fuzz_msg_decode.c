@@ -3,7 +3,7 @@
  * Input: byte 0 picks the decoder, byte 1 the number of binary frames (0 to 2) and byte 2 their
  * length; the frames are taken from the end and the body is what is left in between. */
 #include "fuzz.h"
-#include "protocol.h"
+#include "wire/msg.h"
 
 #include <stdlib.h>
 

@@ -1,7 +1,7 @@
 /* fuzz_msg_json: lora_msg_to_json on any bytes (lora-inspect decode, events, logs). The JSON it
  * writes must parse. */
 #include "fuzz.h"
-#include "protocol.h"
+#include "wire/msg.h"
 
 #include <jansson.h>
 #include <stdlib.h>

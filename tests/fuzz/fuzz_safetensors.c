@@ -1,7 +1,7 @@
 /* fuzz_safetensors: a .safetensors file (its header length, JSON header and offsets) opened,
  * every tensor found by name, inside the mapping, and converted to float32 where it is small. */
 #include "fuzz.h"
-#include "safetensors.h"
+#include "runtime/safetensors.h"
 
 #include <stdlib.h>
 

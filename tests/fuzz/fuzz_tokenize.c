@@ -1,8 +1,8 @@
 /* fuzz_tokenize: text to tokenize (any bytes, as a prompt is) with a byte-level BPE tokenizer
  * like a Llama's (the generated model's), and the ids back to text, whole and streamed. */
 #include "fuzz.h"
-#include "model_gen.h"
-#include "tokenizer.h"
+#include "runtime/synthetic.h"
+#include "text/tokenizer.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,12 +11,12 @@ static struct lora_tokenizer *tok;
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
-    struct lora_gen_model_opts o;
+    struct lora_synthetic_model_opts o;
     char err[512], path[512];
 
-    lora_gen_model_defaults(&o);
+    lora_synthetic_model_defaults(&o);
     snprintf(path, sizeof(path), "%s/model", fuzz_dir());
-    if (lora_gen_model_write(path, &o, err, sizeof(err)) < 0) {
+    if (lora_synthetic_model_write(path, &o, err, sizeof(err)) < 0) {
         fprintf(stderr, "fuzz_tokenize: %s\n", err);
         abort();
     }

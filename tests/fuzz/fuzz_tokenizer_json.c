@@ -1,7 +1,7 @@
 /* fuzz_tokenizer_json: a tokenizer.json loaded and, when it loads, used: a fixed text encoded
  * (with and without special tokens) and decoded back, and every id's string looked up. */
 #include "fuzz.h"
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 #include <stdlib.h>
 #include <string.h>

@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Writes a stream of engine and frontend message bodies (concatenated msgpack maps, as
 `lora-inspect events --msgpack` writes them) for `lora-metrics --stdin`, encoded independently
-of lib/protocol.c, field by field as man/lora-stack-protocol.7 documents them.
+of lib/wire/msg.h, field by field as man/lora-stack-protocol.7 documents them.
 
   metrics_stream.py [--engine N] [--model NAME] [--finished K] [--phase full|unload]
 

@@ -1,19 +1,19 @@
 #!/usr/bin/python3
-"""Checks the C msgpack codec (lib/protocol.c) against an independent implementation,
+"""Checks the C msgpack codec (lib/wire/msg.h) against an independent implementation,
 python3-msgpack, in both directions. Driven by tests/e2e/wire.bats.
 
-  wire_compat.py expect-emitted DIR      reads what `test_protocol --emit DIR` wrote and checks
+  wire_compat.py expect-emitted DIR      reads what `test_msg --emit DIR` wrote and checks
                                          every message's keys, types and values against the
                                          catalogue (man/lora-stack-protocol.7) and the C samples
   wire_compat.py write-valid DIR         writes every message type as this side encodes it, with
                                          unknown keys, float64 where float32 is usual and
                                          integers where a float is expected
-  wire_compat.py compare-check DIR OUT   checks `test_protocol --check DIR` output (file OUT)
+  wire_compat.py compare-check DIR OUT   checks `test_msg --check DIR` output (file OUT)
                                          against what write-valid wrote
   wire_compat.py write-malformed DIR     writes malformed bodies and one valid one after them
   wire_compat.py check-malformed DIR OUT checks that C rejected each with the expected message
   wire_compat.py man-check DIR PAGE      checks that the man page names every type and field
-                                         that `test_protocol --emit DIR` wrote
+                                         that `test_msg --emit DIR` wrote
 
 Exit status 0 when everything matches, 1 with one line per mismatch on stderr.
 """
@@ -39,7 +39,7 @@ def frame(values):
     return struct.pack("<%di" % len(values), *values)
 
 
-# ---- (a) what the C samples in tests/unit/test_protocol.c put on the wire ----------------------
+# ---- (a) what the C samples in tests/unit/test_msg.c put on the wire ----------------------
 
 LIMITS = {"max_loras": 4, "max_cpu_loras": 8, "max_lora_rank": 64, "block_size": 16,
           "num_kv_blocks": 2048, "world_size": 2, "max_model_len": 4096,

@@ -1,4 +1,4 @@
-/* chat_render: renders chat requests through lib/chat_template, one JSON line in, one out.
+/* chat_render: renders chat requests through lib/text/chat_template, one JSON line in, one out.
  *
  * The template comes from a tokenizer_config.json (--config), a Jinja file (--template, with
  * its tokens from --bos / --eos) or a built-in name (--name); --bos / --eos override the
@@ -20,7 +20,7 @@
 
 #include <jansson.h>
 
-#include "chat_template.h"
+#include "text/chat_template.h"
 
 #define PROG "chat_render"
 

@@ -1,4 +1,4 @@
-/* tokenize: runs lib/tokenizer over JSON lines, for the comparison with Hugging Face's
+/* tokenize: runs lib/text/tokenizer over JSON lines, for the comparison with Hugging Face's
  * tokenizers (tests/ref/tokenizer_compat.js) and for debugging.
  *
  *   tokenize TOKENIZER_JSON [--input FILE] [--stream-check SEED]
@@ -25,7 +25,7 @@
 
 #include <jansson.h>
 
-#include "tokenizer.h"
+#include "text/tokenizer.h"
 
 #define PROG "tokenize"
 

@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "fs.h"
+#include "base/fs.h"
 
 #define ERR_BYTES 1024
 #define N_BUFS    8 /* rotating static buffers per path helper */
@@ -64,13 +64,13 @@ const char *fx_join(const char *dir, const char *name)
     return buf;
 }
 
-const char *fx_gen_model(const char *name, const struct lora_gen_model_opts *o)
+const char *fx_gen_model(const char *name, const struct lora_synthetic_model_opts *o)
 {
     const char *dir = fx_tmp_path("%s", name);
     char err[ERR_BYTES] = "";
 
     lora_fs_remove_tree(dir);
-    if (lora_gen_model_write(dir, o, err, sizeof(err)) != 0) {
+    if (lora_synthetic_model_write(dir, o, err, sizeof(err)) != 0) {
         printf("# gen_model %s: %s\n", name, err);
         mark_failed();
     }

@@ -15,8 +15,8 @@
 
 #include <jansson.h>
 
-#include "model_gen.h"
-#include "safetensors.h"
+#include "runtime/synthetic.h"
+#include "runtime/safetensors.h"
 
 #define FX_TMP_DIR_BYTES 64 /* room for "/tmp/<name>.XXXXXX" */
 #define FX_PATH_BYTES    512
@@ -40,7 +40,7 @@ const char *fx_join(const char *dir, const char *name);
 
 /* Writes a fresh model under fx_tmp_dir/name (removing what was there) and returns its path;
  * on failure the test is marked failed and the path is returned all the same. */
-const char *fx_gen_model(const char *name, const struct lora_gen_model_opts *o);
+const char *fx_gen_model(const char *name, const struct lora_synthetic_model_opts *o);
 
 /* Sets key of the JSON object in path to value (stolen). Returns 0 or -1. */
 int fx_json_file_set(const char *path, const char *key, json_t *value);

@@ -1,4 +1,4 @@
-/* Unit tests for lib/adapter: generated PEFT adapters (lib/model_gen) load with the rank, scale,
+/* Unit tests for lib/runtime/adapter: generated PEFT adapters (lib/runtime/synthetic) load with the rank, scale,
  * targets and values of their files, read back independently through lora_safetensors_open;
  * tensor-parallel shards hold this rank's rows of B (q, k, v, gate, up) or columns of A (o,
  * down); and every malformed adapter (rank, targets, keys, shapes, unsupported PEFT options,
@@ -16,11 +16,11 @@
 #include <jansson.h>
 
 #include "check.h"
-#include "adapter.h"
+#include "runtime/adapter.h"
 #include "fixture.h"
-#include "fs.h"
-#include "model.h"
-#include "model_gen.h"
+#include "base/fs.h"
+#include "runtime/model.h"
+#include "runtime/synthetic.h"
 
 #define ERR_BYTES 1024
 
@@ -36,13 +36,13 @@ static struct lora_model *full, *shard[2]; /* model_dir as 1 shard, and as 2 */
 
 /* Writes a fresh adapter under fx_tmp_dir/name for the model in mdir and returns its path. */
 static const char *gen_adapter(const char *name, const char *mdir,
-                               const struct lora_gen_adapter_opts *o)
+                               const struct lora_synthetic_adapter_opts *o)
 {
     const char *dir = fx_tmp_path("%s", name);
     char err[ERR_BYTES] = "";
 
     lora_fs_remove_tree(dir);
-    if (lora_gen_adapter_write(dir, mdir, o, err, sizeof(err)) != 0) {
+    if (lora_synthetic_adapter_write(dir, mdir, o, err, sizeof(err)) != 0) {
         printf("# gen_adapter %s: %s\n", name, err);
         check_cur_failed = 1;
     }
@@ -52,9 +52,9 @@ static const char *gen_adapter(const char *name, const char *mdir,
 /* The default adapter (rank 8, alpha 16, all seven projections) of the 2-layer model. */
 static const char *gen_default_adapter(const char *name)
 {
-    struct lora_gen_adapter_opts o;
+    struct lora_synthetic_adapter_opts o;
 
-    lora_gen_adapter_defaults(&o);
+    lora_synthetic_adapter_defaults(&o);
     return gen_adapter(name, model_dir, &o);
 }
 
@@ -153,10 +153,10 @@ static const char *key_of(int l, int p, char ab)
 static void test_fixtures_written(void)
 {
     static char m2[FX_PATH_BYTES], m4[FX_PATH_BYTES];
-    struct lora_gen_model_opts o;
+    struct lora_synthetic_model_opts o;
     char err[ERR_BYTES] = "";
 
-    lora_gen_model_defaults(&o);
+    lora_synthetic_model_defaults(&o);
     snprintf(m2, sizeof(m2), "%s", fx_gen_model("model", &o));
     o.n_layers = 4;
     snprintf(m4, sizeof(m4), "%s", fx_gen_model("model4", &o));
@@ -175,7 +175,7 @@ static void test_fixtures_written(void)
 
 static void test_good_adapter_loads(void)
 {
-    struct lora_gen_adapter_opts o;
+    struct lora_synthetic_adapter_opts o;
     const unsigned mask = BIT(LORA_PROJ_Q) | BIT(LORA_PROJ_V) | BIT(LORA_PROJ_DOWN);
     struct lora_safetensors *st;
     struct lora_adapter *a;
@@ -183,7 +183,7 @@ static void test_good_adapter_loads(void)
     const char *dir;
     size_t file_floats = 0;
 
-    lora_gen_adapter_defaults(&o);
+    lora_synthetic_adapter_defaults(&o);
     o.target_mask = mask;
     dir = gen_adapter("qvd", model_dir, &o);
     a = load_ok(dir, full, 64);
@@ -228,10 +228,10 @@ static void test_good_adapter_loads(void)
 
 static void test_scales(void)
 {
-    struct lora_gen_adapter_opts o;
+    struct lora_synthetic_adapter_opts o;
     struct lora_adapter *a;
 
-    lora_gen_adapter_defaults(&o);
+    lora_synthetic_adapter_defaults(&o);
     o.use_rslora = true;
     a = load_ok(gen_adapter("rslora", model_dir, &o), full, 64);
     if (a) {
@@ -274,13 +274,13 @@ static void test_all_linear(void)
 
 static void test_bf16_adapter(void)
 {
-    struct lora_gen_adapter_opts o;
+    struct lora_synthetic_adapter_opts o;
     struct lora_safetensors *st;
     struct lora_adapter *a;
     char err[ERR_BYTES];
     const char *dir;
 
-    lora_gen_adapter_defaults(&o);
+    lora_synthetic_adapter_defaults(&o);
     o.dtype = LORA_DTYPE_BF16;
     dir = gen_adapter("bf16", model_dir, &o);
     a = load_ok(dir, full, 64);
@@ -381,11 +381,11 @@ static void test_tp2_shards(void)
 
 static void test_layers_to_transform(void)
 {
-    struct lora_gen_adapter_opts o;
+    struct lora_synthetic_adapter_opts o;
     struct lora_adapter *a;
     const char *dir;
 
-    lora_gen_adapter_defaults(&o);
+    lora_synthetic_adapter_defaults(&o);
     o.target_mask = BIT(LORA_PROJ_Q) | BIT(LORA_PROJ_V);
     dir = gen_adapter("ltt", model_dir, &o);
     CHECK(fx_json_file_set(fx_join(dir, "adapter_config.json"), "layers_to_transform",
@@ -585,10 +585,10 @@ static void test_missing_weights_file(void)
 
 static void test_key_for_missing_layer(void)
 {
-    struct lora_gen_adapter_opts o;
+    struct lora_synthetic_adapter_opts o;
     const char *dir, *e;
 
-    lora_gen_adapter_defaults(&o);
+    lora_synthetic_adapter_defaults(&o);
     dir = gen_adapter("four_layers", model4_dir, &o);
     e = load_err(dir, full, 64);
     CHECK_CONTAINS(e, fx_join(dir, "adapter_model.safetensors"));
@@ -724,10 +724,10 @@ static void test_unexpected_key(void)
 
 static void test_key_not_targeted(void)
 {
-    struct lora_gen_adapter_opts o;
+    struct lora_synthetic_adapter_opts o;
     const char *dir, *e;
 
-    lora_gen_adapter_defaults(&o);
+    lora_synthetic_adapter_defaults(&o);
     o.target_mask = BIT(LORA_PROJ_Q) | BIT(LORA_PROJ_V) | BIT(LORA_PROJ_DOWN);
     dir = gen_adapter("untargeted", model_dir, &o);
     CHECK(fx_json_file_set(fx_join(dir, "adapter_config.json"), "target_modules",

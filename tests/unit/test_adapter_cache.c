@@ -1,4 +1,4 @@
-/* Unit tests for lib/adapter_cache: the DESIGN.md section 6 example (max_loras 2, max_cpu_loras
+/* Unit tests for lib/runtime/adapter_cache: the DESIGN.md section 6 example (max_loras 2, max_cpu_loras
  * 3, pinning), LRU eviction from the cache and from the slots, the in_use callback, every error
  * with its message and with nothing changed (set_slot failures injected through a fake), removal
  * that really frees (run under ASan), snapshots and their timings, 5000 random operations with
@@ -11,13 +11,13 @@
 #include <string.h>
 
 #include "check.h"
-#include "adapter.h"
-#include "adapter_cache.h"
+#include "runtime/adapter.h"
+#include "runtime/adapter_cache.h"
 #include "fixture.h"
-#include "forward.h"
-#include "kv_cache.h"
-#include "model.h"
-#include "model_gen.h"
+#include "runtime/forward.h"
+#include "runtime/kv_cache.h"
+#include "runtime/model.h"
+#include "runtime/synthetic.h"
 
 #define ERR_BYTES 512
 #define MAX_SLOTS 8
@@ -855,14 +855,14 @@ static int forward_set_slot(void *ctx, int slot, const struct lora_adapter *a, c
 static struct lora_adapter *load_adapter(const char *name, const char *model_dir, int rank,
                                          const struct lora_model *m)
 {
-    struct lora_gen_adapter_opts o;
+    struct lora_synthetic_adapter_opts o;
     char err[ERR_BYTES] = "";
     const char *dir = fx_tmp_path("%s", name);
 
-    lora_gen_adapter_defaults(&o);
+    lora_synthetic_adapter_defaults(&o);
     o.rank = rank;
     o.seed = (uint64_t)rank * 131 + (uint64_t)name[0];
-    if (lora_gen_adapter_write(dir, model_dir, &o, err, sizeof(err)) != 0) {
+    if (lora_synthetic_adapter_write(dir, model_dir, &o, err, sizeof(err)) != 0) {
         printf("# gen adapter %s: %s\n", name, err);
         return NULL;
     }
@@ -874,10 +874,10 @@ static struct lora_adapter *load_adapter(const char *name, const char *model_dir
 
 static void test_real_adapters(void)
 {
-    struct lora_gen_model_opts mo;
+    struct lora_synthetic_model_opts mo;
     char err[ERR_BYTES] = "";
 
-    lora_gen_model_defaults(&mo);
+    lora_synthetic_model_defaults(&mo);
     const char *model_dir = fx_gen_model("model", &mo);
     struct lora_model *m = lora_model_load(model_dir, 0, 1, err, sizeof(err));
     CHECK(m != NULL);

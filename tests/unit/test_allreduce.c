@@ -1,4 +1,4 @@
-/* Unit tests for lib/allreduce_shm: groups of 2, 3 and 4 forked ranks summing many buffers
+/* Unit tests for backend/cpu/allreduce_shm: groups of 2, 3 and 4 forked ranks summing many buffers
  * (bit-identical to a rank-order sum computed locally, and identical across ranks), the
  * multithreaded summation path, the barrier timeout and how it breaks the group for the other
  * ranks, ranks that disagree on n, bad arguments, and segments that do not match or are not ours.
@@ -7,7 +7,7 @@
  * outcome. Children report on stdout as "# ..." lines and through their exit status; a child that
  * hangs is killed by an alarm, so the parent always gets an answer.
  */
-#include "allreduce_shm.h"
+#include "backend/cpu/allreduce_shm.h"
 #include "check.h"
 
 #include <errno.h>

@@ -1,4 +1,4 @@
-/* Unit tests for lib/block_manager: tables grow by whole blocks and only by what is missing,
+/* Unit tests for lib/sched/block_manager: tables grow by whole blocks and only by what is missing,
  * failures allocate nothing, freed blocks come back, the check catches corrupted accounting, and
  * a long random run agrees at every operation with a reference model kept by the test (which
  * block each table holds, counted independently).
@@ -9,7 +9,7 @@
 #include <stdlib.h>
 
 #include "check.h"
-#include "block_manager.h"
+#include "sched/block_manager.h"
 
 #define CAP 64
 

@@ -1,4 +1,4 @@
-/* Unit tests for lib/chat_template: detection of every family from template texts (the
+/* Unit tests for lib/text/chat_template: detection of every family from template texts (the
  * fixtures in tests/ref/chat_templates/ and inline templates in the idioms real ones use),
  * near-misses that must be refused, built-in names, tokenizer_config.json parsing, rendering
  * against prompts written by hand from each published format, every error message, the
@@ -11,7 +11,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "chat_template.h"
+#include "text/chat_template.h"
 #include "check.h"
 #include "fixture.h"
 

@@ -1,4 +1,4 @@
-/* Unit tests for lib/exposition: the exact text of every family type (HELP and TYPE lines, empty
+/* Unit tests for lib/metrics/exposition: the exact text of every family type (HELP and TYPE lines, empty
  * families, cumulative buckets, le="+Inf" last, _sum and _count), natural series order, label
  * value and HELP escaping, invalid UTF-8, number formatting against Python's prometheus_client
  * (floatToGoString over repr(); the table was produced with CPython 3 from that function's
@@ -6,7 +6,7 @@
  * a small validating parser written here.
  */
 #include "check.h"
-#include "exposition.h"
+#include "metrics/exposition.h"
 
 #include <errno.h>
 #include <float.h>
@@ -42,10 +42,10 @@ static uint64_t double_to_bits(double d)
 }
 
 /* The text, or NULL with the error printed as a diagnostic. */
-static const char *text_of(const struct lora_expo *w)
+static const char *text_of(const struct lora_exposition *w)
 {
     char err[256] = "";
-    const char *t = lora_expo_text(w, NULL, err, sizeof(err));
+    const char *t = lora_exposition_text(w, NULL, err, sizeof(err));
     if (!t)
         printf("# writer error: %s\n", err);
     return t;
@@ -65,18 +65,18 @@ static const char *text_of(const struct lora_expo *w)
 
 static void test_empty_families(void)
 {
-    struct lora_expo w;
+    struct lora_exposition w;
     size_t len = 99;
 
-    lora_expo_init(&w);
-    CHECK(lora_expo_text(&w, &len, NULL, 0) != NULL);
+    lora_exposition_init(&w);
+    CHECK(lora_exposition_text(&w, &len, NULL, 0) != NULL);
     CHECK(len == 0);
-    lora_expo_family_begin(&w, "a_total", LORA_EXPO_COUNTER, "Things counted.");
-    lora_expo_family_end(&w);
-    lora_expo_family_begin(&w, "ns:g", LORA_EXPO_GAUGE, "");
-    lora_expo_family_end(&w);
-    lora_expo_family_begin(&w, "h", LORA_EXPO_HISTOGRAM, NULL);
-    lora_expo_family_end(&w);
+    lora_exposition_family_begin(&w, "a_total", LORA_EXPOSITION_COUNTER, "Things counted.");
+    lora_exposition_family_end(&w);
+    lora_exposition_family_begin(&w, "ns:g", LORA_EXPOSITION_GAUGE, "");
+    lora_exposition_family_end(&w);
+    lora_exposition_family_begin(&w, "h", LORA_EXPOSITION_HISTOGRAM, NULL);
+    lora_exposition_family_end(&w);
     const char *want = "# HELP a_total Things counted.\n"
                        "# TYPE a_total counter\n"
                        "# HELP ns:g \n"
@@ -84,26 +84,26 @@ static void test_empty_families(void)
                        "# HELP h \n"
                        "# TYPE h histogram\n";
     CHECK_TEXT(&w, want);
-    CHECK(lora_expo_text(&w, &len, NULL, 0) != NULL && len == strlen(want));
-    lora_expo_release(&w);
+    CHECK(lora_exposition_text(&w, &len, NULL, 0) != NULL && len == strlen(want));
+    lora_exposition_release(&w);
 }
 
 static void test_counter_gauge_exact(void)
 {
-    struct lora_expo w;
-    const struct lora_expo_label two[] = {{"model_name", "m"}, {"engine", "0"}};
-    const struct lora_expo_label one[] = {{"finished_reason", "stop"}};
+    struct lora_exposition w;
+    const struct lora_exposition_label two[] = {{"model_name", "m"}, {"engine", "0"}};
+    const struct lora_exposition_label one[] = {{"finished_reason", "stop"}};
 
-    lora_expo_init(&w);
-    lora_expo_family_begin(&w, "vllm:request_success_total", LORA_EXPO_COUNTER, "Finished.");
-    lora_expo_sample(&w, one, 1, 3);
-    lora_expo_family_end(&w);
-    lora_expo_family_begin(&w, "vllm:kv_cache_usage_perc", LORA_EXPO_GAUGE, "Usage.");
-    lora_expo_sample(&w, two, 2, 0.25);
-    lora_expo_family_end(&w);
-    lora_expo_family_begin(&w, "up", LORA_EXPO_GAUGE, "No labels.");
-    lora_expo_sample(&w, NULL, 0, -1);
-    lora_expo_family_end(&w);
+    lora_exposition_init(&w);
+    lora_exposition_family_begin(&w, "vllm:request_success_total", LORA_EXPOSITION_COUNTER, "Finished.");
+    lora_exposition_sample(&w, one, 1, 3);
+    lora_exposition_family_end(&w);
+    lora_exposition_family_begin(&w, "vllm:kv_cache_usage_perc", LORA_EXPOSITION_GAUGE, "Usage.");
+    lora_exposition_sample(&w, two, 2, 0.25);
+    lora_exposition_family_end(&w);
+    lora_exposition_family_begin(&w, "up", LORA_EXPOSITION_GAUGE, "No labels.");
+    lora_exposition_sample(&w, NULL, 0, -1);
+    lora_exposition_family_end(&w);
     CHECK_TEXT(&w, "# HELP vllm:request_success_total Finished.\n"
                    "# TYPE vllm:request_success_total counter\n"
                    "vllm:request_success_total{finished_reason=\"stop\"} 3.0\n"
@@ -113,37 +113,37 @@ static void test_counter_gauge_exact(void)
                    "# HELP up No labels.\n"
                    "# TYPE up gauge\n"
                    "up -1.0\n");
-    lora_expo_release(&w);
+    lora_exposition_release(&w);
 }
 
 static void test_histogram_exact(void)
 {
     static const double bounds[] = {0.5, 1, 2.5};
-    struct lora_expo_histogram h, e;
-    struct lora_expo w;
-    const struct lora_expo_label lab[] = {{"a", "x"}};
+    struct lora_exposition_histogram h, e;
+    struct lora_exposition w;
+    const struct lora_exposition_label lab[] = {{"a", "x"}};
 
-    CHECK(lora_expo_histogram_init(&h, bounds, COUNT(bounds)) == 0);
+    CHECK(lora_exposition_histogram_init(&h, bounds, COUNT(bounds)) == 0);
     CHECK(h.n_bounds == 3 && h.count == 0 && h.sum == 0);
-    lora_expo_histogram_observe(&h, 0.25, 1); /* bucket 0.5 */
-    lora_expo_histogram_observe(&h, 0.5, 1);  /* equal to a bound: that bound's bucket */
-    lora_expo_histogram_observe(&h, 1.0, 1);  /* bucket 1.0 */
-    lora_expo_histogram_observe(&h, 2.0, 2);  /* bucket 2.5, weight 2 */
-    lora_expo_histogram_observe(&h, 3.0, 1);  /* +Inf */
-    lora_expo_histogram_observe(&h, NAN, 5);  /* ignored */
-    lora_expo_histogram_observe(&h, 7.0, 0);  /* weight 0: nothing */
+    lora_exposition_histogram_observe(&h, 0.25, 1); /* bucket 0.5 */
+    lora_exposition_histogram_observe(&h, 0.5, 1);  /* equal to a bound: that bound's bucket */
+    lora_exposition_histogram_observe(&h, 1.0, 1);  /* bucket 1.0 */
+    lora_exposition_histogram_observe(&h, 2.0, 2);  /* bucket 2.5, weight 2 */
+    lora_exposition_histogram_observe(&h, 3.0, 1);  /* +Inf */
+    lora_exposition_histogram_observe(&h, NAN, 5);  /* ignored */
+    lora_exposition_histogram_observe(&h, 7.0, 0);  /* weight 0: nothing */
     CHECK(h.buckets[0] == 2 && h.buckets[1] == 1 && h.buckets[2] == 2 && h.buckets[3] == 1);
     CHECK(h.count == 6);
     CHECK(h.sum == 8.75);
-    CHECK(lora_expo_histogram_init(&e, bounds, COUNT(bounds)) == 0);
+    CHECK(lora_exposition_histogram_init(&e, bounds, COUNT(bounds)) == 0);
 
-    lora_expo_init(&w);
-    lora_expo_family_begin(&w, "lat_seconds", LORA_EXPO_HISTOGRAM, "Latency.");
-    lora_expo_histogram(&w, lab, 1, &h);
-    lora_expo_family_end(&w);
-    lora_expo_family_begin(&w, "bare", LORA_EXPO_HISTOGRAM, "No labels, nothing seen.");
-    lora_expo_histogram(&w, NULL, 0, &e);
-    lora_expo_family_end(&w);
+    lora_exposition_init(&w);
+    lora_exposition_family_begin(&w, "lat_seconds", LORA_EXPOSITION_HISTOGRAM, "Latency.");
+    lora_exposition_histogram(&w, lab, 1, &h);
+    lora_exposition_family_end(&w);
+    lora_exposition_family_begin(&w, "bare", LORA_EXPOSITION_HISTOGRAM, "No labels, nothing seen.");
+    lora_exposition_histogram(&w, NULL, 0, &e);
+    lora_exposition_family_end(&w);
     CHECK_TEXT(&w, "# HELP lat_seconds Latency.\n"
                    "# TYPE lat_seconds histogram\n"
                    "lat_seconds_bucket{a=\"x\",le=\"0.5\"} 2.0\n"
@@ -162,50 +162,50 @@ static void test_histogram_exact(void)
                    "bare_count 0.0\n");
 
     /* Reset keeps the bounds; infinities go to the first and the last bucket. */
-    lora_expo_histogram_reset(&h);
+    lora_exposition_histogram_reset(&h);
     CHECK(h.n_bounds == 3 && h.bounds == bounds && h.count == 0 && h.sum == 0);
     CHECK(h.buckets[0] == 0 && h.buckets[3] == 0);
-    lora_expo_histogram_observe(&h, -INFINITY, 1);
-    lora_expo_histogram_observe(&h, INFINITY, 1);
-    lora_expo_histogram_observe(&h, 2.5, 3);
-    lora_expo_histogram_observe(&h, nextafter(2.5, 3), 1);
+    lora_exposition_histogram_observe(&h, -INFINITY, 1);
+    lora_exposition_histogram_observe(&h, INFINITY, 1);
+    lora_exposition_histogram_observe(&h, 2.5, 3);
+    lora_exposition_histogram_observe(&h, nextafter(2.5, 3), 1);
     CHECK(h.buckets[0] == 1 && h.buckets[1] == 0 && h.buckets[2] == 3 && h.buckets[3] == 2);
     CHECK(h.count == 6);
-    lora_expo_histogram_release(&h);
+    lora_exposition_histogram_release(&h);
     CHECK(h.buckets == NULL && h.n_bounds == 0);
-    lora_expo_histogram_release(&h); /* again: a zeroed struct */
-    lora_expo_histogram_release(&e);
-    lora_expo_release(&w);
+    lora_exposition_histogram_release(&h); /* again: a zeroed struct */
+    lora_exposition_histogram_release(&e);
+    lora_exposition_release(&w);
 }
 
 static void test_histogram_init(void)
 {
-    struct lora_expo_histogram h;
+    struct lora_exposition_histogram h;
     const double equal[] = {1, 1}, down[] = {2, 1}, with_nan[] = {1, NAN}, one_nan[] = {NAN};
     const double with_inf[] = {1, INFINITY}, neg_inf[] = {-INFINITY, 0};
 
     errno = 0;
-    CHECK(lora_expo_histogram_init(&h, equal, 2) == -1 && errno == EINVAL);
-    CHECK(lora_expo_histogram_init(&h, down, 2) == -1 && errno == EINVAL);
-    CHECK(lora_expo_histogram_init(&h, with_nan, 2) == -1 && errno == EINVAL);
-    CHECK(lora_expo_histogram_init(&h, one_nan, 1) == -1 && errno == EINVAL);
-    CHECK(lora_expo_histogram_init(&h, with_inf, 2) == -1 && errno == EINVAL);
-    CHECK(lora_expo_histogram_init(&h, neg_inf, 2) == -1 && errno == EINVAL);
-    CHECK(lora_expo_histogram_init(&h, down, -1) == -1 && errno == EINVAL);
+    CHECK(lora_exposition_histogram_init(&h, equal, 2) == -1 && errno == EINVAL);
+    CHECK(lora_exposition_histogram_init(&h, down, 2) == -1 && errno == EINVAL);
+    CHECK(lora_exposition_histogram_init(&h, with_nan, 2) == -1 && errno == EINVAL);
+    CHECK(lora_exposition_histogram_init(&h, one_nan, 1) == -1 && errno == EINVAL);
+    CHECK(lora_exposition_histogram_init(&h, with_inf, 2) == -1 && errno == EINVAL);
+    CHECK(lora_exposition_histogram_init(&h, neg_inf, 2) == -1 && errno == EINVAL);
+    CHECK(lora_exposition_histogram_init(&h, down, -1) == -1 && errno == EINVAL);
     CHECK(h.buckets == NULL);
     /* No bounds: only the +Inf bucket. */
-    CHECK(lora_expo_histogram_init(&h, NULL, 0) == 0);
-    lora_expo_histogram_observe(&h, 1e300, 2);
+    CHECK(lora_exposition_histogram_init(&h, NULL, 0) == 0);
+    lora_exposition_histogram_observe(&h, 1e300, 2);
     CHECK(h.buckets[0] == 2 && h.count == 2);
-    struct lora_expo w;
-    lora_expo_init(&w);
-    lora_expo_family_begin(&w, "z", LORA_EXPO_HISTOGRAM, "h");
-    lora_expo_histogram(&w, NULL, 0, &h);
-    lora_expo_family_end(&w);
+    struct lora_exposition w;
+    lora_exposition_init(&w);
+    lora_exposition_family_begin(&w, "z", LORA_EXPOSITION_HISTOGRAM, "h");
+    lora_exposition_histogram(&w, NULL, 0, &h);
+    lora_exposition_family_end(&w);
     CHECK_TEXT(&w, "# HELP z h\n# TYPE z histogram\nz_bucket{le=\"+Inf\"} 2.0\n"
                    "z_sum 2e+300\nz_count 2.0\n");
-    lora_expo_release(&w);
-    lora_expo_histogram_release(&h);
+    lora_exposition_release(&w);
+    lora_exposition_histogram_release(&h);
 }
 
 /* ---- order ---------------------------------------------------------------------------------- */
@@ -213,18 +213,18 @@ static void test_histogram_init(void)
 static void test_natural_order(void)
 {
     static const char *const engines[] = {"10", "2", "1", "02", "a", "9", "100", "0", "", "1b"};
-    struct lora_expo w;
+    struct lora_exposition w;
 
     /* Whatever the insertion order: try it forwards and backwards. */
     for (int pass = 0; pass < 2; pass++) {
-        lora_expo_init(&w);
-        lora_expo_family_begin(&w, "g", LORA_EXPO_GAUGE, "h");
+        lora_exposition_init(&w);
+        lora_exposition_family_begin(&w, "g", LORA_EXPOSITION_GAUGE, "h");
         for (int k = 0; k < COUNT(engines); k++) {
             int i = pass ? COUNT(engines) - 1 - k : k;
-            const struct lora_expo_label l[] = {{"engine", engines[i]}};
-            lora_expo_sample(&w, l, 1, i);
+            const struct lora_exposition_label l[] = {{"engine", engines[i]}};
+            lora_exposition_sample(&w, l, 1, i);
         }
-        lora_expo_family_end(&w);
+        lora_exposition_family_end(&w);
         /* Digits sort by value ('0' < '02' on equal value: fewer leading zeros first), and a
          * digit run before a letter as bytes do ('1' < '1b' < '2'; '"' < '0' for the empty). */
         CHECK_TEXT(&w, "# HELP g h\n# TYPE g gauge\n"
@@ -238,22 +238,22 @@ static void test_natural_order(void)
                        "g{engine=\"10\"} 0.0\n"
                        "g{engine=\"100\"} 6.0\n"
                        "g{engine=\"a\"} 4.0\n");
-        lora_expo_release(&w);
+        lora_exposition_release(&w);
     }
 
     /* Two labels, and histograms sort as one unit. */
     static const double b[] = {1};
-    struct lora_expo_histogram h1, h2;
-    CHECK(lora_expo_histogram_init(&h1, b, 1) == 0 && lora_expo_histogram_init(&h2, b, 1) == 0);
-    lora_expo_histogram_observe(&h1, 0.5, 1);
-    lora_expo_histogram_observe(&h2, 5, 1);
-    lora_expo_init(&w);
-    lora_expo_family_begin(&w, "x", LORA_EXPO_HISTOGRAM, "h");
-    const struct lora_expo_label l10[] = {{"engine", "10"}, {"t", "a"}};
-    const struct lora_expo_label l2[] = {{"engine", "2"}, {"t", "b"}};
-    lora_expo_histogram(&w, l10, 2, &h1);
-    lora_expo_histogram(&w, l2, 2, &h2);
-    lora_expo_family_end(&w);
+    struct lora_exposition_histogram h1, h2;
+    CHECK(lora_exposition_histogram_init(&h1, b, 1) == 0 && lora_exposition_histogram_init(&h2, b, 1) == 0);
+    lora_exposition_histogram_observe(&h1, 0.5, 1);
+    lora_exposition_histogram_observe(&h2, 5, 1);
+    lora_exposition_init(&w);
+    lora_exposition_family_begin(&w, "x", LORA_EXPOSITION_HISTOGRAM, "h");
+    const struct lora_exposition_label l10[] = {{"engine", "10"}, {"t", "a"}};
+    const struct lora_exposition_label l2[] = {{"engine", "2"}, {"t", "b"}};
+    lora_exposition_histogram(&w, l10, 2, &h1);
+    lora_exposition_histogram(&w, l2, 2, &h2);
+    lora_exposition_family_end(&w);
     CHECK_TEXT(&w, "# HELP x h\n# TYPE x histogram\n"
                    "x_bucket{engine=\"2\",t=\"b\",le=\"1.0\"} 0.0\n"
                    "x_bucket{engine=\"2\",t=\"b\",le=\"+Inf\"} 1.0\n"
@@ -263,9 +263,9 @@ static void test_natural_order(void)
                    "x_bucket{engine=\"10\",t=\"a\",le=\"+Inf\"} 1.0\n"
                    "x_sum{engine=\"10\",t=\"a\"} 0.5\n"
                    "x_count{engine=\"10\",t=\"a\"} 1.0\n");
-    lora_expo_release(&w);
-    lora_expo_histogram_release(&h1);
-    lora_expo_histogram_release(&h2);
+    lora_exposition_release(&w);
+    lora_exposition_histogram_release(&h1);
+    lora_exposition_histogram_release(&h2);
 }
 
 /* ---- escaping ------------------------------------------------------------------------------- */
@@ -299,42 +299,42 @@ static void test_label_escaping(void)
     char want[512];
 
     for (int i = 0; i < COUNT(cases); i++) {
-        struct lora_expo w;
-        const struct lora_expo_label l[] = {{"v", cases[i].in}};
-        lora_expo_init(&w);
-        lora_expo_family_begin(&w, "e", LORA_EXPO_GAUGE, "h");
-        lora_expo_sample(&w, l, 1, 1);
-        lora_expo_family_end(&w);
+        struct lora_exposition w;
+        const struct lora_exposition_label l[] = {{"v", cases[i].in}};
+        lora_exposition_init(&w);
+        lora_exposition_family_begin(&w, "e", LORA_EXPOSITION_GAUGE, "h");
+        lora_exposition_sample(&w, l, 1, 1);
+        lora_exposition_family_end(&w);
         snprintf(want, sizeof(want), "# HELP e h\n# TYPE e gauge\ne{v=\"%s\"} 1.0\n", cases[i].out);
         const char *got = text_of(&w);
         if (!got || strcmp(got, want) != 0) {
             printf("# case %d: got %s", i, got ? got : "(null)\n");
             check_cur_failed = 1;
         }
-        lora_expo_release(&w);
+        lora_exposition_release(&w);
     }
 
     /* A NULL value is written as empty. */
-    struct lora_expo w;
-    const struct lora_expo_label nul[] = {{"v", NULL}};
-    lora_expo_init(&w);
-    lora_expo_family_begin(&w, "e", LORA_EXPO_GAUGE, "h");
-    lora_expo_sample(&w, nul, 1, 1);
-    lora_expo_family_end(&w);
+    struct lora_exposition w;
+    const struct lora_exposition_label nul[] = {{"v", NULL}};
+    lora_exposition_init(&w);
+    lora_exposition_family_begin(&w, "e", LORA_EXPOSITION_GAUGE, "h");
+    lora_exposition_sample(&w, nul, 1, 1);
+    lora_exposition_family_end(&w);
     CHECK_TEXT(&w, "# HELP e h\n# TYPE e gauge\ne{v=\"\"} 1.0\n");
-    lora_expo_release(&w);
+    lora_exposition_release(&w);
 }
 
 static void test_help_escaping(void)
 {
-    struct lora_expo w;
+    struct lora_exposition w;
 
-    lora_expo_init(&w);
+    lora_exposition_init(&w);
     /* HELP escapes backslash and newline only; a double quote stays as it is. */
-    lora_expo_family_begin(&w, "h", LORA_EXPO_GAUGE, "a\\b\nc \"q\" \\n");
-    lora_expo_family_end(&w);
+    lora_exposition_family_begin(&w, "h", LORA_EXPOSITION_GAUGE, "a\\b\nc \"q\" \\n");
+    lora_exposition_family_end(&w);
     CHECK_TEXT(&w, "# HELP h a\\\\b\\nc \"q\" \\\\n\n# TYPE h gauge\n");
-    lora_expo_release(&w);
+    lora_exposition_release(&w);
 }
 
 /* ---- numbers -------------------------------------------------------------------------------- */
@@ -411,7 +411,7 @@ static void test_format_table(void)
 
     for (int i = 0; i < COUNT(go_strings); i++) {
         double v = bits_to_double(go_strings[i].bits);
-        int n = lora_expo_format_double(buf, sizeof(buf), v);
+        int n = lora_exposition_format_double(buf, sizeof(buf), v);
         if (strcmp(buf, go_strings[i].text) != 0 || n != (int)strlen(buf)) {
             printf("# 0x%016" PRIx64 ": got '%s' (%d), want '%s'\n", go_strings[i].bits, buf, n,
                    go_strings[i].text);
@@ -419,10 +419,10 @@ static void test_format_table(void)
         }
     }
     /* Large integral values as a counter writes them. */
-    CHECK(lora_expo_format_double(buf, sizeof(buf), 4096) == 6 && strcmp(buf, "4096.0") == 0);
-    lora_expo_format_double(buf, sizeof(buf), 18446744073709551616.0);
+    CHECK(lora_exposition_format_double(buf, sizeof(buf), 4096) == 6 && strcmp(buf, "4096.0") == 0);
+    lora_exposition_format_double(buf, sizeof(buf), 18446744073709551616.0);
     CHECK(strcmp(buf, "1.8446744073709552e+19") == 0);
-    lora_expo_format_double(buf, sizeof(buf), 123456789012.0);
+    lora_exposition_format_double(buf, sizeof(buf), 123456789012.0);
     CHECK(strcmp(buf, "1.23456789012e+011") == 0);
 }
 
@@ -532,7 +532,7 @@ static bool check_number(double v)
     int exp10;
     bool exp_form;
 
-    int n = lora_expo_format_double(buf, sizeof(buf), v);
+    int n = lora_exposition_format_double(buf, sizeof(buf), v);
     if (n <= 0 || n >= (int)sizeof(buf) || (int)strlen(buf) != n)
         goto bad;
     char *end;
@@ -627,166 +627,166 @@ static void test_format_random(void)
 /* ---- errors ---------------------------------------------------------------------------------- */
 
 /* Runs one misuse after a good family and checks the sticky error, then a reset. */
-static void expect_error(void (*misuse)(struct lora_expo *), const char *msg)
+static void expect_error(void (*misuse)(struct lora_exposition *), const char *msg)
 {
-    struct lora_expo w;
+    struct lora_exposition w;
     char err[256] = "";
-    const struct lora_expo_label ok[] = {{"a", "1"}};
+    const struct lora_exposition_label ok[] = {{"a", "1"}};
 
-    lora_expo_init(&w);
-    lora_expo_family_begin(&w, "good", LORA_EXPO_GAUGE, "h");
-    lora_expo_sample(&w, ok, 1, 1);
-    lora_expo_family_end(&w);
+    lora_exposition_init(&w);
+    lora_exposition_family_begin(&w, "good", LORA_EXPOSITION_GAUGE, "h");
+    lora_exposition_sample(&w, ok, 1, 1);
+    lora_exposition_family_end(&w);
     misuse(&w);
     /* Later calls change nothing: the first error stays. */
-    lora_expo_family_begin(&w, "later", LORA_EXPO_GAUGE, "h");
-    lora_expo_sample(&w, ok, 1, 2);
-    lora_expo_family_end(&w);
+    lora_exposition_family_begin(&w, "later", LORA_EXPOSITION_GAUGE, "h");
+    lora_exposition_sample(&w, ok, 1, 2);
+    lora_exposition_family_end(&w);
     size_t len = 12345;
-    CHECK(lora_expo_text(&w, &len, err, sizeof(err)) == NULL);
+    CHECK(lora_exposition_text(&w, &len, err, sizeof(err)) == NULL);
     CHECK(len == 12345);
     CHECK_CONTAINS(err, msg);
-    CHECK(lora_expo_text(&w, NULL, NULL, 0) == NULL);
+    CHECK(lora_exposition_text(&w, NULL, NULL, 0) == NULL);
     /* A reset clears it, and the writer works again from empty. */
-    lora_expo_reset(&w);
-    lora_expo_family_begin(&w, "again", LORA_EXPO_GAUGE, "h");
-    lora_expo_sample(&w, ok, 1, 3);
-    lora_expo_family_end(&w);
+    lora_exposition_reset(&w);
+    lora_exposition_family_begin(&w, "again", LORA_EXPOSITION_GAUGE, "h");
+    lora_exposition_sample(&w, ok, 1, 3);
+    lora_exposition_family_end(&w);
     CHECK_TEXT(&w, "# HELP again h\n# TYPE again gauge\nagain{a=\"1\"} 3.0\n");
-    lora_expo_release(&w);
+    lora_exposition_release(&w);
 }
 
-static const struct lora_expo_label one_label[] = {{"a", "1"}};
+static const struct lora_exposition_label one_label[] = {{"a", "1"}};
 
-static void m_bad_family_digit(struct lora_expo *w)
+static void m_bad_family_digit(struct lora_exposition *w)
 {
-    lora_expo_family_begin(w, "1abc", LORA_EXPO_GAUGE, "h");
+    lora_exposition_family_begin(w, "1abc", LORA_EXPOSITION_GAUGE, "h");
 }
-static void m_bad_family_dash(struct lora_expo *w)
+static void m_bad_family_dash(struct lora_exposition *w)
 {
-    lora_expo_family_begin(w, "a-b", LORA_EXPO_GAUGE, "h");
+    lora_exposition_family_begin(w, "a-b", LORA_EXPOSITION_GAUGE, "h");
 }
-static void m_bad_family_empty(struct lora_expo *w)
+static void m_bad_family_empty(struct lora_exposition *w)
 {
-    lora_expo_family_begin(w, "", LORA_EXPO_GAUGE, "h");
+    lora_exposition_family_begin(w, "", LORA_EXPOSITION_GAUGE, "h");
 }
-static void m_bad_family_null(struct lora_expo *w)
+static void m_bad_family_null(struct lora_exposition *w)
 {
-    lora_expo_family_begin(w, NULL, LORA_EXPO_GAUGE, "h");
+    lora_exposition_family_begin(w, NULL, LORA_EXPOSITION_GAUGE, "h");
 }
-static void m_bad_family_long(struct lora_expo *w)
+static void m_bad_family_long(struct lora_exposition *w)
 {
     char name[300];
     memset(name, 'x', sizeof(name) - 1);
     name[sizeof(name) - 1] = 0;
-    lora_expo_family_begin(w, name, LORA_EXPO_GAUGE, "h");
+    lora_exposition_family_begin(w, name, LORA_EXPOSITION_GAUGE, "h");
 }
-static void m_bad_type(struct lora_expo *w)
+static void m_bad_type(struct lora_exposition *w)
 {
-    lora_expo_family_begin(w, "t", (enum lora_expo_type)7, "h");
+    lora_exposition_family_begin(w, "t", (enum lora_exposition_type)7, "h");
 }
-static void sample_with(struct lora_expo *w, const char *name)
+static void sample_with(struct lora_exposition *w, const char *name)
 {
-    const struct lora_expo_label l[] = {{"ok", "x"}, {name, "v"}};
-    lora_expo_family_begin(w, "f", LORA_EXPO_GAUGE, "h");
-    lora_expo_sample(w, l, 2, 1);
-    lora_expo_family_end(w);
+    const struct lora_exposition_label l[] = {{"ok", "x"}, {name, "v"}};
+    lora_exposition_family_begin(w, "f", LORA_EXPOSITION_GAUGE, "h");
+    lora_exposition_sample(w, l, 2, 1);
+    lora_exposition_family_end(w);
 }
-static void m_label_le(struct lora_expo *w)
+static void m_label_le(struct lora_exposition *w)
 {
     sample_with(w, "le");
 }
-static void m_label_digit(struct lora_expo *w)
+static void m_label_digit(struct lora_exposition *w)
 {
     sample_with(w, "1a");
 }
-static void m_label_colon(struct lora_expo *w)
+static void m_label_colon(struct lora_exposition *w)
 {
     sample_with(w, "a:b");
 }
-static void m_label_reserved(struct lora_expo *w)
+static void m_label_reserved(struct lora_exposition *w)
 {
     sample_with(w, "__name__");
 }
-static void m_label_empty(struct lora_expo *w)
+static void m_label_empty(struct lora_exposition *w)
 {
     sample_with(w, "");
 }
-static void m_label_null(struct lora_expo *w)
+static void m_label_null(struct lora_exposition *w)
 {
     sample_with(w, NULL);
 }
-static void m_label_twice(struct lora_expo *w)
+static void m_label_twice(struct lora_exposition *w)
 {
     sample_with(w, "ok");
 }
-static void m_too_many_labels(struct lora_expo *w)
+static void m_too_many_labels(struct lora_exposition *w)
 {
-    struct lora_expo_label l[LORA_EXPO_MAX_LABELS + 1];
+    struct lora_exposition_label l[LORA_EXPOSITION_MAX_LABELS + 1];
     static const char *const names[] = {"a", "b", "c", "d", "e", "f", "g", "h", "i"};
-    for (int i = 0; i <= LORA_EXPO_MAX_LABELS; i++)
-        l[i] = (struct lora_expo_label){names[i], "v"};
-    lora_expo_family_begin(w, "f", LORA_EXPO_GAUGE, "h");
-    lora_expo_sample(w, l, LORA_EXPO_MAX_LABELS + 1, 1);
+    for (int i = 0; i <= LORA_EXPOSITION_MAX_LABELS; i++)
+        l[i] = (struct lora_exposition_label){names[i], "v"};
+    lora_exposition_family_begin(w, "f", LORA_EXPOSITION_GAUGE, "h");
+    lora_exposition_sample(w, l, LORA_EXPOSITION_MAX_LABELS + 1, 1);
 }
-static void m_negative_labels(struct lora_expo *w)
+static void m_negative_labels(struct lora_exposition *w)
 {
-    lora_expo_family_begin(w, "f", LORA_EXPO_GAUGE, "h");
-    lora_expo_sample(w, one_label, -1, 1);
+    lora_exposition_family_begin(w, "f", LORA_EXPOSITION_GAUGE, "h");
+    lora_exposition_sample(w, one_label, -1, 1);
 }
-static void m_outside(struct lora_expo *w)
+static void m_outside(struct lora_exposition *w)
 {
-    lora_expo_sample(w, one_label, 1, 1);
+    lora_exposition_sample(w, one_label, 1, 1);
 }
-static void m_histogram_outside(struct lora_expo *w)
-{
-    static const double b[] = {1};
-    struct lora_expo_histogram h;
-    lora_expo_histogram_init(&h, b, 1);
-    lora_expo_histogram(w, one_label, 1, &h);
-    lora_expo_histogram_release(&h);
-}
-static void m_plain_in_histogram(struct lora_expo *w)
-{
-    lora_expo_family_begin(w, "hh", LORA_EXPO_HISTOGRAM, "h");
-    lora_expo_sample(w, one_label, 1, 1);
-}
-static void m_histogram_in_gauge(struct lora_expo *w)
+static void m_histogram_outside(struct lora_exposition *w)
 {
     static const double b[] = {1};
-    struct lora_expo_histogram h;
-    lora_expo_histogram_init(&h, b, 1);
-    lora_expo_family_begin(w, "gg", LORA_EXPO_GAUGE, "h");
-    lora_expo_histogram(w, one_label, 1, &h);
-    lora_expo_histogram_release(&h);
+    struct lora_exposition_histogram h;
+    lora_exposition_histogram_init(&h, b, 1);
+    lora_exposition_histogram(w, one_label, 1, &h);
+    lora_exposition_histogram_release(&h);
 }
-static void m_empty_histogram(struct lora_expo *w)
+static void m_plain_in_histogram(struct lora_exposition *w)
 {
-    struct lora_expo_histogram h;
+    lora_exposition_family_begin(w, "hh", LORA_EXPOSITION_HISTOGRAM, "h");
+    lora_exposition_sample(w, one_label, 1, 1);
+}
+static void m_histogram_in_gauge(struct lora_exposition *w)
+{
+    static const double b[] = {1};
+    struct lora_exposition_histogram h;
+    lora_exposition_histogram_init(&h, b, 1);
+    lora_exposition_family_begin(w, "gg", LORA_EXPOSITION_GAUGE, "h");
+    lora_exposition_histogram(w, one_label, 1, &h);
+    lora_exposition_histogram_release(&h);
+}
+static void m_empty_histogram(struct lora_exposition *w)
+{
+    struct lora_exposition_histogram h;
     memset(&h, 0, sizeof(h));
-    lora_expo_family_begin(w, "hh", LORA_EXPO_HISTOGRAM, "h");
-    lora_expo_histogram(w, NULL, 0, &h);
+    lora_exposition_family_begin(w, "hh", LORA_EXPOSITION_HISTOGRAM, "h");
+    lora_exposition_histogram(w, NULL, 0, &h);
 }
-static void m_nested(struct lora_expo *w)
+static void m_nested(struct lora_exposition *w)
 {
-    lora_expo_family_begin(w, "outer", LORA_EXPO_GAUGE, "h");
-    lora_expo_family_begin(w, "inner", LORA_EXPO_GAUGE, "h");
+    lora_exposition_family_begin(w, "outer", LORA_EXPOSITION_GAUGE, "h");
+    lora_exposition_family_begin(w, "inner", LORA_EXPOSITION_GAUGE, "h");
 }
-static void m_end_unbegun(struct lora_expo *w)
+static void m_end_unbegun(struct lora_exposition *w)
 {
-    lora_expo_family_end(w);
+    lora_exposition_family_end(w);
 }
-static void m_duplicate_series(struct lora_expo *w)
+static void m_duplicate_series(struct lora_exposition *w)
 {
-    lora_expo_family_begin(w, "d", LORA_EXPO_GAUGE, "h");
-    lora_expo_sample(w, one_label, 1, 1);
-    lora_expo_sample(w, one_label, 1, 2);
-    lora_expo_family_end(w);
+    lora_exposition_family_begin(w, "d", LORA_EXPOSITION_GAUGE, "h");
+    lora_exposition_sample(w, one_label, 1, 1);
+    lora_exposition_sample(w, one_label, 1, 2);
+    lora_exposition_family_end(w);
 }
-static void m_left_open(struct lora_expo *w)
+static void m_left_open(struct lora_exposition *w)
 {
-    lora_expo_family_begin(w, "open", LORA_EXPO_GAUGE, "h");
-    lora_expo_sample(w, one_label, 1, 1);
+    lora_exposition_family_begin(w, "open", LORA_EXPOSITION_GAUGE, "h");
+    lora_exposition_sample(w, one_label, 1, 1);
 }
 
 static void test_errors(void)
@@ -816,28 +816,28 @@ static void test_errors(void)
     expect_error(m_duplicate_series, "d: two series with the labels {a=\"1\"}");
 
     /* A family left open is no sticky error: the text is refused until it is ended. */
-    struct lora_expo w;
+    struct lora_exposition w;
     char err[128] = "";
-    lora_expo_init(&w);
+    lora_exposition_init(&w);
     m_left_open(&w);
-    CHECK(lora_expo_text(&w, NULL, err, sizeof(err)) == NULL);
+    CHECK(lora_exposition_text(&w, NULL, err, sizeof(err)) == NULL);
     CHECK_CONTAINS(err, "a family was left open");
-    lora_expo_family_end(&w);
+    lora_exposition_family_end(&w);
     CHECK_TEXT(&w, "# HELP open h\n# TYPE open gauge\nopen{a=\"1\"} 1.0\n");
-    lora_expo_release(&w);
+    lora_exposition_release(&w);
 }
 
 static void test_reset_and_reuse(void)
 {
-    struct lora_expo w;
-    const struct lora_expo_label l[] = {{"a", "x"}};
+    struct lora_exposition w;
+    const struct lora_exposition_label l[] = {{"a", "x"}};
 
-    lora_expo_init(&w);
+    lora_exposition_init(&w);
     for (int round = 0; round < 3; round++) {
-        lora_expo_reset(&w);
-        lora_expo_family_begin(&w, "c_total", LORA_EXPO_COUNTER, "h");
-        lora_expo_sample(&w, l, 1, round);
-        lora_expo_family_end(&w);
+        lora_exposition_reset(&w);
+        lora_exposition_family_begin(&w, "c_total", LORA_EXPOSITION_COUNTER, "h");
+        lora_exposition_sample(&w, l, 1, round);
+        lora_exposition_family_end(&w);
         char want[128];
         snprintf(want, sizeof(want),
                  "# HELP c_total h\n# TYPE c_total counter\n"
@@ -846,27 +846,27 @@ static void test_reset_and_reuse(void)
         CHECK_TEXT(&w, want);
     }
     /* A reset inside an open family drops it. */
-    lora_expo_family_begin(&w, "open", LORA_EXPO_GAUGE, "h");
-    lora_expo_sample(&w, l, 1, 1);
-    lora_expo_reset(&w);
+    lora_exposition_family_begin(&w, "open", LORA_EXPOSITION_GAUGE, "h");
+    lora_exposition_sample(&w, l, 1, 1);
+    lora_exposition_reset(&w);
     CHECK_TEXT(&w, "");
-    lora_expo_family_begin(&w, "g", LORA_EXPO_GAUGE, "h");
-    lora_expo_family_end(&w);
+    lora_exposition_family_begin(&w, "g", LORA_EXPOSITION_GAUGE, "h");
+    lora_exposition_family_end(&w);
     CHECK_TEXT(&w, "# HELP g h\n# TYPE g gauge\n");
-    lora_expo_release(&w);
+    lora_exposition_release(&w);
     CHECK(w.out == NULL && w.len == 0);
-    lora_expo_release(&w); /* twice is fine */
+    lora_exposition_release(&w); /* twice is fine */
 
     /* Output larger than the first buffer: many series, all kept in order. */
-    lora_expo_init(&w);
-    lora_expo_family_begin(&w, "big", LORA_EXPO_GAUGE, "h");
+    lora_exposition_init(&w);
+    lora_exposition_family_begin(&w, "big", LORA_EXPOSITION_GAUGE, "h");
     char val[32];
     for (int i = 999; i >= 0; i--) {
         snprintf(val, sizeof(val), "%d", i);
-        const struct lora_expo_label li[] = {{"i", val}};
-        lora_expo_sample(&w, li, 1, i);
+        const struct lora_exposition_label li[] = {{"i", val}};
+        lora_exposition_sample(&w, li, 1, i);
     }
-    lora_expo_family_end(&w);
+    lora_exposition_family_end(&w);
     const char *t = text_of(&w);
     CHECK(t != NULL);
     int n = 0, last = -1;
@@ -878,7 +878,7 @@ static void test_reset_and_reuse(void)
         n++;
     }
     CHECK(n == 1000);
-    lora_expo_release(&w);
+    lora_exposition_release(&w);
 }
 
 /* ---- the fuzz test: a validating 0.0.4 parser ------------------------------------------------ */
@@ -959,13 +959,13 @@ struct f_series {
     char values[F_MAX_LABELS][F_MAX_VALUE + 1];
     double value;
     double bounds[F_MAX_BOUNDS];
-    struct lora_expo_histogram h;
+    struct lora_exposition_histogram h;
 };
 
 struct f_family {
     char name[40];
     char help[40];
-    enum lora_expo_type type;
+    enum lora_exposition_type type;
     int n_series;
     struct f_series s[F_MAX_SERIES];
     int seen[F_MAX_SERIES]; /* lines of each series found in the output */
@@ -1216,7 +1216,7 @@ static bool validate(const char *text, size_t len, struct f_family *fam, int n_f
             /* the previous family had all its lines */
             if (f > 0) {
                 struct f_family *pf = &fam[f - 1];
-                int per = pf->type == LORA_EXPO_HISTOGRAM ? 0 : 1;
+                int per = pf->type == LORA_EXPOSITION_HISTOGRAM ? 0 : 1;
                 for (int i = 0; i < pf->n_series; i++) {
                     int want = per ? 1 : pf->s[i].h.n_bounds + 3;
                     if (pf->seen[i] != want)
@@ -1258,7 +1258,7 @@ static bool validate(const char *text, size_t len, struct f_family *fam, int n_f
             if (expect != 2 || !parse_sample(p, le, &s))
                 goto bad;
             struct f_family *cf = &fam[f];
-            bool hist = cf->type == LORA_EXPO_HISTOGRAM;
+            bool hist = cf->type == LORA_EXPOSITION_HISTOGRAM;
             size_t fl = strlen(cf->name);
             const char *suffix = s.name + fl;
             if (strncmp(s.name, cf->name, fl) != 0)
@@ -1291,7 +1291,7 @@ static bool validate(const char *text, size_t len, struct f_family *fam, int n_f
                 if (!same_number(s.value, fs->value))
                     goto bad;
             } else {
-                const struct lora_expo_histogram *h = &fs->h;
+                const struct lora_exposition_histogram *h = &fs->h;
                 uint64_t cum = 0;
                 if (at <= h->n_bounds) {
                     char lev[40];
@@ -1300,7 +1300,7 @@ static bool validate(const char *text, size_t len, struct f_family *fam, int n_f
                     for (int b = 0; b <= at; b++)
                         cum += h->buckets[b];
                     if (at < h->n_bounds) {
-                        lora_expo_format_double(lev, sizeof(lev), h->bounds[at]);
+                        lora_exposition_format_double(lev, sizeof(lev), h->bounds[at]);
                         if (!same_number(s.lvalue[s.n_labels - 1], h->bounds[at]) ||
                             strcmp(lev, s.lvalue[s.n_labels - 1]))
                             goto bad;
@@ -1341,7 +1341,7 @@ static bool validate(const char *text, size_t len, struct f_family *fam, int n_f
         goto bad;
     for (int i = 0; n_fam && i < fam[f].n_series; i++) {
         struct f_family *pf = &fam[f];
-        int want = pf->type == LORA_EXPO_HISTOGRAM ? pf->s[i].h.n_bounds + 3 : 1;
+        int want = pf->type == LORA_EXPOSITION_HISTOGRAM ? pf->s[i].h.n_bounds + 3 : 1;
         if (pf->seen[i] != want)
             goto bad;
     }
@@ -1358,11 +1358,11 @@ static void build_family(struct f_family *f, int index)
     char name[24];
 
     memset(f, 0, sizeof(*f));
-    f->type = (enum lora_expo_type)(rng() % 3);
+    f->type = (enum lora_exposition_type)(rng() % 3);
     random_name(name, sizeof(name), true);
     /* distinct names: the format wants each family once */
     snprintf(f->name, sizeof(f->name), "%s_%d%s", name, index,
-             f->type == LORA_EXPO_COUNTER ? "_total" : "");
+             f->type == LORA_EXPOSITION_COUNTER ? "_total" : "");
     int hl = (int)(rng() % 20);
     for (int i = 0; i < hl; i++) {
         static const char help_chars[] = "ab \\\n\"{}#=09";
@@ -1395,20 +1395,20 @@ static void build_family(struct f_family *f, int index)
                 random_value(s->values[l]);
         }
         s->value = random_sample_value();
-        if (f->type == LORA_EXPO_HISTOGRAM) {
+        if (f->type == LORA_EXPOSITION_HISTOGRAM) {
             int nb = (int)(rng() % (F_MAX_BOUNDS + 1));
             double b = (double)(int)(rng() % 10) - 5;
             for (int k = 0; k < nb; k++) {
                 b += (double)(1 + rng() % 100) / 8;
                 s->bounds[k] = b;
             }
-            if (lora_expo_histogram_init(&s->h, s->bounds, nb) < 0) {
+            if (lora_exposition_histogram_init(&s->h, s->bounds, nb) < 0) {
                 check_cur_failed = 1;
                 continue;
             }
             int n_obs = (int)(rng() % 8);
             for (int k = 0; k < n_obs; k++)
-                lora_expo_histogram_observe(
+                lora_exposition_histogram_observe(
                     &s->h, rng() % 5 ? (double)(int)(rng() % 40) / 4 - 5 : random_sample_value(),
                     rng() % 4);
         }
@@ -1417,7 +1417,7 @@ static void build_family(struct f_family *f, int index)
 
 /* Observations recounted independently: bucket b holds the values <= bounds[b] and above the
  * bound before it. */
-static bool buckets_right(const struct lora_expo_histogram *h)
+static bool buckets_right(const struct lora_exposition_histogram *h)
 {
     uint64_t total = 0;
     for (int b = 0; b <= h->n_bounds; b++)
@@ -1427,22 +1427,22 @@ static bool buckets_right(const struct lora_expo_histogram *h)
 
 static void test_fuzz(void)
 {
-    struct lora_expo w;
+    struct lora_exposition w;
     int n_bad = 0, n_lines = 0, n_errors = 0;
     static struct f_family fam[F_MAX_FAMILIES];
-    struct lora_expo_histogram no_bounds;
+    struct lora_exposition_histogram no_bounds;
 
-    CHECK(lora_expo_histogram_init(&no_bounds, NULL, 0) == 0);
-    lora_expo_init(&w);
+    CHECK(lora_exposition_histogram_init(&no_bounds, NULL, 0) == 0);
+    lora_exposition_init(&w);
     for (int iter = 0; iter < 3000 && n_bad < 3; iter++) {
         int n_fam = (int)(rng() % (F_MAX_FAMILIES + 1));
-        lora_expo_reset(&w);
+        lora_exposition_reset(&w);
         for (int f = 0; f < n_fam; f++)
             build_family(&fam[f], f);
         bool inject = rng() % 10 == 0;
         for (int f = 0; f < n_fam; f++) {
             struct f_family *cf = &fam[f];
-            lora_expo_family_begin(&w, cf->name, cf->type, cf->help);
+            lora_exposition_family_begin(&w, cf->name, cf->type, cf->help);
             /* in a random order */
             int order[F_MAX_SERIES];
             for (int i = 0; i < cf->n_series; i++)
@@ -1454,26 +1454,26 @@ static void test_fuzz(void)
             }
             for (int k = 0; k < cf->n_series; k++) {
                 struct f_series *s = &cf->s[order[k]];
-                struct lora_expo_label l[F_MAX_LABELS];
+                struct lora_exposition_label l[F_MAX_LABELS];
                 for (int i = 0; i < s->n_labels; i++)
-                    l[i] = (struct lora_expo_label){s->names[i], s->values[i]};
-                if (cf->type == LORA_EXPO_HISTOGRAM)
-                    lora_expo_histogram(&w, l, s->n_labels, &s->h);
+                    l[i] = (struct lora_exposition_label){s->names[i], s->values[i]};
+                if (cf->type == LORA_EXPOSITION_HISTOGRAM)
+                    lora_exposition_histogram(&w, l, s->n_labels, &s->h);
                 else
-                    lora_expo_sample(&w, l, s->n_labels, s->value);
+                    lora_exposition_sample(&w, l, s->n_labels, s->value);
             }
             if (inject && f == n_fam - 1) {
-                const struct lora_expo_label bad[] = {{"le", "x"}};
-                if (cf->type == LORA_EXPO_HISTOGRAM)
-                    lora_expo_histogram(&w, bad, 1, &no_bounds);
+                const struct lora_exposition_label bad[] = {{"le", "x"}};
+                if (cf->type == LORA_EXPOSITION_HISTOGRAM)
+                    lora_exposition_histogram(&w, bad, 1, &no_bounds);
                 else
-                    lora_expo_sample(&w, bad, 1, 1);
+                    lora_exposition_sample(&w, bad, 1, 1);
             }
-            lora_expo_family_end(&w);
+            lora_exposition_family_end(&w);
         }
         char err[256] = "";
         size_t len = 0;
-        const char *t = lora_expo_text(&w, &len, err, sizeof(err));
+        const char *t = lora_exposition_text(&w, &len, err, sizeof(err));
         if (inject && n_fam > 0) {
             /* a sample of either kind with a label "le" is refused */
             n_errors++;
@@ -1491,17 +1491,17 @@ static void test_fuzz(void)
         }
         for (int f = 0; f < n_fam; f++)
             for (int i = 0; i < fam[f].n_series; i++) {
-                if (fam[f].type == LORA_EXPO_HISTOGRAM && !buckets_right(&fam[f].s[i].h))
+                if (fam[f].type == LORA_EXPOSITION_HISTOGRAM && !buckets_right(&fam[f].s[i].h))
                     n_bad++;
-                lora_expo_histogram_release(&fam[f].s[i].h);
+                lora_exposition_histogram_release(&fam[f].s[i].h);
             }
     }
     printf("# 3000 random expositions, %d lines checked, %d with an injected error\n", n_lines,
            n_errors);
     CHECK(n_bad == 0);
     CHECK(n_lines > 10000);
-    lora_expo_release(&w);
-    lora_expo_histogram_release(&no_bounds);
+    lora_exposition_release(&w);
+    lora_exposition_histogram_release(&no_bounds);
 }
 
 int main(void)

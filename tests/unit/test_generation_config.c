@@ -1,4 +1,4 @@
-/* Unit tests for lib/generation_config: the three sources (auto, vllm, a directory), which keys
+/* Unit tests for lib/runtime/generation_config: the three sources (auto, vllm, a directory), which keys
  * become defaults and which do not (null, the Hugging Face defaults, keys that are not sampling
  * parameters), the defaults refused at load, and the errors, each naming the path and the key.
  * Expected values are the ones written into each test's JSON by hand.
@@ -10,7 +10,7 @@
 
 #include "check.h"
 #include "fixture.h"
-#include "generation_config.h"
+#include "runtime/generation_config.h"
 
 static char dir[FX_PATH_BYTES], file[FX_PATH_BYTES + 32];
 

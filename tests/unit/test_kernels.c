@@ -1,11 +1,11 @@
-/* Unit tests for kernels/cpu and lib/kv_cache: every kernel against a naive double-precision
+/* Unit tests for kernels/cpu and lib/runtime/kv_cache: every kernel against a naive double-precision
  * reference written here in plain loops (never against another kernel), matmul batch invariance
  * bit for bit across batch sizes, row positions and thread counts, kv_write + attention over a
  * shuffled paged cache with grouped-query heads, the multi-LoRA SGMV, and the block pool.
  */
 #include "check.h"
-#include "kernels.h"
-#include "kv_cache.h"
+#include "backend/cpu/kernels_cpu.h"
+#include "runtime/kv_cache.h"
 
 #include <omp.h>
 #include <stdbool.h>

@@ -2,7 +2,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "lora_module.h"
+#include "base/lora_module.h"
 
 static void test_name_equals_path(void)
 {

@@ -1,5 +1,5 @@
-/* Unit tests for lib/metrics_state: message bodies built here with msgpack-c, key by key as
- * lib/protocol.h and man/lora-stack-protocol.7 define them (tests/ref/metrics_stream.py builds
+/* Unit tests for lib/metrics/metrics_state: message bodies built here with msgpack-c, key by key as
+ * lib/wire/msg.h and man/lora-stack-protocol.7 define them (tests/ref/metrics_stream.py builds
  * the same shapes in Python), applied one at a time, and the model checked against the rules of
  * metrics_state.h and man/lora-stack-metrics.7: residency derived from every rank, readiness,
  * lost engines, restarts, the two meanings of vllm:lora_requests_info, cardinality, health,
@@ -7,7 +7,7 @@
  * each of which the model's invariants are recomputed from scratch.
  */
 #include "check.h"
-#include "metrics_state.h"
+#include "metrics/metrics_state.h"
 
 #include <inttypes.h>
 #include <stdint.h>
@@ -335,10 +335,10 @@ static void b_empty(const char *type)
 static char last_err[512];
 
 /* Applies the body in the buffer. */
-static int put(struct lora_mstate *s, int source, uint64_t now_ms)
+static int put(struct lora_metrics_state *s, int source, uint64_t now_ms)
 {
     last_err[0] = 0;
-    return lora_mstate_apply(s, source, sb.data, sb.size, now_ms, last_err, sizeof(last_err));
+    return lora_metrics_state_apply(s, source, sb.data, sb.size, now_ms, last_err, sizeof(last_err));
 }
 
 #define PUT_OK(s, src, now)                                                                        \
@@ -350,18 +350,18 @@ static int put(struct lora_mstate *s, int source, uint64_t now_ms)
         }                                                                                          \
     } while (0)
 
-static struct lora_mstate *new_state(uint64_t timeout_ms, bool inflight)
+static struct lora_metrics_state *new_state(uint64_t timeout_ms, bool inflight)
 {
-    struct lora_mstate_options o = {.inflight = inflight, .engine_timeout_ms = timeout_ms};
-    struct lora_mstate *s = lora_mstate_new(&o);
+    struct lora_metrics_state_options o = {.inflight = inflight, .engine_timeout_ms = timeout_ms};
+    struct lora_metrics_state *s = lora_metrics_state_new(&o);
     if (!s) {
-        printf("# lora_mstate_new failed\n");
+        printf("# lora_metrics_state_new failed\n");
         exit(1);
     }
     return s;
 }
 
-static const struct lora_mstate_adapter *find(const struct lora_mstate_engine *e, const char *name)
+static const struct lora_metrics_state_adapter *find(const struct lora_metrics_state_engine *e, const char *name)
 {
     for (int i = 0; e && i < e->n_adapters; i++)
         if (strcmp(e->adapters[i]->name, name) == 0)
@@ -370,11 +370,11 @@ static const struct lora_mstate_adapter *find(const struct lora_mstate_engine *e
 }
 
 /* Level, pinned and disagreement of an adapter, "-" when the engine does not track it. */
-static const char *view(const struct lora_mstate_engine *e, const char *name)
+static const char *view(const struct lora_metrics_state_engine *e, const char *name)
 {
     static char buf[64];
     static const char *const lv[] = {"none", "cpu", "gpu"};
-    const struct lora_mstate_adapter *a = find(e, name);
+    const struct lora_metrics_state_adapter *a = find(e, name);
     if (!a)
         return "-";
     snprintf(buf, sizeof(buf), "%s%s%s", lv[a->level], a->pinned ? " pinned" : "",
@@ -392,7 +392,7 @@ static const char *view(const struct lora_mstate_engine *e, const char *name)
     } while (0)
 
 /* An engine with its whole state: config, registry, both ranks, stats. */
-static void bring_up(struct lora_mstate *s, int src, int engine, uint64_t now)
+static void bring_up(struct lora_metrics_state *s, int src, int engine, uint64_t now)
 {
     b_ready(engine, "tiny-llama", L2);
     PUT_OK(s, src, now);
@@ -408,7 +408,7 @@ static void bring_up(struct lora_mstate *s, int src, int engine, uint64_t now)
 
 /* Every field of the model, as text: two equal snapshots mean no state change. Sources are left
  * out (their message counts change on every body). */
-static char *snapshot(const struct lora_mstate *s)
+static char *snapshot(const struct lora_metrics_state *s)
 {
     char *text = NULL;
     size_t len = 0;
@@ -418,7 +418,7 @@ static char *snapshot(const struct lora_mstate *s)
         exit(1);
     fprintf(f, "refused %" PRIu64 " engines %d\n", s->n_refused, s->n_engines);
     for (int i = 0; i < s->n_engines; i++) {
-        const struct lora_mstate_engine *e = s->engines[i];
+        const struct lora_metrics_state_engine *e = s->engines[i];
         fprintf(f, "engine %d src %d from %d epoch %" PRIu64 " heard %" PRIu64 "\n", e->index,
                 e->source, e->from_engine, e->epoch, e->last_heard_ms);
         fprintf(f, " config %d %s %a %d %d %d %d %d %d %d\n", e->has_config,
@@ -427,7 +427,7 @@ static char *snapshot(const struct lora_mstate *s)
         fprintf(f, " registry %d ranks %" PRIx64 " stats %d %d %d %a %" PRIu64 "\n",
                 e->has_registry, e->rank_known, e->has_stats, e->running, e->waiting, e->kv_usage,
                 e->num_preemptions);
-        for (int r = 0; r < LORA_MSTATE_MAX_WORLD; r++)
+        for (int r = 0; r < LORA_METRICS_STATE_MAX_WORLD; r++)
             if (e->has_dropped[r] || e->last_seq[r])
                 fprintf(f, " rank %d dropped %" PRIu64 " seq %" PRIu64 "\n", r, e->dropped[r],
                         e->last_seq[r]);
@@ -439,20 +439,20 @@ static char *snapshot(const struct lora_mstate *s)
                 e->prompt_tokens, e->generation_tokens, e->loads[0], e->loads[1], e->evictions[0],
                 e->evictions[1]);
         for (int h = 0; h < LORA_H_COUNT; h++) {
-            const struct lora_expo_histogram *hi = &e->hist[h];
+            const struct lora_exposition_histogram *hi = &e->hist[h];
             fprintf(f, " hist %d %d %" PRIu64 " %a:", h, hi->n_bounds, hi->count, hi->sum);
             for (int b = 0; hi->buckets && b <= hi->n_bounds; b++)
                 fprintf(f, " %" PRIu64, hi->buckets[b]);
             fprintf(f, "\n");
         }
         for (int k = 0; k < e->n_adapters; k++) {
-            const struct lora_mstate_adapter *a = e->adapters[k];
+            const struct lora_metrics_state_adapter *a = e->adapters[k];
             fprintf(f,
                     " adapter %s reg %d pin %" PRIx64 " level %d %d %d req %d %d acc %d %" PRIu64
                     " %" PRIu64 " ranks",
                     a->name, a->registered, a->rank_pinned, a->level, a->pinned, a->disagrees,
                     a->running, a->waiting, a->accounted, a->prompt_tokens, a->generation_tokens);
-            for (int r = 0; r < LORA_MSTATE_MAX_WORLD; r++)
+            for (int r = 0; r < LORA_METRICS_STATE_MAX_WORLD; r++)
                 if (a->rank_level[r])
                     fprintf(f, " %d:%d", r, a->rank_level[r]);
             fprintf(f, "\n");
@@ -466,8 +466,8 @@ static char *snapshot(const struct lora_mstate *s)
 
 static void test_residency_levels(void)
 {
-    struct lora_mstate *s = new_state(0, false);
-    const struct lora_mstate_engine *e;
+    struct lora_metrics_state *s = new_state(0, false);
+    const struct lora_metrics_state_engine *e;
 
     b_ready(0, "m", L2);
     PUT_OK(s, -1, 1000);
@@ -477,7 +477,7 @@ static void test_residency_levels(void)
      * cache: a slot is in the cache too, so rank 0 holds it at gpu. */
     b_residency(0, 0, "a,,b,s", "a,b,c,d", "a,b");
     PUT_OK(s, -1, 1000);
-    e = lora_mstate_engine(s, 0);
+    e = lora_metrics_state_engine(s, 0);
     CHECK(e != NULL);
     /* Rank 1 not heard yet: nothing is held by every rank. */
     CHECK_VIEW(e, "a", "none disagrees");
@@ -543,7 +543,7 @@ static void test_residency_levels(void)
     PUT_OK(s, -1, 1000);
     b_registry(1, "a,b,c,d,e,s");
     PUT_OK(s, -1, 1000);
-    const struct lora_mstate_engine *e1 = lora_mstate_engine(s, 1);
+    const struct lora_metrics_state_engine *e1 = lora_metrics_state_engine(s, 1);
     CHECK_VIEW(e1, "a", "gpu pinned");
     CHECK_VIEW(e1, "b", "cpu disagrees");
     CHECK_VIEW(e1, "c", "cpu");
@@ -556,11 +556,11 @@ static void test_residency_levels(void)
     PUT_OK(s, -1, 1000);
     b_residency(2, 0, "x", "x,y", "y");
     PUT_OK(s, -1, 1000);
-    const struct lora_mstate_engine *e2 = lora_mstate_engine(s, 2);
+    const struct lora_metrics_state_engine *e2 = lora_metrics_state_engine(s, 2);
     CHECK_VIEW(e2, "x", "gpu");
     CHECK_VIEW(e2, "y", "cpu pinned");
     CHECK(e2 && e2->n_gpu == 1 && e2->n_cpu == 2 && e2->n_disagree == 0);
-    lora_mstate_destroy(&s);
+    lora_metrics_state_destroy(&s);
     CHECK(s == NULL);
 }
 
@@ -568,110 +568,110 @@ static void test_residency_levels(void)
 
 static void test_readiness(void)
 {
-    struct lora_mstate *s = new_state(0, false);
-    const struct lora_mstate_engine *e;
+    struct lora_metrics_state *s = new_state(0, false);
+    const struct lora_metrics_state_engine *e;
 
-    CHECK(lora_mstate_engine(s, 0) == NULL);
+    CHECK(lora_metrics_state_engine(s, 0) == NULL);
     /* Pieces in a scrambled order; ready only with the last one. */
     b_registry(0, "sql");
     PUT_OK(s, -1, 1000);
-    e = lora_mstate_engine(s, 0);
-    CHECK(e && !lora_mstate_engine_is_ready(e) && !lora_mstate_engine_shows_gauges(s, e, 1000));
-    CHECK(lora_mstate_model_name(s, e) == NULL);
+    e = lora_metrics_state_engine(s, 0);
+    CHECK(e && !lora_metrics_state_engine_is_ready(e) && !lora_metrics_state_engine_shows_gauges(s, e, 1000));
+    CHECK(lora_metrics_state_model_name(s, e) == NULL);
     b_stats(0, "");
     PUT_OK(s, -1, 1000);
-    CHECK(!lora_mstate_engine_is_ready(e));
+    CHECK(!lora_metrics_state_engine_is_ready(e));
     b_residency(0, 1, "", "sql", "");
     PUT_OK(s, -1, 1000);
-    CHECK(!lora_mstate_engine_is_ready(e));
+    CHECK(!lora_metrics_state_engine_is_ready(e));
     b_ready(0, "tiny-llama", L2);
     PUT_OK(s, -1, 1000);
-    CHECK(!lora_mstate_engine_is_ready(e)); /* rank 0 missing */
-    CHECK(lora_mstate_model_name(s, e) && strcmp(lora_mstate_model_name(s, e), "tiny-llama") == 0);
+    CHECK(!lora_metrics_state_engine_is_ready(e)); /* rank 0 missing */
+    CHECK(lora_metrics_state_model_name(s, e) && strcmp(lora_metrics_state_model_name(s, e), "tiny-llama") == 0);
     /* A rank outside the world does not stand in for rank 0. */
     b_residency(0, 5, "", "sql", "");
     PUT_OK(s, -1, 1000);
-    CHECK(!lora_mstate_engine_is_ready(e));
+    CHECK(!lora_metrics_state_engine_is_ready(e));
     /* A notification carries a rank's state as well as a residency_reply. */
     b_notifications(0, 0, 0, 1, "sql", "sql", "", "load:sql:0.02");
     PUT_OK(s, -1, 1000);
-    CHECK(lora_mstate_engine_is_ready(e));
-    CHECK(lora_mstate_engine_shows_gauges(s, e, 1000));
-    CHECK(lora_mstate_engine_shows_gauges(s, e, UINT64_MAX)); /* timeout 0: never lost */
-    CHECK(!lora_mstate_engine_is_lost(s, e, UINT64_MAX));
+    CHECK(lora_metrics_state_engine_is_ready(e));
+    CHECK(lora_metrics_state_engine_shows_gauges(s, e, 1000));
+    CHECK(lora_metrics_state_engine_shows_gauges(s, e, UINT64_MAX)); /* timeout 0: never lost */
+    CHECK(!lora_metrics_state_engine_is_lost(s, e, UINT64_MAX));
     CHECK(e->hist[LORA_H_LOAD_SECONDS].count == 1);
-    lora_mstate_destroy(&s);
+    lora_metrics_state_destroy(&s);
 
     /* --model-name names every engine, before its config too. */
-    struct lora_mstate_options o = {.model_name = "served"};
-    s = lora_mstate_new(&o);
+    struct lora_metrics_state_options o = {.model_name = "served"};
+    s = lora_metrics_state_new(&o);
     CHECK(s != NULL);
     b_stats(3, "");
     PUT_OK(s, -1, 1);
-    e = lora_mstate_engine(s, 3);
-    CHECK(e && lora_mstate_model_name(s, e) && strcmp(lora_mstate_model_name(s, e), "served") == 0);
-    lora_mstate_destroy(&s);
-    lora_mstate_destroy(&s); /* a NULL pointer: nothing */
+    e = lora_metrics_state_engine(s, 3);
+    CHECK(e && lora_metrics_state_model_name(s, e) && strcmp(lora_metrics_state_model_name(s, e), "served") == 0);
+    lora_metrics_state_destroy(&s);
+    lora_metrics_state_destroy(&s); /* a NULL pointer: nothing */
 }
 
 static void test_lost_and_recovery(void)
 {
-    struct lora_mstate *s = new_state(1000, false);
-    int src = lora_mstate_add_source(s, "tcp://127.0.0.1:5557", LORA_SOURCE_ENGINE);
-    const struct lora_mstate_engine *e;
+    struct lora_metrics_state *s = new_state(1000, false);
+    int src = lora_metrics_state_add_source(s, "tcp://127.0.0.1:5557", LORA_SOURCE_ENGINE);
+    const struct lora_metrics_state_engine *e;
     char h[512];
 
     CHECK(src == 0);
     bring_up(s, src, 0, 10000);
     b_event(0, "FINISHED", "sql", "stop", 5, 7);
     PUT_OK(s, src, 10000);
-    e = lora_mstate_engine(s, 0);
-    CHECK(e && lora_mstate_engine_shows_gauges(s, e, 11000)); /* silent for exactly the timeout */
-    CHECK(!lora_mstate_engine_is_lost(s, e, 11000));
-    CHECK(lora_mstate_health(s, 11000, h, sizeof(h)) && strcmp(h, "ok\n") == 0);
-    CHECK(lora_mstate_engine_is_lost(s, e, 11001));
-    CHECK(!lora_mstate_engine_shows_gauges(s, e, 11001));
-    CHECK(lora_mstate_engine_is_ready(e)); /* its state is still all there, but stale */
-    CHECK(!lora_mstate_health(s, 12500, h, sizeof(h)));
+    e = lora_metrics_state_engine(s, 0);
+    CHECK(e && lora_metrics_state_engine_shows_gauges(s, e, 11000)); /* silent for exactly the timeout */
+    CHECK(!lora_metrics_state_engine_is_lost(s, e, 11000));
+    CHECK(lora_metrics_state_health(s, 11000, h, sizeof(h)) && strcmp(h, "ok\n") == 0);
+    CHECK(lora_metrics_state_engine_is_lost(s, e, 11001));
+    CHECK(!lora_metrics_state_engine_shows_gauges(s, e, 11001));
+    CHECK(lora_metrics_state_engine_is_ready(e)); /* its state is still all there, but stale */
+    CHECK(!lora_metrics_state_health(s, 12500, h, sizeof(h)));
     CHECK_CONTAINS(h, "tcp://127.0.0.1:5557: silent for 2.5 s\n");
     CHECK_CONTAINS(h, "engine 0: silent for 2.5 s\n");
     /* A frontend's request_stats is not the engine speaking. */
     b_request_stats(0, "sql", 1767225600.0, 3, 16);
     PUT_OK(s, -1, 13000);
-    CHECK(lora_mstate_engine_is_lost(s, e, 13000));
+    CHECK(lora_metrics_state_engine_is_lost(s, e, 13000));
 
     /* The engine speaks again: it must send its whole state before its gauges return; its
      * config and counters stay. */
     b_stats(0, "sql:1:0");
     PUT_OK(s, src, 20000);
-    CHECK(!lora_mstate_engine_is_lost(s, e, 20000));
-    CHECK(!lora_mstate_engine_is_ready(e) && !lora_mstate_engine_shows_gauges(s, e, 20000));
+    CHECK(!lora_metrics_state_engine_is_lost(s, e, 20000));
+    CHECK(!lora_metrics_state_engine_is_ready(e) && !lora_metrics_state_engine_shows_gauges(s, e, 20000));
     CHECK(e->has_config && e->has_stats && !e->has_registry && e->rank_known == 0);
     CHECK(e->success[LORA_REASON_STOP] == 1 && e->epoch == 0);
-    CHECK(!lora_mstate_health(s, 20000, h, sizeof(h)));
+    CHECK(!lora_metrics_state_health(s, 20000, h, sizeof(h)));
     CHECK_CONTAINS(h, "engine 0: waiting for its state: registry rank-0 rank-1\n");
     b_registry(0, "sql,chat");
     PUT_OK(s, src, 20000);
     b_residency(0, 0, "sql", "sql", "");
     PUT_OK(s, src, 20000);
-    CHECK(!lora_mstate_engine_is_ready(e));
+    CHECK(!lora_metrics_state_engine_is_ready(e));
     b_residency(0, 1, "sql", "sql", "");
     PUT_OK(s, src, 20000);
-    CHECK(lora_mstate_engine_shows_gauges(s, e, 20500));
-    CHECK(lora_mstate_health(s, 20500, h, sizeof(h)));
+    CHECK(lora_metrics_state_engine_shows_gauges(s, e, 20500));
+    CHECK(lora_metrics_state_health(s, 20500, h, sizeof(h)));
     CHECK(e->success[LORA_REASON_STOP] == 1 && e->epoch == 0);
-    lora_mstate_destroy(&s);
+    lora_metrics_state_destroy(&s);
 }
 
 /* ---- restarts ------------------------------------------------------------------------------- */
 
 static void test_restarts(void)
 {
-    struct lora_mstate *s = new_state(1000, false);
-    int a = lora_mstate_add_source(s, "ipc://a", LORA_SOURCE_ENGINE);
-    int b = lora_mstate_add_source(s, "ipc://b", LORA_SOURCE_ENGINE);
-    int fe = lora_mstate_add_source(s, "ipc://fe", LORA_SOURCE_FRONTEND);
-    const struct lora_mstate_engine *e0, *e1, *e5;
+    struct lora_metrics_state *s = new_state(1000, false);
+    int a = lora_metrics_state_add_source(s, "ipc://a", LORA_SOURCE_ENGINE);
+    int b = lora_metrics_state_add_source(s, "ipc://b", LORA_SOURCE_ENGINE);
+    int fe = lora_metrics_state_add_source(s, "ipc://fe", LORA_SOURCE_FRONTEND);
+    const struct lora_metrics_state_engine *e0, *e1, *e5;
 
     bring_up(s, a, 0, 5000);
     bring_up(s, b, 1, 5000);
@@ -683,27 +683,27 @@ static void test_restarts(void)
     }
     b_request_stats(5, NULL, 1767225600.0, 2, 16); /* engine 5: heard from a frontend only */
     PUT_OK(s, fe, 5000);
-    e0 = lora_mstate_engine(s, 0);
-    e1 = lora_mstate_engine(s, 1);
-    e5 = lora_mstate_engine(s, 5);
+    e0 = lora_metrics_state_engine(s, 0);
+    e1 = lora_metrics_state_engine(s, 1);
+    e5 = lora_metrics_state_engine(s, 5);
     CHECK(e0 && e1 && e5 && e0->success[LORA_REASON_STOP] == 2 && e0->prompt_tokens == 10);
     CHECK(find(e0, "sql") && find(e0, "sql")->generation_tokens == 14);
 
     /* The connection to a broke: engine 0 starts a new epoch, engine 1 does not. */
-    lora_mstate_source_lost(s, a, 5100);
+    lora_metrics_state_source_lost(s, a, 5100);
     CHECK(e0->epoch == 1 && e0->success[LORA_REASON_STOP] == 0 && e0->prompt_tokens == 0);
-    CHECK(!e0->has_config && !lora_mstate_engine_is_ready(e0) && e0->n_adapters == 0);
+    CHECK(!e0->has_config && !lora_metrics_state_engine_is_ready(e0) && e0->n_adapters == 0);
     CHECK(e0->hist[LORA_H_PROMPT_TOKENS].buckets == NULL); /* sized by the next config */
     CHECK(e0->source == a);
     /* Just restarted is not silent: health asks for its state, not for a sign of life. */
-    CHECK(!lora_mstate_engine_is_lost(s, e0, 5100));
+    CHECK(!lora_metrics_state_engine_is_lost(s, e0, 5100));
     char h[512];
-    CHECK(!lora_mstate_health(s, 5100, h, sizeof(h)));
+    CHECK(!lora_metrics_state_health(s, 5100, h, sizeof(h)));
     CHECK_CONTAINS(h, "engine 0: waiting for its state: config registry rank-0 stats\n");
     CHECK(e1->epoch == 0 && e1->success[LORA_REASON_LENGTH] == 2);
-    lora_mstate_source_lost(s, fe, 5100); /* engine 5 was never heard from itself */
+    lora_metrics_state_source_lost(s, fe, 5100); /* engine 5 was never heard from itself */
     CHECK(e5->epoch == 0 && e5->hist[LORA_H_E2E].count == 1);
-    lora_mstate_source_lost(s, 99, 5100); /* no such source: nothing */
+    lora_metrics_state_source_lost(s, 99, 5100); /* no such source: nothing */
 
     /* Config: the same ready changes nothing, another model or limit is a restart. */
     b_ready(1, "tiny-llama", L2);
@@ -754,7 +754,7 @@ static void test_restarts(void)
     PUT_OK(s, a, 6000);
     CHECK(e0->epoch == 2 && e0->success[LORA_REASON_STOP] == 0);
     CHECK(e0->has_stats && e0->num_preemptions == 3);
-    CHECK(!lora_mstate_engine_is_lost(s, e0, 6000));
+    CHECK(!lora_metrics_state_engine_is_lost(s, e0, 6000));
 
     /* A rank's dropped count going back. */
     b_notifications(1, 0, 4, 0, "", "", "", "");
@@ -778,8 +778,8 @@ static void test_restarts(void)
     b_notifications(1, 1, 0, 5, "", "x", "", "");
     PUT_OK(s, b, 6000);
     CHECK(e1->epoch == ep + 2 && e1->last_seq[1] == 5);
-    CHECK(!lora_mstate_engine_is_lost(s, e1, 6000));
-    lora_mstate_destroy(&s);
+    CHECK(!lora_metrics_state_engine_is_lost(s, e1, 6000));
+    lora_metrics_state_destroy(&s);
 }
 
 /* ---- vllm:lora_requests_info ---------------------------------------------------------------- */
@@ -788,7 +788,7 @@ static void test_restarts(void)
  * ghost sits in both ranks' slots unregistered; slot1 in a slot of rank 0 only; odd in rank 0's
  * cache only. Requests: sql 2 running 1 waiting, code 3 waiting, ghost 1 waiting, slot1 1
  * waiting, new (unregistered, held nowhere) 1 running 2 waiting, chat none. */
-static void lora_sets_engine(struct lora_mstate *s)
+static void lora_sets_engine(struct lora_metrics_state *s)
 {
     b_ready(0, "m", L2);
     PUT_OK(s, -1, 1);
@@ -802,12 +802,12 @@ static void lora_sets_engine(struct lora_mstate *s)
     PUT_OK(s, -1, 1);
 }
 
-static void check_sets(struct lora_mstate *s, const char *want_running, const char *want_waiting)
+static void check_sets(struct lora_metrics_state *s, const char *want_running, const char *want_waiting)
 {
     char *running = NULL, *waiting = NULL;
-    const struct lora_mstate_engine *e = lora_mstate_engine(s, 0);
+    const struct lora_metrics_state_engine *e = lora_metrics_state_engine(s, 0);
 
-    CHECK(e && lora_mstate_lora_sets(s, e, &running, &waiting) == 0);
+    CHECK(e && lora_metrics_state_lora_sets(s, e, &running, &waiting) == 0);
     if (!running || !waiting || strcmp(running, want_running) || strcmp(waiting, want_waiting)) {
         printf("# running '%s' waiting '%s', want '%s' and '%s'\n", running, waiting, want_running,
                want_waiting);
@@ -821,14 +821,14 @@ static void test_lora_sets(void)
 {
     /* The man page: by default running are the registered adapters in a compute slot on every
      * rank, waiting the adapters with queued requests that are not so resident. */
-    struct lora_mstate *s = new_state(0, false);
+    struct lora_metrics_state *s = new_state(0, false);
     lora_sets_engine(s);
-    const struct lora_mstate_engine *e = lora_mstate_engine(s, 0);
+    const struct lora_metrics_state_engine *e = lora_metrics_state_engine(s, 0);
     check_sets(s, "chat,sql", "code,ghost,new,slot1");
-    CHECK(lora_mstate_adapter_is_ready(find(e, "sql")));
-    CHECK(!lora_mstate_adapter_is_ready(find(e, "ghost"))); /* resident, not registered */
-    CHECK(!lora_mstate_adapter_is_ready(find(e, "slot1"))); /* registered, one rank's slot */
-    CHECK(!lora_mstate_adapter_is_ready(find(e, "code")));  /* in the caches only */
+    CHECK(lora_metrics_state_adapter_is_ready(find(e, "sql")));
+    CHECK(!lora_metrics_state_adapter_is_ready(find(e, "ghost"))); /* resident, not registered */
+    CHECK(!lora_metrics_state_adapter_is_ready(find(e, "slot1"))); /* registered, one rank's slot */
+    CHECK(!lora_metrics_state_adapter_is_ready(find(e, "code")));  /* in the caches only */
     CHECK_VIEW(e, "chat", "gpu pinned");
     CHECK_VIEW(e, "slot1", "cpu disagrees");
     CHECK_VIEW(e, "odd", "none disagrees");
@@ -836,7 +836,7 @@ static void test_lora_sets(void)
     b_residency(0, 1, "chat,ghost", "sql,chat,code,ghost,slot1", "chat");
     PUT_OK(s, -1, 1);
     check_sets(s, "chat", "code,ghost,new,slot1,sql");
-    lora_mstate_destroy(&s);
+    lora_metrics_state_destroy(&s);
 
     /* --lora-info=inflight: the adapters with a request in the batch, and in the queue. */
     s = new_state(0, true);
@@ -845,22 +845,22 @@ static void test_lora_sets(void)
     b_stats(0, "");
     PUT_OK(s, -1, 1);
     check_sets(s, "", "");
-    lora_mstate_destroy(&s);
+    lora_metrics_state_destroy(&s);
 
     /* Nothing known: two empty strings. */
     s = new_state(0, false);
     b_ready(0, "m", L1);
     PUT_OK(s, -1, 1);
     check_sets(s, "", "");
-    lora_mstate_destroy(&s);
+    lora_metrics_state_destroy(&s);
 }
 
 /* ---- cardinality ---------------------------------------------------------------------------- */
 
 static void test_cardinality(void)
 {
-    struct lora_mstate *s = new_state(0, false);
-    const struct lora_mstate_engine *e;
+    struct lora_metrics_state *s = new_state(0, false);
+    const struct lora_metrics_state_engine *e;
 
     b_ready(0, "m", L1);
     PUT_OK(s, -1, 1);
@@ -870,7 +870,7 @@ static void test_cardinality(void)
     PUT_OK(s, -1, 1);
     b_stats(0, "q:0:1");
     PUT_OK(s, -1, 1);
-    e = lora_mstate_engine(s, 0);
+    e = lora_metrics_state_engine(s, 0);
     CHECK(e->n_adapters == 3 && find(e, "r") && find(e, "h") && find(e, "q"));
     b_event(0, "FINISHED", "q", "stop", 5, 2);
     PUT_OK(s, -1, 1);
@@ -915,20 +915,20 @@ static void test_cardinality(void)
     b_stats(0, "");
     PUT_OK(s, -1, 1);
     CHECK(e->n_adapters == 1 && find(e, "p"));
-    lora_mstate_destroy(&s);
+    lora_metrics_state_destroy(&s);
 }
 
 /* ---- counters and histograms ---------------------------------------------------------------- */
 
 static void test_counters(void)
 {
-    struct lora_mstate *s = new_state(0, false);
-    const struct lora_mstate_engine *e;
+    struct lora_metrics_state *s = new_state(0, false);
+    const struct lora_metrics_state_engine *e;
 
     bring_up(s, -1, 0, 1);
-    e = lora_mstate_engine(s, 0);
+    e = lora_metrics_state_engine(s, 0);
     /* max_model_len 4096: 1, 2, 5, ... 2000 (vLLM's build_1_2_5_buckets). */
-    const struct lora_expo_histogram *pt = &e->hist[LORA_H_PROMPT_TOKENS];
+    const struct lora_exposition_histogram *pt = &e->hist[LORA_H_PROMPT_TOKENS];
     CHECK(pt->n_bounds == 11 && pt->bounds[0] == 1 && pt->bounds[10] == 2000);
     CHECK(e->hist[LORA_H_TTFT].n_bounds == 22 && e->hist[LORA_H_TTFT].bounds[21] == 2560.0);
 
@@ -969,7 +969,7 @@ static void test_counters(void)
     b_stats_ex(0, 1, 0, 0, 0, 0, "");
     PUT_OK(s, -1, 1);
     CHECK(e->hist[LORA_H_ITERATION_TOKENS].count == 1 && e->hist[LORA_H_STEP_ADAPTERS].count == 1);
-    lora_mstate_destroy(&s);
+    lora_metrics_state_destroy(&s);
 }
 
 /* ready with startup_loads "rank:seq:transition:name:seconds,...". */
@@ -1020,10 +1020,10 @@ static const char *const STARTUP = "0:1:load:sql:0.5,1:1:load:sql:0.25,0:2:activ
 static void test_startup_loads(void)
 {
     /* A subscriber that joins after ready: every start-up load counts, once. */
-    struct lora_mstate *s = new_state(0, false);
+    struct lora_metrics_state *s = new_state(0, false);
     b_ready_loads(0, L2, STARTUP);
     PUT_OK(s, -1, 1);
-    const struct lora_mstate_engine *e = lora_mstate_engine(s, 0);
+    const struct lora_metrics_state_engine *e = lora_metrics_state_engine(s, 0);
     CHECK(e && e->hist[LORA_H_LOAD_SECONDS].count == 3);
     CHECK(e && e->hist[LORA_H_ACTIVATE_SECONDS].count == 2);
     CHECK_NEAR(e ? e->hist[LORA_H_LOAD_SECONDS].sum : 0, 0.95, 1e-9);
@@ -1032,7 +1032,7 @@ static void test_startup_loads(void)
     b_ready_loads(0, L2, STARTUP); /* published again at every interval */
     PUT_OK(s, -1, 2);
     CHECK(e->hist[LORA_H_LOAD_SECONDS].count == 3 && e->loads[0] == 1);
-    lora_mstate_destroy(&s);
+    lora_metrics_state_destroy(&s);
 
     /* A subscriber that saw part of start-up live: rank 0 from its first notification on,
      * rank 1 from its second. What it saw is not counted again. */
@@ -1047,12 +1047,12 @@ static void test_startup_loads(void)
     PUT_OK(s, -1, 1);
     b_ready_loads(0, L2, STARTUP);
     PUT_OK(s, -1, 2);
-    e = lora_mstate_engine(s, 0);
+    e = lora_metrics_state_engine(s, 0);
     CHECK(e && e->hist[LORA_H_LOAD_SECONDS].count == 3); /* two live, rank 1's seq 1 */
     CHECK(e && e->hist[LORA_H_ACTIVATE_SECONDS].count == 2);
     CHECK_NEAR(e ? e->hist[LORA_H_LOAD_SECONDS].sum : 0, 0.95, 1e-9);
     CHECK(e && e->loads[0] == 1 && e->loads[1] == 1);
-    lora_mstate_destroy(&s);
+    lora_metrics_state_destroy(&s);
 
     /* A restart under a live subscriber: the new engine's numbers only. */
     s = new_state(0, false);
@@ -1064,48 +1064,48 @@ static void test_startup_loads(void)
     PUT_OK(s, -1, 2);
     b_ready_loads(0, L1, "0:1:load:code:0.125");
     PUT_OK(s, -1, 3);
-    e = lora_mstate_engine(s, 0);
+    e = lora_metrics_state_engine(s, 0);
     CHECK(e && e->epoch == 1 && e->hist[LORA_H_LOAD_SECONDS].count == 1);
     CHECK(e && e->loads[0] == 1);
-    lora_mstate_destroy(&s);
+    lora_metrics_state_destroy(&s);
 }
 
 /* ---- health --------------------------------------------------------------------------------- */
 
 static void test_health(void)
 {
-    struct lora_mstate *s = new_state(5000, false);
+    struct lora_metrics_state *s = new_state(5000, false);
     char h[512];
 
-    CHECK(lora_mstate_health(s, 1, h, sizeof(h)) && strcmp(h, "ok\n") == 0);
-    int e_src = lora_mstate_add_source(s, "ipc:///run/e0", LORA_SOURCE_ENGINE);
-    int f_src = lora_mstate_add_source(s, "ipc:///run/f0", LORA_SOURCE_FRONTEND);
-    int in = lora_mstate_add_source(s, "stdin", LORA_SOURCE_STDIN);
+    CHECK(lora_metrics_state_health(s, 1, h, sizeof(h)) && strcmp(h, "ok\n") == 0);
+    int e_src = lora_metrics_state_add_source(s, "ipc:///run/e0", LORA_SOURCE_ENGINE);
+    int f_src = lora_metrics_state_add_source(s, "ipc:///run/f0", LORA_SOURCE_FRONTEND);
+    int in = lora_metrics_state_add_source(s, "stdin", LORA_SOURCE_STDIN);
     CHECK(e_src == 0 && f_src == 1 && in == 2);
-    CHECK(!lora_mstate_health(s, 1000, h, sizeof(h)));
+    CHECK(!lora_metrics_state_health(s, 1000, h, sizeof(h)));
     CHECK(strcmp(h, "ipc:///run/e0: nothing heard yet\n") == 0); /* frontends are optional */
     /* Heard, but the engine's state is incomplete. */
     b_ready(0, "m", L2);
     PUT_OK(s, e_src, 1000);
-    CHECK(!lora_mstate_health(s, 1000, h, sizeof(h)));
+    CHECK(!lora_metrics_state_health(s, 1000, h, sizeof(h)));
     CHECK(strcmp(h, "engine 0: waiting for its state: registry rank-0 rank-1 stats\n") == 0);
     bring_up(s, e_src, 0, 1000);
-    CHECK(lora_mstate_health(s, 6000, h, sizeof(h)) && strcmp(h, "ok\n") == 0);
-    CHECK(!lora_mstate_health(s, 6001, h, sizeof(h)));
+    CHECK(lora_metrics_state_health(s, 6000, h, sizeof(h)) && strcmp(h, "ok\n") == 0);
+    CHECK(!lora_metrics_state_health(s, 6001, h, sizeof(h)));
     CHECK(strcmp(h, "ipc:///run/e0: silent for 5.0 s\nengine 0: silent for 5.0 s\n") == 0);
     /* A small buffer truncates, always terminated. */
     char small[12];
     memset(small, 'x', sizeof(small));
-    CHECK(!lora_mstate_health(s, 6001, small, sizeof(small)));
+    CHECK(!lora_metrics_state_health(s, 6001, small, sizeof(small)));
     CHECK(strlen(small) == sizeof(small) - 1 && strncmp(small, "ipc:///run/", 11) == 0);
-    CHECK(!lora_mstate_health(s, 6001, NULL, 0));
+    CHECK(!lora_metrics_state_health(s, 6001, NULL, 0));
     /* The end of standard input is unhealthy: nothing more will come. */
-    lora_mstate_source_ended(s, in, "end of input");
-    CHECK(!lora_mstate_health(s, 2000, h, sizeof(h)));
+    lora_metrics_state_source_ended(s, in, "end of input");
+    CHECK(!lora_metrics_state_health(s, 2000, h, sizeof(h)));
     CHECK(strcmp(h, "stdin: end of input\n") == 0);
-    lora_mstate_source_ended(s, in, NULL);
-    CHECK(!lora_mstate_health(s, 2000, h, sizeof(h)) && strcmp(h, "stdin: ended\n") == 0);
-    lora_mstate_destroy(&s);
+    lora_metrics_state_source_ended(s, in, NULL);
+    CHECK(!lora_metrics_state_health(s, 2000, h, sizeof(h)) && strcmp(h, "stdin: ended\n") == 0);
+    lora_metrics_state_destroy(&s);
 }
 
 /* ---- malformed bodies ----------------------------------------------------------------------- */
@@ -1118,8 +1118,8 @@ static void raw(const void *bytes, size_t n)
 
 static void test_malformed(void)
 {
-    struct lora_mstate *s = new_state(1000, false);
-    int src = lora_mstate_add_source(s, "ipc://e", LORA_SOURCE_ENGINE);
+    struct lora_metrics_state *s = new_state(1000, false);
+    int src = lora_metrics_state_add_source(s, "ipc://e", LORA_SOURCE_ENGINE);
     struct {
         const char *what;
         const char *want; /* in the message */
@@ -1292,9 +1292,9 @@ static void test_malformed(void)
         free(before);
         free(after);
     }
-    CHECK(lora_mstate_engine(s, 7) == NULL && lora_mstate_engine(s, 9) == NULL);
-    CHECK(lora_mstate_engine_shows_gauges(s, lora_mstate_engine(s, 0), 2000));
-    CHECK(!lora_mstate_engine_shows_gauges(s, lora_mstate_engine(s, 0), 2001));
+    CHECK(lora_metrics_state_engine(s, 7) == NULL && lora_metrics_state_engine(s, 9) == NULL);
+    CHECK(lora_metrics_state_engine_shows_gauges(s, lora_metrics_state_engine(s, 0), 2000));
+    CHECK(!lora_metrics_state_engine_shows_gauges(s, lora_metrics_state_engine(s, 0), 2001));
 
     /* Types of no interest here, and a worker's own messages (no engine): 0, nothing changes. */
     b_empty("heartbeat");
@@ -1311,8 +1311,8 @@ static void test_malformed(void)
     free(first);
     /* no error buffer at all */
     raw("\xc1", 1);
-    CHECK(lora_mstate_apply(s, src, sb.data, sb.size, 1000, NULL, 0) == -1);
-    lora_mstate_destroy(&s);
+    CHECK(lora_metrics_state_apply(s, src, sb.data, sb.size, 1000, NULL, 0) == -1);
+    lora_metrics_state_destroy(&s);
 }
 
 /* ---- fuzz ----------------------------------------------------------------------------------- */
@@ -1443,29 +1443,29 @@ static int n_violations;
     } while (0)
 
 /* The model's invariants, recomputed from the ranks' levels. */
-static void check_invariants(struct lora_mstate *s, uint64_t now)
+static void check_invariants(struct lora_metrics_state *s, uint64_t now)
 {
-    if (s->n_engines < 0 || s->n_engines > LORA_MSTATE_MAX_ENGINES) {
+    if (s->n_engines < 0 || s->n_engines > LORA_METRICS_STATE_MAX_ENGINES) {
         n_violations++;
         return;
     }
     for (int i = 0; i < s->n_engines; i++) {
-        const struct lora_mstate_engine *e = s->engines[i];
+        const struct lora_metrics_state_engine *e = s->engines[i];
         INV(i == 0 || s->engines[i - 1]->index < e->index);
         INV(e->index >= 0 && e->index <= 1000000);
         int world = e->has_config ? e->world_size : 0;
-        INV(!e->has_config || (world >= 1 && world <= LORA_MSTATE_MAX_WORLD && e->model &&
+        INV(!e->has_config || (world >= 1 && world <= LORA_METRICS_STATE_MAX_WORLD && e->model &&
                                e->hist[LORA_H_PROMPT_TOKENS].buckets));
         uint64_t mask = world >= 64 ? ~0ull : (1ull << world) - 1;
         int n_gpu = 0, n_cpu = 0, n_dis = 0;
-        INV(e->n_adapters >= 0 && e->n_adapters <= LORA_MSTATE_MAX_ADAPTERS);
+        INV(e->n_adapters >= 0 && e->n_adapters <= LORA_METRICS_STATE_MAX_ADAPTERS);
         for (int k = 0; k < e->n_adapters; k++) {
-            const struct lora_mstate_adapter *a = e->adapters[k];
+            const struct lora_metrics_state_adapter *a = e->adapters[k];
             INV(a->name && a->name[0]);
             INV(k == 0 || strcmp(e->adapters[k - 1]->name, a->name) < 0);
             INV(a->running >= 0 && a->waiting >= 0);
             bool held = a->rank_pinned != 0;
-            for (int r = 0; r < LORA_MSTATE_MAX_WORLD; r++) {
+            for (int r = 0; r < LORA_METRICS_STATE_MAX_WORLD; r++) {
                 INV(a->rank_level[r] <= LORA_LEVEL_GPU);
                 held |= a->rank_level[r] != LORA_LEVEL_NONE;
             }
@@ -1487,7 +1487,7 @@ static void check_invariants(struct lora_mstate *s, uint64_t now)
         }
         INV(e->n_gpu == n_gpu && e->n_cpu == n_cpu && e->n_disagree == n_dis);
         for (int h = 0; h < LORA_H_COUNT; h++) {
-            const struct lora_expo_histogram *hi = &e->hist[h];
+            const struct lora_exposition_histogram *hi = &e->hist[h];
             uint64_t total = 0;
             for (int b = 0; hi->buckets && b <= hi->n_bounds; b++)
                 total += hi->buckets[b];
@@ -1495,11 +1495,11 @@ static void check_invariants(struct lora_mstate *s, uint64_t now)
         }
         /* the two sets agree with their definitions */
         char *running = NULL, *waiting = NULL;
-        INV(lora_mstate_lora_sets(s, e, &running, &waiting) == 0);
+        INV(lora_metrics_state_lora_sets(s, e, &running, &waiting) == 0);
         if (running && waiting) {
             int n_run = 0, n_wait = 0;
             for (int k = 0; k < e->n_adapters; k++) {
-                const struct lora_mstate_adapter *a = e->adapters[k];
+                const struct lora_metrics_state_adapter *a = e->adapters[k];
                 bool run =
                     s->o.inflight ? a->running > 0 : a->registered && a->level == LORA_LEVEL_GPU;
                 bool wait = a->waiting > 0 && (s->o.inflight || !run);
@@ -1515,21 +1515,21 @@ static void check_invariants(struct lora_mstate *s, uint64_t now)
         }
         free(running);
         free(waiting);
-        (void)lora_mstate_engine_shows_gauges(s, e, now);
+        (void)lora_metrics_state_engine_shows_gauges(s, e, now);
     }
 }
 
 static void test_fuzz(void)
 {
-    struct lora_mstate *s = new_state(2000, false);
+    struct lora_metrics_state *s = new_state(2000, false);
     int src[3];
     uint64_t now = 1000, epochs[6] = {0};
     int n_refused_ok = 0, n_applied = 0, n_ignored = 0, n_changed_on_error = 0;
     char h[256];
 
-    src[0] = lora_mstate_add_source(s, "ipc://e0", LORA_SOURCE_ENGINE);
-    src[1] = lora_mstate_add_source(s, "ipc://e1", LORA_SOURCE_ENGINE);
-    src[2] = lora_mstate_add_source(s, "stdin", LORA_SOURCE_STDIN);
+    src[0] = lora_metrics_state_add_source(s, "ipc://e0", LORA_SOURCE_ENGINE);
+    src[1] = lora_metrics_state_add_source(s, "ipc://e1", LORA_SOURCE_ENGINE);
+    src[2] = lora_metrics_state_add_source(s, "stdin", LORA_SOURCE_STDIN);
     n_violations = 0;
     for (int iter = 0; iter < 8000; iter++) {
         int kind = (int)(rng() % 10);
@@ -1579,15 +1579,15 @@ static void test_fuzz(void)
         free(after);
         check_invariants(s, now);
         for (int i = 0; i < 6; i++) {
-            const struct lora_mstate_engine *e = lora_mstate_engine(s, i);
+            const struct lora_metrics_state_engine *e = lora_metrics_state_engine(s, i);
             if (e && e->epoch < epochs[i])
                 n_violations++;
             if (e)
                 epochs[i] = e->epoch;
         }
         if (rng() % 200 == 0)
-            lora_mstate_source_lost(s, src[rng() % 3], now);
-        (void)lora_mstate_health(s, now, h, 1 + rng() % sizeof(h));
+            lora_metrics_state_source_lost(s, src[rng() % 3], now);
+        (void)lora_metrics_state_health(s, now, h, 1 + rng() % sizeof(h));
         if (rng() % 500 == 0)
             s->o.inflight = !s->o.inflight;
         now += rng() % 700;
@@ -1598,7 +1598,7 @@ static void test_fuzz(void)
     CHECK(n_changed_on_error == 0);
     /* every path was taken often enough to mean something */
     CHECK(n_applied > 2000 && n_refused_ok > 1500 && n_ignored > 100);
-    lora_mstate_destroy(&s);
+    lora_metrics_state_destroy(&s);
 }
 
 int main(void)

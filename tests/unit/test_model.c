@@ -1,4 +1,4 @@
-/* Unit tests for lib/model: generated checkpoints (lib/model_gen) load with the dimensions of
+/* Unit tests for lib/runtime/model: generated checkpoints (lib/runtime/synthetic) load with the dimensions of
  * their config.json and the values of their safetensors files, read back independently through
  * lora_safetensors_open; tensor-parallel shards hold exactly their rows or columns of the full
  * model; and every malformed checkpoint (truncated file, lying header, missing or misshapen
@@ -16,8 +16,8 @@
 
 #include "check.h"
 #include "fixture.h"
-#include "model.h"
-#include "model_gen.h"
+#include "runtime/model.h"
+#include "runtime/synthetic.h"
 
 #define ERR_BYTES 1024
 
@@ -32,9 +32,9 @@ static long file_size(const char *path)
 
 static const char *gen_default_model(const char *name)
 {
-    struct lora_gen_model_opts o;
+    struct lora_synthetic_model_opts o;
 
-    lora_gen_model_defaults(&o);
+    lora_synthetic_model_defaults(&o);
     return fx_gen_model(name, &o);
 }
 
@@ -163,19 +163,19 @@ static void test_fixtures_written(void)
 {
     static char base[FX_PATH_BYTES], bf16[FX_PATH_BYTES], tied[FX_PATH_BYTES],
         sharded[FX_PATH_BYTES], qwen[FX_PATH_BYTES];
-    struct lora_gen_model_opts o;
+    struct lora_synthetic_model_opts o;
 
     snprintf(base, sizeof(base), "%s", gen_default_model("base"));
-    lora_gen_model_defaults(&o);
+    lora_synthetic_model_defaults(&o);
     o.dtype = LORA_DTYPE_BF16;
     snprintf(bf16, sizeof(bf16), "%s", fx_gen_model("bf16", &o));
-    lora_gen_model_defaults(&o);
+    lora_synthetic_model_defaults(&o);
     o.tie_word_embeddings = true;
     snprintf(tied, sizeof(tied), "%s", fx_gen_model("tied", &o));
-    lora_gen_model_defaults(&o);
+    lora_synthetic_model_defaults(&o);
     o.n_shards = 3;
     snprintf(sharded, sizeof(sharded), "%s", fx_gen_model("sharded", &o));
-    lora_gen_model_defaults(&o);
+    lora_synthetic_model_defaults(&o);
     o.arch = LORA_ARCH_QWEN2;
     snprintf(qwen, sizeof(qwen), "%s", fx_gen_model("qwen2", &o));
     base_dir = base;
@@ -559,11 +559,11 @@ static void test_missing_tensor(void)
 /* Every tensor of the Qwen2 model (the superset: it has q/k/v biases) is required. */
 static void test_every_tensor_required(void)
 {
-    struct lora_gen_model_opts o;
+    struct lora_synthetic_model_opts o;
     struct fx_tset full;
     const char *dir;
 
-    lora_gen_model_defaults(&o);
+    lora_synthetic_model_defaults(&o);
     o.arch = LORA_ARCH_QWEN2;
     dir = fx_gen_model("each_missing", &o);
     if (fx_tset_read(&full, fx_join(dir, "model.safetensors")) < 0)
@@ -665,9 +665,9 @@ static void test_missing_weights_file(void)
 
 static const char *gen_sharded(const char *name)
 {
-    struct lora_gen_model_opts o;
+    struct lora_synthetic_model_opts o;
 
-    lora_gen_model_defaults(&o);
+    lora_synthetic_model_defaults(&o);
     o.n_shards = 2;
     return fx_gen_model(name, &o);
 }
@@ -779,7 +779,7 @@ static void test_index_weight_map_not_object(void)
 
 static void test_split_not_divisible(void)
 {
-    struct lora_gen_model_opts o;
+    struct lora_synthetic_model_opts o;
     const char *e, *dir;
 
     e = load_err(base_dir, 0, 3);
@@ -787,7 +787,7 @@ static void test_split_not_divisible(void)
     CHECK_CONTAINS(e, "num_attention_heads (4) is not divisible by tensor-parallel size 3");
     e = load_err(base_dir, 3, 4);
     CHECK_CONTAINS(e, "num_key_value_heads (2) is not divisible by tensor-parallel size 4");
-    lora_gen_model_defaults(&o);
+    lora_synthetic_model_defaults(&o);
     o.intermediate_size = 129;
     dir = fx_gen_model("inter129", &o);
     e = load_err(dir, 1, 2);

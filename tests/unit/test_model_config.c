@@ -1,4 +1,4 @@
-/* Unit tests for lib/model_config: valid Llama, Mistral and Qwen2 configs with their defaults,
+/* Unit tests for lib/runtime/model_config: valid Llama, Mistral and Qwen2 configs with their defaults,
  * every malformed case named in the header's contract, and the projection helpers.
  * Expected values are the ones written into each test's JSON by hand.
  */
@@ -10,7 +10,7 @@
 
 #include "check.h"
 #include "fixture.h"
-#include "model_config.h"
+#include "runtime/model_config.h"
 
 static char cfg_path[FX_PATH_BYTES];
 

@@ -1,4 +1,4 @@
-/* Unit tests for lib/notify_ring: order and sequence numbers preserved, the oldest dropped at
+/* Unit tests for lib/wire/notify_ring: order and sequence numbers preserved, the oldest dropped at
  * capacity with an exact drop count (a small ring and the default 1024), draining through a
  * callback (whole, and stopped midway), taking into an array, is_empty, and refused pushes that
  * change nothing. Item memory is checked under ASan: every copy is freed once.
@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "notify_ring.h"
+#include "wire/notify_ring.h"
 
 /* Pushes the payload "item-<k>" tagged kind k % 3. */
 static int push_k(struct lora_notify_ring *r, int k, uint64_t *seq)

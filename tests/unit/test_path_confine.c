@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "fs.h"
-#include "path_confine.h"
+#include "base/fs.h"
+#include "base/path_confine.h"
 
 static char base[PATH_MAX], root[PATH_MAX + 8];
 

@@ -11,8 +11,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "fs.h"
-#include "registry_file.h"
+#include "base/fs.h"
+#include "sched/registry_file.h"
 
 static char dir[64];
 

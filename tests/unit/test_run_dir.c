@@ -8,8 +8,8 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "fs.h"
-#include "run_dir.h"
+#include "base/fs.h"
+#include "base/run_dir.h"
 
 #define NOBODY 65534
 

@@ -1,4 +1,4 @@
-/* Unit tests for lib/safetensors: conversions against known bit patterns (and the compiler's
+/* Unit tests for lib/runtime/safetensors: conversions against known bit patterns (and the compiler's
  * _Float16 as an independent F16 reference), write/read round trips, every malformed-header
  * error, and a fixed-seed mutation run that must never crash.
  */
@@ -7,7 +7,7 @@
 
 #include "check.h"
 #include "fixture.h"
-#include "safetensors.h"
+#include "runtime/safetensors.h"
 
 #include <inttypes.h>
 #include <jansson.h>

@@ -1,8 +1,8 @@
-/* Unit tests for lib/sampler: greedy, log-probabilities, top-k / top-p filtering, empirical
+/* Unit tests for lib/runtime/sampler: greedy, log-probabilities, top-k / top-p filtering, empirical
  * distributions and a cross-check against a brute-force reference (full sort, explicit softmax).
  */
 #include "check.h"
-#include "sampler.h"
+#include "runtime/sampler.h"
 
 #include <stdint.h>
 #include <stdlib.h>

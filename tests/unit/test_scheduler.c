@@ -1,4 +1,4 @@
-/* Unit tests for lib/scheduler, driven by a fake executor.
+/* Unit tests for lib/sched/scheduler, driven by a fake executor.
  *
  * The harness (struct sim) plays the engine: it schedules, checks the plan, "runs" it (every
  * sequence whose computation completes produces one token; a request finishes at its finish_at
@@ -17,7 +17,7 @@
 #include <stdlib.h>
 
 #include "check.h"
-#include "scheduler.h"
+#include "sched/scheduler.h"
 
 #define ERR_BYTES     256
 #define SIM_MAX_REQS  8192

@@ -1,10 +1,10 @@
-/* Unit tests for lib/sock: framing round trips over inproc and ipc (ROUTER/DEALER both ways, with
+/* Unit tests for lib/wire/sock: framing round trips over inproc and ipc (ROUTER/DEALER both ways, with
  * and without binary frames, PUB/SUB with a topic), receive timeouts, malformed messages dropped
  * and counted while good traffic goes on, ROUTER_MANDATORY, ipc socket file mode and stale-file
  * handling, bind errors, argument checks, liveness arithmetic and the signal self-pipe.
  */
 #include "check.h"
-#include "sock.h"
+#include "wire/sock.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -17,7 +17,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
-/* {"type": "hello"} in msgpack; opaque to lib/sock, but realistic. */
+/* {"type": "hello"} in msgpack; opaque to lib/wire/sock, but realistic. */
 static const unsigned char HELLO[] = {0x81, 0xa4, 't', 'y', 'p', 'e',
                                       0xa5, 'h',  'e', 'l', 'l', 'o'};
 

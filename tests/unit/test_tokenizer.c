@@ -1,4 +1,4 @@
-/* Unit tests for lib/tokenizer: hand-made tokenizer.json files, one per component and option,
+/* Unit tests for lib/text/tokenizer: hand-made tokenizer.json files, one per component and option,
  * with the ids and texts Hugging Face's tokenizers gives for them; every malformed-input error;
  * invalid UTF-8; unknown ids; the streaming decoder's invariant under random cuts; and
  * several threads encoding at once. When the real tokenizers that tests/ref/node_deps.sh
@@ -24,8 +24,8 @@
 
 #include "check.h"
 #include "fixture.h"
-#include "model_gen.h"
-#include "tokenizer.h"
+#include "runtime/synthetic.h"
+#include "text/tokenizer.h"
 
 /* ---- writing tokenizers -------------------------------------------------------------------- */
 
@@ -1281,14 +1281,14 @@ static void test_stream_random(void)
 
 static void test_generated_model(void)
 {
-    struct lora_gen_model_opts o;
+    struct lora_synthetic_model_opts o;
     const char *dir;
     struct lora_tokenizer *t;
     char err[512];
     static const struct tcase c = {"Hi <s>there</s>", "72 105 32 256 116 104 101 114 101 257", NULL,
                                    NULL};
 
-    lora_gen_model_defaults(&o);
+    lora_synthetic_model_defaults(&o);
     dir = fx_gen_model("gen", &o);
     t = lora_tokenizer_load(fx_join(dir, "tokenizer.json"), err, sizeof(err));
     CHECK(t != NULL);

@@ -1,0 +1,330 @@
+/* model: loads a Hugging Face checkpoint (whole or one tensor-parallel shard); see model.h. */
+#include "runtime/model.h"
+
+#include "base/json_file.h"
+
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* How a tensor is cut for this shard. */
+enum slice {
+    SLICE_NONE,
+    SLICE_ROWS, /* rows [start, start + count) of a 2-D tensor, or elements of a 1-D one */
+    SLICE_COLS, /* columns [start, start + count) of a 2-D tensor */
+};
+
+struct loader {
+    struct lora_model *m;
+    const char *dir;
+    char *err;
+    size_t err_len;
+};
+
+static void *xcalloc(size_t n, size_t size)
+{
+    void *p = calloc(n, size);
+    if (!p) {
+        fputs("lora: fatal: out of memory\n", stderr);
+        abort();
+    }
+    return p;
+}
+
+static const struct lora_tensor_info *find_tensor(const struct lora_model *m, const char *name,
+                                                  const struct lora_safetensors **file)
+{
+    for (int i = 0; i < m->n_files; i++) {
+        const struct lora_tensor_info *t = lora_safetensors_find(m->files[i], name);
+        if (t) {
+            *file = m->files[i];
+            return t;
+        }
+    }
+    return NULL;
+}
+
+/* Returns the float32 data of tensor name, whose full shape must be (d0) or (d0, d1), cut as
+ * kind says; NULL with an error naming file and tensor. */
+static const float *fetch(struct loader *ld, const char *name, int n_dims, int64_t d0, int64_t d1,
+                          enum slice kind, int64_t start, int64_t count)
+{
+    struct lora_model *m = ld->m;
+    const struct lora_safetensors *f = NULL;
+    const struct lora_tensor_info *t = find_tensor(m, name, &f);
+
+    if (!t) {
+        if (m->n_files == 1)
+            snprintf(ld->err, ld->err_len, "%s: missing tensor '%s'", m->files[0]->path, name);
+        else
+            snprintf(ld->err, ld->err_len,
+                     "%s/model.safetensors.index.json: missing tensor '%s' in any shard", ld->dir,
+                     name);
+        return NULL;
+    }
+    bool shape_ok = t->n_dims == n_dims && t->shape[0] == d0 && (n_dims == 1 || t->shape[1] == d1);
+    if (!shape_ok) {
+        char got[160];
+        lora_tensor_shape_str(t, got, sizeof(got));
+        if (n_dims == 1)
+            snprintf(ld->err, ld->err_len, "%s: tensor '%s' has shape %s, expected [%lld]",
+                     f->path, name, got, (long long)d0);
+        else
+            snprintf(ld->err, ld->err_len, "%s: tensor '%s' has shape %s, expected [%lld, %lld]",
+                     f->path, name, got, (long long)d0, (long long)d1);
+        return NULL;
+    }
+    if (t->dtype != LORA_DTYPE_F32 && t->dtype != LORA_DTYPE_F16 && t->dtype != LORA_DTYPE_BF16) {
+        snprintf(ld->err, ld->err_len, "%s: tensor '%s' has dtype %s, expected F32, F16 or BF16",
+                 f->path, name, lora_dtype_name(t->dtype));
+        return NULL;
+    }
+
+    int64_t rows = n_dims == 1 ? 1 : d0, cols = n_dims == 1 ? d0 : d1;
+    if (n_dims == 1 && kind == SLICE_ROWS) {
+        kind = SLICE_COLS; /* a 1-D slice is a column range of one row */
+    }
+    int64_t out_rows = kind == SLICE_ROWS ? count : rows;
+    int64_t out_cols = kind == SLICE_COLS ? count : cols;
+    size_t esize = lora_dtype_size(t->dtype);
+    const char *src = t->data;
+
+    m->weight_bytes += (size_t)(out_rows * out_cols) * sizeof(float);
+    bool aligned = ((uintptr_t)src % sizeof(float)) == 0;
+    if (t->dtype == LORA_DTYPE_F32 && aligned && kind != SLICE_COLS)
+        return (const float *)src + (kind == SLICE_ROWS ? start * cols : 0);
+
+    float *out = malloc((size_t)(out_rows * out_cols) * sizeof(float) + 1);
+    if (!out) {
+        snprintf(ld->err, ld->err_len, "%s: tensor '%s': out of memory", f->path, name);
+        return NULL;
+    }
+    m->owned[m->n_owned++] = out;
+    if (kind == SLICE_COLS) {
+        for (int64_t r = 0; r < rows; r++)
+            lora_dtype_to_f32(t->dtype, src + (size_t)(r * cols + start) * esize,
+                              out + r * out_cols, (size_t)out_cols);
+    } else {
+        size_t off = kind == SLICE_ROWS ? (size_t)(start * cols) : 0;
+        lora_dtype_to_f32(t->dtype, src + off * esize, out, (size_t)(out_rows * out_cols));
+    }
+    return out;
+}
+
+/* Opens model.safetensors, or every file named by model.safetensors.index.json. */
+static int open_files(struct loader *ld)
+{
+    struct lora_model *m = ld->m;
+    char path[4096];
+
+    snprintf(path, sizeof(path), "%s/model.safetensors.index.json", ld->dir);
+    json_t *index = lora_json_file_load(path, ld->err, ld->err_len);
+    if (!index && errno != ENOENT)
+        return -1;
+    if (!index) {
+        snprintf(path, sizeof(path), "%s/model.safetensors", ld->dir);
+        m->files = xcalloc(1, sizeof(*m->files));
+        m->files[0] = lora_safetensors_open(path, ld->err, ld->err_len);
+        if (!m->files[0])
+            return -1;
+        m->n_files = 1;
+        return 0;
+    }
+
+    int rc = -1;
+    json_t *map = json_object_get(index, "weight_map");
+    if (!json_is_object(map) || json_object_size(map) == 0) {
+        snprintf(ld->err, ld->err_len, "%s: 'weight_map' must be a non-empty object", path);
+        goto out;
+    }
+    m->files = xcalloc(json_object_size(map), sizeof(*m->files));
+    const char *name;
+    json_t *file;
+    json_object_foreach(map, name, file) {
+        const char *fname = json_string_value(file);
+        if (!fname || !*fname || strchr(fname, '/') || strstr(fname, "..")) {
+            snprintf(ld->err, ld->err_len, "%s: tensor '%s' maps to an invalid file name", path,
+                     name);
+            goto out;
+        }
+        bool seen = false;
+        char fpath[4096];
+        snprintf(fpath, sizeof(fpath), "%s/%s", ld->dir, fname);
+        for (int i = 0; i < m->n_files && !seen; i++)
+            seen = strcmp(m->files[i]->path, fpath) == 0;
+        if (seen)
+            continue;
+        m->files[m->n_files] = lora_safetensors_open(fpath, ld->err, ld->err_len);
+        if (!m->files[m->n_files])
+            goto out;
+        m->n_files++;
+    }
+    /* Every tensor must be where the index says. */
+    json_object_foreach(map, name, file) {
+        const struct lora_safetensors *f = NULL;
+        char fpath[4096];
+        snprintf(fpath, sizeof(fpath), "%s/%s", ld->dir, json_string_value(file));
+        if (!find_tensor(m, name, &f) || strcmp(f->path, fpath) != 0) {
+            snprintf(ld->err, ld->err_len, "%s/%s: missing tensor '%s' listed in %s", ld->dir,
+                     json_string_value(file), name, path);
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    json_decref(index);
+    return rc;
+}
+
+static int check_split(struct loader *ld, const char *what, int n, int tp_size)
+{
+    if (n % tp_size == 0)
+        return 0;
+    snprintf(ld->err, ld->err_len, "%s: %s (%d) is not divisible by tensor-parallel size %d",
+             ld->dir, what, n, tp_size);
+    return -1;
+}
+
+static int load_layer(struct loader *ld, int i)
+{
+    struct lora_model *m = ld->m;
+    const struct lora_model_config *c = &m->cfg;
+    struct lora_layer *l = &m->layers[i];
+    int r = m->tp_rank, hd = c->head_dim, hidden = c->hidden_size;
+    int q_all = c->n_heads * hd, kv_all = c->n_kv_heads * hd;
+    int q_dim = m->n_heads * hd, kv_dim = m->n_kv_heads * hd;
+    char name[256];
+
+#define NAME(suffix) (snprintf(name, sizeof(name), "model.layers.%d.%s", i, suffix), name)
+    l->attn_norm = fetch(ld, NAME("input_layernorm.weight"), 1, hidden, 0, SLICE_NONE, 0, 0);
+    l->mlp_norm = l->attn_norm ? fetch(ld, NAME("post_attention_layernorm.weight"), 1, hidden, 0,
+                                       SLICE_NONE, 0, 0)
+                               : NULL;
+    if (!l->mlp_norm)
+        return -1;
+    l->wq = fetch(ld, NAME("self_attn.q_proj.weight"), 2, q_all, hidden, SLICE_ROWS,
+                  (int64_t)r * q_dim, q_dim);
+    l->wk = l->wq ? fetch(ld, NAME("self_attn.k_proj.weight"), 2, kv_all, hidden, SLICE_ROWS,
+                          (int64_t)r * kv_dim, kv_dim)
+                  : NULL;
+    l->wv = l->wk ? fetch(ld, NAME("self_attn.v_proj.weight"), 2, kv_all, hidden, SLICE_ROWS,
+                          (int64_t)r * kv_dim, kv_dim)
+                  : NULL;
+    l->wo = l->wv ? fetch(ld, NAME("self_attn.o_proj.weight"), 2, hidden, q_all, SLICE_COLS,
+                          (int64_t)r * q_dim, q_dim)
+                  : NULL;
+    if (!l->wo)
+        return -1;
+    if (c->qkv_bias) {
+        l->bq = fetch(ld, NAME("self_attn.q_proj.bias"), 1, q_all, 0, SLICE_ROWS,
+                      (int64_t)r * q_dim, q_dim);
+        l->bk = l->bq ? fetch(ld, NAME("self_attn.k_proj.bias"), 1, kv_all, 0, SLICE_ROWS,
+                              (int64_t)r * kv_dim, kv_dim)
+                      : NULL;
+        l->bv = l->bk ? fetch(ld, NAME("self_attn.v_proj.bias"), 1, kv_all, 0, SLICE_ROWS,
+                              (int64_t)r * kv_dim, kv_dim)
+                      : NULL;
+        if (!l->bv)
+            return -1;
+    }
+    int inter_all = c->intermediate_size, inter = m->inter;
+    l->w_gate = fetch(ld, NAME("mlp.gate_proj.weight"), 2, inter_all, hidden, SLICE_ROWS,
+                      (int64_t)r * inter, inter);
+    l->w_up = l->w_gate ? fetch(ld, NAME("mlp.up_proj.weight"), 2, inter_all, hidden, SLICE_ROWS,
+                                (int64_t)r * inter, inter)
+                        : NULL;
+    l->w_down = l->w_up ? fetch(ld, NAME("mlp.down_proj.weight"), 2, hidden, inter_all, SLICE_COLS,
+                                (int64_t)r * inter, inter)
+                        : NULL;
+#undef NAME
+    return l->w_down ? 0 : -1;
+}
+
+struct lora_model *lora_model_load(const char *dir, int tp_rank, int tp_size, char *err,
+                                   size_t err_len)
+{
+    struct lora_model *m = xcalloc(1, sizeof(*m));
+    struct loader ld = {.m = m, .dir = dir, .err = err, .err_len = err_len};
+    char path[4096];
+
+    snprintf(path, sizeof(path), "%s/config.json", dir);
+    if (lora_model_config_load(path, &m->cfg, err, err_len) < 0)
+        goto fail;
+    const struct lora_model_config *c = &m->cfg;
+    if (tp_size < 1 || tp_rank < 0 || tp_rank >= tp_size) {
+        snprintf(err, err_len, "%s: invalid tensor-parallel rank %d of %d", dir, tp_rank, tp_size);
+        goto fail;
+    }
+    if (check_split(&ld, "num_attention_heads", c->n_heads, tp_size) < 0 ||
+        check_split(&ld, "num_key_value_heads", c->n_kv_heads, tp_size) < 0 ||
+        check_split(&ld, "intermediate_size", c->intermediate_size, tp_size) < 0)
+        goto fail;
+    m->tp_rank = tp_rank;
+    m->tp_size = tp_size;
+    m->n_heads = c->n_heads / tp_size;
+    m->n_kv_heads = c->n_kv_heads / tp_size;
+    m->inter = c->intermediate_size / tp_size;
+    if (open_files(&ld) < 0)
+        goto fail;
+
+    /* At most: 12 tensors per layer plus embedding, norm and head. */
+    m->owned = xcalloc((size_t)c->n_layers * 12 + 3, sizeof(*m->owned));
+    m->layers = xcalloc((size_t)c->n_layers, sizeof(*m->layers));
+    m->embed = fetch(&ld, "model.embed_tokens.weight", 2, c->vocab_size, c->hidden_size,
+                     SLICE_NONE, 0, 0);
+    m->final_norm = m->embed ? fetch(&ld, "model.norm.weight", 1, c->hidden_size, 0, SLICE_NONE,
+                                     0, 0)
+                             : NULL;
+    if (!m->final_norm)
+        goto fail;
+    if (c->tie_word_embeddings) {
+        m->lm_head = m->embed;
+    } else {
+        m->lm_head = fetch(&ld, "lm_head.weight", 2, c->vocab_size, c->hidden_size, SLICE_NONE,
+                           0, 0);
+        if (!m->lm_head)
+            goto fail;
+    }
+    for (int i = 0; i < c->n_layers; i++)
+        if (load_layer(&ld, i) < 0)
+            goto fail;
+    return m;
+fail:
+    lora_model_destroy(&m);
+    return NULL;
+}
+
+void lora_model_destroy(struct lora_model **mp)
+{
+    struct lora_model *m = mp ? *mp : NULL;
+    if (!m)
+        return;
+    for (int i = 0; i < m->n_owned; i++)
+        free(m->owned[i]);
+    free(m->owned);
+    for (int i = 0; i < m->n_files; i++)
+        lora_safetensors_close(&m->files[i]);
+    free(m->files);
+    free(m->layers);
+    free(m);
+    *mp = NULL;
+}
+
+bool lora_proj_is_column_parallel(enum lora_proj p)
+{
+    return p != LORA_PROJ_O && p != LORA_PROJ_DOWN;
+}
+
+int lora_model_proj_in(const struct lora_model *m, enum lora_proj p)
+{
+    int in = lora_proj_in(&m->cfg, p);
+    return lora_proj_is_column_parallel(p) ? in : in / m->tp_size;
+}
+
+int lora_model_proj_out(const struct lora_model *m, enum lora_proj p)
+{
+    int out = lora_proj_out(&m->cfg, p);
+    return lora_proj_is_column_parallel(p) ? out / m->tp_size : out;
+}
