@@ -267,24 +267,6 @@ void registry_save(struct engine *e)
 
 /* ---- reply data ------------------------------------------------------------------------ */
 
-static int buf_write(void *data, const char *p, size_t n)
-{
-    struct lora_msg_buf *b = data;
-    if (b->len + n > b->cap) {
-        size_t cap = b->cap ? 2 * b->cap : 4096;
-        while (cap < b->len + n)
-            cap *= 2;
-        char *d = realloc(b->data, cap);
-        if (!d)
-            return -1;
-        b->data = d;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, p, n);
-    b->len += n;
-    return 0;
-}
-
 static void pack_str(msgpack_packer *pk, const char *s)
 {
     size_t n = strlen(s);
@@ -468,7 +450,7 @@ int control_handle(struct engine *e, const struct lora_msg_frames *f)
     struct lora_msg_control m;
     char err[1024] = "";
     int rc = 0;
-    struct lora_msg_buf data = {0};
+    struct lora_buf data = {0};
     msgpack_packer pk;
 
     /* Peers keep their connection alive with heartbeats (the frontends do): not an error. */
@@ -486,7 +468,7 @@ int control_handle(struct engine *e, const struct lora_msg_frames *f)
         snprintf(name, sizeof(name), "%s", m.name.s);
     if (m.path.s)
         snprintf(path, sizeof(path), "%s", m.path.s);
-    msgpack_packer_init(&pk, &data, buf_write);
+    msgpack_packer_init(&pk, &data, lora_buf_write);
     switch (m.op) {
     case LORA_CTL_RESIDENCY:
         pack_residency(e, &pk);
@@ -512,7 +494,7 @@ int control_handle(struct engine *e, const struct lora_msg_frames *f)
         } else if ((rc = loads_begin(e, name, path, f->rid, f->rid_len, m.id, err,
                                      sizeof(err))) == 0) {
             /* Answered when every rank has loaded it (loads.c). */
-            lora_msg_buf_release(&data);
+            lora_buf_release(&data);
             return 0;
         }
         break;
@@ -529,7 +511,7 @@ int control_handle(struct engine *e, const struct lora_msg_frames *f)
                 ad->unload_ctl_id = m.id;
                 memcpy(ad->unload_rid, f->rid, f->rid_len);
                 ad->unload_rid_len = f->rid_len;
-                lora_msg_buf_release(&data);
+                lora_buf_release(&data);
                 return 0;
             }
             rc = 0;
@@ -541,7 +523,7 @@ int control_handle(struct engine *e, const struct lora_msg_frames *f)
         break;
     }
     control_reply_send(e, f->rid, f->rid_len, m.id, rc ? err : NULL, data.data, data.len);
-    lora_msg_buf_release(&data);
+    lora_buf_release(&data);
     return 0;
 }
 
@@ -555,7 +537,7 @@ void control_reply_send(struct engine *e, const void *rid, size_t rid_len, uint6
         r.data = data;
         r.data_len = data_len;
     }
-    lora_msg_buf_reset(&e->out);
+    lora_buf_reset(&e->out);
     if (lora_msg_encode_control_reply(&e->out, &r, NULL, NULL) == 0)
         lora_sock_send(e->ctl, rid, rid_len, NULL, e->out.data, e->out.len, NULL, 0,
                        ZMQ_DONTWAIT);

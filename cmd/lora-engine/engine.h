@@ -9,14 +9,14 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "base/clock.h"
 #include "runtime/generation_config.h"
 #include "wire/msg.h"
 #include "sched/registry_file.h"
 #include "sched/scheduler.h"
 #include "wire/sock.h"
 
-#define EXIT_USAGE 100
-#define EXIT_SYSTEM 111
+#include "base/exit_codes.h"
 
 #define ENGINE_MAX_WORLD 16
 #define ENGINE_MAX_FRONTENDS 64
@@ -178,7 +178,7 @@ struct engine {
     uint64_t last_publish_ms;
     bool was_busy; /* a step ran since the last idle publication */
 
-    struct lora_msg_buf out;
+    struct lora_buf out;
     struct lora_msg_arena *arena;
     /* Step scratch. */
     struct lora_msg_step_seq *step_seqs;
@@ -186,7 +186,6 @@ struct engine {
     int32_t *step_tables;
 };
 
-double eng_now(void); /* Unix time with fractions */
 /* The limits the engine announces (ready) and imposes (setup). */
 void engine_limits(const struct engine *e, struct lora_msg_limits *l);
 

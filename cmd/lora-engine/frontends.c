@@ -45,7 +45,7 @@ void publish_event(struct engine *e, struct eng_request *r, enum lora_event_kind
                    const char *reason)
 {
     const struct eng_adapter *ad = r->adapter_id ? &e->adapters[r->adapter_id - 1] : NULL;
-    double now = eng_now();
+    double now = lora_clock_unix();
     if (kind == LORA_EVENT_SCHEDULED && r->scheduled_at == 0)
         r->scheduled_at = now;
     struct lora_msg_event ev = {
@@ -60,7 +60,7 @@ void publish_event(struct engine *e, struct eng_request *r, enum lora_event_kind
         ev.lora = (struct lora_str){ad->name, strlen(ad->name)};
     if (reason)
         ev.finish_reason = (struct lora_str){reason, strlen(reason)};
-    lora_msg_buf_reset(&e->out);
+    lora_buf_reset(&e->out);
     if (lora_msg_encode_event(&e->out, &ev, NULL, NULL) == 0)
         publish_body(e, "event");
 }
@@ -84,7 +84,7 @@ void registry_broadcast_to(struct engine *e, bool to_frontends)
                 {ad->name, strlen(ad->name)}, {ad->path, strlen(ad->path)}, (uint64_t)ad->id};
     }
     struct lora_msg_registry m = {.engine = e->engine_index, .n_adapters = n, .adapters = list};
-    lora_msg_buf_reset(&e->out);
+    lora_buf_reset(&e->out);
     if (lora_msg_encode_registry(&e->out, &m, NULL, NULL) == 0) {
         publish_body(e, "registry");
         for (int i = 0; i < ENGINE_MAX_FRONTENDS && to_frontends; i++)
@@ -128,10 +128,10 @@ int frontends_send_output(struct engine *e, struct eng_request *r, int n_new, co
         o.queued_time = r->arrival;
         o.scheduled_time = r->scheduled_at;
         o.first_token_time = r->first_token_at;
-        o.finished_time = eng_now();
+        o.finished_time = lora_clock_unix();
     }
     r->sent_first = true;
-    lora_msg_buf_reset(&e->out);
+    lora_buf_reset(&e->out);
     if (lora_msg_encode_output(&e->out, &o, NULL, NULL) < 0)
         return -1;
     if (e->frontends[r->frontend].present)
@@ -264,7 +264,7 @@ static void handle_request(struct engine *e, int fe, const struct lora_msg_frame
         r->banned[r->n_banned++] = e->eos_ids[i];
     for (int i = 0; i < r->n_stop; i++)
         r->banned[r->n_banned++] = r->stop_ids[i];
-    r->arrival = eng_now();
+    r->arrival = lora_clock_unix();
     r->tokens = malloc(sizeof(int32_t) * (m.n_prompt + (size_t)m.max_tokens));
     r->prompt_lps = malloc(sizeof(float) * m.n_prompt);
     r->prompt_ranks = calloc(m.n_prompt, sizeof(int32_t));
@@ -323,7 +323,7 @@ int encode_ready(struct engine *e)
         .startup_loads = e->startup_loads,
     };
     engine_limits(e, &m.limits);
-    lora_msg_buf_reset(&e->out);
+    lora_buf_reset(&e->out);
     return lora_msg_encode_ready(&e->out, &m, NULL, NULL);
 }
 
@@ -366,7 +366,7 @@ void frontends_send_heartbeats(struct engine *e)
     for (int i = 0; i < ENGINE_MAX_FRONTENDS; i++) {
         struct eng_peer *p = &e->frontends[i];
         if (p->present && lora_liveness_should_send(&p->live, now)) {
-            lora_msg_buf_reset(&e->out);
+            lora_buf_reset(&e->out);
             if (lora_msg_encode_empty(&e->out, LORA_MSG_HEARTBEAT) == 0)
                 send_to(e, i);
         }

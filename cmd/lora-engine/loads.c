@@ -54,7 +54,7 @@ int loads_begin(struct engine *e, const char *name, const char *path, const void
         .path = {path, strlen(path)},
         .slot = -1,
     };
-    lora_msg_buf_reset(&e->out);
+    lora_buf_reset(&e->out);
     if (lora_msg_encode_adapter_op(&e->out, &m, NULL, NULL) < 0 ||
         workers_broadcast(e, NULL, 0) < 0) {
         snprintf(err, len, "unable to reach the workers");

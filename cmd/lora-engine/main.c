@@ -235,7 +235,7 @@ static int setup_state(struct engine *e, char *err, size_t len)
 static void teardown(struct engine *e)
 {
     if (e->work && e->healthy) {
-        lora_msg_buf_reset(&e->out);
+        lora_buf_reset(&e->out);
         if (lora_msg_encode_empty(&e->out, LORA_MSG_SHUTDOWN) == 0)
             for (int r = 0; r < e->world; r++)
                 if (e->workers[r].present)
@@ -262,7 +262,7 @@ static void teardown(struct engine *e)
     lora_scheduler_destroy(&e->sched);
     lora_msg_arena_destroy(&e->arena);
     lora_msg_arena_destroy(&e->load_arena);
-    lora_msg_buf_release(&e->out);
+    lora_buf_release(&e->out);
     lora_registry_release(&e->startup_seen);
     for (int i = 0; i < e->n_startup_loads; i++)
         free((char *)e->startup_loads[i].name.s);
@@ -303,7 +303,7 @@ static void drain_workers(struct engine *e)
             w->lost = true;
             workers_mark_dead(e, why);
         } else if (lora_liveness_should_send(&w->live, now)) {
-            lora_msg_buf_reset(&e->out);
+            lora_buf_reset(&e->out);
             if (lora_msg_encode_empty(&e->out, LORA_MSG_HEARTBEAT) == 0 &&
                 lora_sock_send(e->work, w->rid, w->rid_len, NULL, e->out.data, e->out.len, NULL,
                                0, ZMQ_DONTWAIT) == 0)

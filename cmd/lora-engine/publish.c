@@ -26,7 +26,7 @@ static void publish_idle_stats(struct engine *e)
     int free_blocks = lora_scheduler_n_free_blocks(e->sched);
     struct lora_msg_stats s = {
         .engine = e->engine_index,
-        .time = eng_now(),
+        .time = lora_clock_unix(),
         .running = lora_scheduler_n_running(e->sched),
         .waiting = lora_scheduler_n_waiting(e->sched),
         .kv_usage = e->num_kv_blocks ? 1.0 - (double)free_blocks / e->num_kv_blocks : 0,
@@ -34,7 +34,7 @@ static void publish_idle_stats(struct engine *e)
         .n_adapters = n,
         .adapters = counts,
     };
-    lora_msg_buf_reset(&e->out);
+    lora_buf_reset(&e->out);
     if (lora_msg_encode_stats(&e->out, &s, NULL, NULL) == 0)
         publish_body(e, "stats");
 }

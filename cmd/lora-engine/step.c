@@ -9,13 +9,6 @@
 
 #include "engine.h"
 
-double eng_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 bool step_has_work(const struct engine *e)
 {
     /* An adapter being unloaded needs a plan to release it once its requests are done. */
@@ -165,7 +158,7 @@ static int send_step(struct engine *e)
     };
     struct lora_msg_bin bins[2];
     int n_bins = 0;
-    lora_msg_buf_reset(&e->out);
+    lora_buf_reset(&e->out);
     if (lora_msg_encode_step(&e->out, &m, bins, &n_bins) < 0)
         return -1;
     return workers_broadcast(e, bins, n_bins);
@@ -199,7 +192,7 @@ static int absorb(struct engine *e, const struct lora_msg_step_reply *rep)
             continue;
         r->tokens[r->n_prompt + r->n_generated] = o->token;
         if (r->n_generated++ == 0)
-            r->first_token_at = eng_now();
+            r->first_token_at = lora_clock_unix();
         const char *reason = finish_reason(e, r, o->token);
         frontends_send_output(e, r, 1, &o->logprob, o->top_ids, o->top_logprobs, o->n_top,
                               reason != NULL, reason, NULL);
@@ -225,7 +218,7 @@ static void publish_stats(struct engine *e, double step_seconds, double model_se
     }
     struct lora_msg_stats s = {
         .engine = e->engine_index,
-        .time = eng_now(),
+        .time = lora_clock_unix(),
         .running = e->plan.n_running,
         .waiting = e->plan.n_waiting,
         .kv_usage = e->plan.kv_usage,
@@ -237,7 +230,7 @@ static void publish_stats(struct engine *e, double step_seconds, double model_se
         .n_adapters = n,
         .adapters = counts,
     };
-    lora_msg_buf_reset(&e->out);
+    lora_buf_reset(&e->out);
     if (lora_msg_encode_stats(&e->out, &s, NULL, NULL) == 0)
         publish_body(e, "stats");
 }
@@ -247,7 +240,7 @@ int step_run(struct engine *e)
     char err[512];
 
     adapters_reload_wanted(e);
-    double t0 = eng_now();
+    double t0 = lora_clock_unix();
     if (lora_scheduler_schedule(e->sched, t0, &e->plan) < 0) {
         fprintf(stderr, "lora-engine: warning: the scheduler refused a step\n");
         return -1;
@@ -294,7 +287,7 @@ int step_run(struct engine *e)
     for (int i = 0; i < e->plan.n_seqs; i++)
         if (e->results[i].finished)
             request_release(e, request_of(e, e->plan.seqs[i].request_id));
-    publish_stats(e, eng_now() - t0, model_seconds);
+    publish_stats(e, lora_clock_unix() - t0, model_seconds);
     if (doorbell)
         workers_gather_notifications(e);
     return 0;

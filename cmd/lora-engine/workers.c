@@ -125,11 +125,11 @@ int workers_gather(struct engine *e, enum lora_msg_type type, struct lora_msg_fr
             }
             /* Keep the ranks we wait for from declaring us dead (the frontends too, below). */
             if (lora_liveness_should_send(&e->workers[r].live, now)) {
-                struct lora_msg_buf hb = {0};
+                struct lora_buf hb = {0};
                 if (lora_msg_encode_empty(&hb, LORA_MSG_HEARTBEAT) == 0)
                     lora_sock_send(e->work, e->workers[r].rid, e->workers[r].rid_len, NULL,
                                    hb.data, hb.len, NULL, 0, ZMQ_DONTWAIT);
-                lora_msg_buf_release(&hb);
+                lora_buf_release(&hb);
                 lora_liveness_sent(&e->workers[r].live, now);
             }
         }
@@ -196,7 +196,7 @@ static int send_setup(struct engine *e, int r, char *err, size_t err_len)
         .shm = {e->shm, strlen(e->shm)},
     };
     engine_limits(e, &s.limits);
-    lora_msg_buf_reset(&e->out);
+    lora_buf_reset(&e->out);
     if (lora_msg_encode_setup(&e->out, &s, NULL, NULL) < 0 ||
         lora_sock_send(e->work, e->workers[r].rid, e->workers[r].rid_len, NULL, e->out.data,
                        e->out.len, NULL, 0, ZMQ_DONTWAIT) < 0) {
@@ -219,10 +219,10 @@ static void refuse_hello(struct engine *e, const struct lora_msg_frames *f,
     snprintf(why, sizeof(why), "rank %d is taken by a live worker (pid %lld)", h->rank,
              (long long)w->pid);
     struct lora_msg_setup_done d = {.ok = false, .error = {why, strlen(why)}, .rank = h->rank};
-    struct lora_msg_buf b = {0};
+    struct lora_buf b = {0};
     if (lora_msg_encode_setup_done(&b, &d, NULL, NULL) == 0)
         lora_sock_send(e->work, f->rid, f->rid_len, NULL, b.data, b.len, NULL, 0, ZMQ_DONTWAIT);
-    lora_msg_buf_release(&b);
+    lora_buf_release(&b);
     lograte_warn(&e->log_hello, "refused a second worker for rank %d (pid %lld): %s", h->rank,
                  (long long)h->pid, why);
 }
@@ -315,7 +315,7 @@ int workers_adapter_op(struct engine *e, enum lora_adapter_op op, const char *na
 
     if (path)
         m.path = (struct lora_str){path, strlen(path)};
-    lora_msg_buf_reset(&e->out);
+    lora_buf_reset(&e->out);
     if (lora_msg_encode_adapter_op(&e->out, &m, NULL, NULL) < 0 ||
         workers_broadcast(e, NULL, 0) < 0) {
         snprintf(err, err_len, "unable to reach the workers");
@@ -347,10 +347,10 @@ int workers_adapter_op(struct engine *e, enum lora_adapter_op op, const char *na
 static void store_state(struct engine *e, int r, const struct lora_msg_state *st)
 {
     struct lora_msg_residency_reply rr = {.engine = e->engine_index, .rank = r, .state = *st};
-    struct lora_msg_buf b = {0};
+    struct lora_buf b = {0};
 
     if (lora_msg_encode_residency_reply(&b, &rr, NULL, NULL) < 0) {
-        lora_msg_buf_release(&b);
+        lora_buf_release(&b);
         return;
     }
     free(e->rank_state[r]);
@@ -444,7 +444,7 @@ int workers_gather_notifications(struct engine *e)
     char err[512];
 
     e->last_gather_ms = lora_now_ms();
-    lora_msg_buf_reset(&e->out);
+    lora_buf_reset(&e->out);
     if (lora_msg_encode_empty(&e->out, LORA_MSG_TAKE_NOTIFICATIONS) < 0 ||
         workers_broadcast(e, NULL, 0) < 0)
         return -1;
@@ -468,7 +468,7 @@ int workers_gather_notifications(struct engine *e)
         if (!news)
             continue;
         m.engine = e->engine_index;
-        lora_msg_buf_reset(&e->out);
+        lora_buf_reset(&e->out);
         if (lora_msg_encode_notifications(&e->out, &m, NULL, NULL) == 0) {
             publish_body(e, "notifications");
             for (int i = 0; i < ENGINE_MAX_FRONTENDS; i++)
@@ -496,7 +496,7 @@ static bool rank_is_gone(struct engine *e, int r)
 
     if (w->lost || lora_liveness_is_dead(&w->live, now))
         return true;
-    struct lora_msg_buf hb = {0};
+    struct lora_buf hb = {0};
     int rc = 0;
     if (lora_msg_encode_empty(&hb, LORA_MSG_HEARTBEAT) == 0) {
         rc = lora_sock_send(e->work, w->rid, w->rid_len, NULL, hb.data, hb.len, NULL, 0,
@@ -504,7 +504,7 @@ static bool rank_is_gone(struct engine *e, int r)
         if (rc == 0)
             lora_liveness_sent(&w->live, now);
     }
-    lora_msg_buf_release(&hb);
+    lora_buf_release(&hb);
     return rc < 0 && errno == EHOSTUNREACH;
 }
 

@@ -15,6 +15,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "base/clock.h"
 #include "text/chat_template.h"
 #include "runtime/generation_config.h"
 #include "base/cli.h"
@@ -24,8 +25,7 @@
 #include "wire/msg.h"
 #include "text/tokenizer.h"
 
-#define EXIT_USAGE  100
-#define EXIT_SYSTEM 111
+#include "base/exit_codes.h"
 
 #define FE_ID_MAX     96   /* bytes of an engine request id */
 #define FE_NAME_MAX   255  /* adapter and model names */
@@ -238,6 +238,5 @@ struct fe_stats {
 };
 void stats_publish(struct frontend *fe, const struct fe_stats *s);
 
-double fe_now(void); /* Unix time with fractions */
 
 #endif

@@ -398,7 +398,7 @@ static int submit(struct gen *g, unsigned *status, const char **param, char *err
         *status = 503;
         return -1;
     }
-    g->submitted = fe_now();
+    g->submitted = lora_clock_unix();
     for (int k = 0; k < g->n_choices; k++) {
         struct choice *c = &g->choices[k];
         int pi = k / g->p.n;
@@ -494,7 +494,7 @@ static int grow_choice(struct choice *c, size_t need, int top_n)
 static void finish_choice(struct choice *c, const char *reason)
 {
     c->done = true;
-    c->done_at = fe_now();
+    c->done_at = lora_clock_unix();
     snprintf(c->finish_reason, sizeof(c->finish_reason), "%s", reason);
 }
 
@@ -896,7 +896,7 @@ static void publish_stats(struct gen *g)
             .finish_reason = c->done ? c->finish_reason : "abort",
             .arrival = g->arrival,
             .first_token = c->first_seen,
-            .finished = c->done_at ? c->done_at : fe_now(),
+            .finished = c->done_at ? c->done_at : lora_clock_unix(),
             .queued = c->queued,
             .scheduled = c->scheduled,
             .engine_first_token = c->first_token,
@@ -1000,7 +1000,7 @@ static void respond_whole(struct gen *g, struct lora_http_request *req)
         if (g->choices[i].pending_recv > last)
             last = g->choices[i].pending_recv;
     if (last > 0) {
-        g->delay_sum += fe_now() - last;
+        g->delay_sum += lora_clock_unix() - last;
         g->delay_n++;
     }
 }
@@ -1143,7 +1143,7 @@ static ssize_t stream_read(void *ctx, const struct lora_http_request *req, char 
     for (;;) {
         if (g->out_at < g->out.len) {
             if (g->out_recv) {
-                g->delay_sum += fe_now() - g->out_recv;
+                g->delay_sum += lora_clock_unix() - g->out_recv;
                 g->delay_n++;
                 g->out_recv = 0;
             }
@@ -1191,7 +1191,7 @@ static void generate(struct frontend *fe, struct lora_http_request *req, json_t 
     }
     g->fe = fe;
     g->body = json_incref(body);
-    g->arrival = fe_now();
+    g->arrival = lora_clock_unix();
     g->created = (long long)g->arrival;
     pthread_cond_init(&g->cond, NULL);
     new_id(fe, chat ? "chatcmpl-" : "cmpl-", g->id, sizeof(g->id));

@@ -51,13 +51,6 @@ struct fe_ctl_wait {
     size_t data_len;
 };
 
-double fe_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 static unsigned hash_id(const char *s)
 {
     unsigned h = 2166136261u;
@@ -127,7 +120,7 @@ static void enqueue_locked(struct fe_link *l, struct fe_out *o)
 }
 
 static int enqueue(struct fe_link *l, enum out_dest dest, const char *topic,
-                   const struct lora_msg_buf *body, const void *bin, size_t bin_len)
+                   const struct lora_buf *body, const void *bin, size_t bin_len)
 {
     struct fe_out *o = calloc(1, sizeof(*o));
     if (!o)
@@ -220,13 +213,13 @@ void link_release(struct fe_link *l)
 int link_submit(struct fe_link *l, struct fe_seq *seq, const struct lora_msg_request *m,
                 int max_pending, char *err, size_t err_len)
 {
-    struct lora_msg_buf b = {0};
+    struct lora_buf b = {0};
     struct lora_msg_bin bins[1];
     int n_bins = 0;
 
     if (lora_msg_encode_request(&b, m, bins, &n_bins) < 0) {
         lora_errf(err, err_len, "unable to encode the request: %s", strerror(errno));
-        lora_msg_buf_release(&b);
+        lora_buf_release(&b);
         return -1;
     }
     struct fe_out *o = calloc(1, sizeof(*o));
@@ -234,7 +227,7 @@ int link_submit(struct fe_link *l, struct fe_seq *seq, const struct lora_msg_req
     if (!o || !bin) {
         free(o);
         free(bin);
-        lora_msg_buf_release(&b);
+        lora_buf_release(&b);
         lora_errf(err, err_len, "out of memory");
         return -1;
     }
@@ -282,10 +275,10 @@ void link_forget(struct fe_link *l, struct fe_seq **seqp)
     pthread_mutex_unlock(&l->mu);
     if (abort_it) {
         struct lora_msg_abort a = {.request_id = {seq->id, strlen(seq->id)}};
-        struct lora_msg_buf b = {0};
+        struct lora_buf b = {0};
         if (lora_msg_encode_abort(&b, &a, NULL, NULL) == 0)
             enqueue(l, OUT_ENGINE, NULL, &b, NULL, 0);
-        lora_msg_buf_release(&b);
+        lora_buf_release(&b);
     }
     seq_free(seq);
     *seqp = NULL;
@@ -315,7 +308,7 @@ int link_control(struct fe_link *l, enum lora_control_op op, const char *name, c
                  int timeout_ms, char **data, size_t *data_len, char *err, size_t err_len)
 {
     struct fe_ctl_wait w = {0};
-    struct lora_msg_buf b = {0};
+    struct lora_buf b = {0};
 
     if (data)
         *data = NULL;
@@ -334,7 +327,7 @@ int link_control(struct fe_link *l, enum lora_control_op op, const char *name, c
     int rc = lora_msg_encode_control(&b, &m, NULL, NULL);
     if (rc == 0)
         rc = enqueue(l, OUT_CONTROL, NULL, &b, NULL, 0);
-    lora_msg_buf_release(&b);
+    lora_buf_release(&b);
 
     pthread_mutex_lock(&l->mu);
     uint64_t deadline = lora_now_ms() + (uint64_t)timeout_ms;
@@ -376,7 +369,7 @@ void link_publish(struct fe_link *l, const char *topic, const void *body, size_t
 {
     if (!l->pub && !l->metrics)
         return;
-    struct lora_msg_buf b = {(char *)body, len, len};
+    struct lora_buf b = {(char *)body, len, len};
     enqueue(l, OUT_PUBLISH, topic, &b, NULL, 0);
 }
 
@@ -419,13 +412,13 @@ bool link_registry_wait(struct fe_link *l, const char *name, bool present, int t
 struct link_loop {
     struct fe_link *l;
     struct lora_msg_arena *arena;
-    struct lora_msg_buf out;
+    struct lora_buf out;
     struct lora_peer_liveness engine; /* the frontend connection's peer */
     uint64_t last_hello_ms;
     uint64_t ctl_last_sent_ms;
 };
 
-static int send_body(struct lora_sock *s, const struct lora_msg_buf *b)
+static int send_body(struct lora_sock *s, const struct lora_buf *b)
 {
     return lora_sock_send(s, NULL, 0, NULL, b->data, b->len, NULL, 0, ZMQ_DONTWAIT);
 }
@@ -439,7 +432,7 @@ static void send_hello(struct link_loop *lp)
         .pid = (int64_t)getpid(),
         .name = {"lora-frontend", strlen("lora-frontend")},
     };
-    lora_msg_buf_reset(&lp->out);
+    lora_buf_reset(&lp->out);
     if (lora_msg_encode_hello(&lp->out, &h, NULL, NULL) == 0 &&
         send_body(lp->l->front, &lp->out) == 0)
         lora_liveness_sent(&lp->engine, lora_now_ms());
@@ -487,7 +480,7 @@ static void flush_out(struct link_loop *lp)
                 pthread_mutex_lock(&l->mu);
                 struct fe_seq *s = find_locked(l, o->request_id);
                 if (s)
-                    s->sent_at = fe_now();
+                    s->sent_at = lora_clock_unix();
                 pthread_mutex_unlock(&l->mu);
             }
         } else if (o->dest == OUT_CONTROL) {
@@ -512,7 +505,7 @@ static void flush_out(struct link_loop *lp)
 
 static void append_output_locked(struct fe_seq *s, const struct lora_msg_output *m)
 {
-    s->last_recv = fe_now();
+    s->last_recv = lora_clock_unix();
     size_t need = s->n + (size_t)m->n_tokens;
     if (m->n_tokens > 0 && (need > s->cap || (m->top_n && !s->top_ids))) {
         size_t cap = s->cap ? s->cap : 64;
@@ -545,7 +538,7 @@ static void append_output_locked(struct fe_seq *s, const struct lora_msg_output 
     }
     if (m->n_tokens > 0) {
         if (s->n == 0)
-            s->first_seen = fe_now();
+            s->first_seen = lora_clock_unix();
         memcpy(s->tokens + s->n, m->tokens, sizeof(int32_t) * (size_t)m->n_tokens);
         memcpy(s->lps + s->n, m->logprobs, sizeof(float) * (size_t)m->n_tokens);
         if (m->top_n) {
@@ -767,14 +760,14 @@ static void keep_alive(struct link_loop *lp)
         }
         return;
     }
-    lora_msg_buf_reset(&lp->out);
+    lora_buf_reset(&lp->out);
     if (lora_liveness_should_send(&lp->engine, now) &&
         lora_msg_encode_empty(&lp->out, LORA_MSG_HEARTBEAT) == 0 &&
         send_body(l->front, &lp->out) == 0)
         lora_liveness_sent(&lp->engine, now);
     /* The control socket's peer hears from us while we wait for a reply. */
     if (ctl_waiting && now - lp->ctl_last_sent_ms >= LORA_HEARTBEAT_INTERVAL_MS) {
-        lora_msg_buf_reset(&lp->out);
+        lora_buf_reset(&lp->out);
         if (lora_msg_encode_empty(&lp->out, LORA_MSG_HEARTBEAT) == 0)
             send_body(l->ctl, &lp->out);
         lp->ctl_last_sent_ms = now;
@@ -828,7 +821,7 @@ int link_run(struct fe_link *l, int sig_fd)
     l->connected = false;
     fail_all_locked(l, "the frontend is shutting down");
     pthread_mutex_unlock(&l->mu);
-    lora_msg_buf_release(&lp.out);
+    lora_buf_release(&lp.out);
     lora_msg_arena_destroy(&lp.arena);
     return sig;
 }

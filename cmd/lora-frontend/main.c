@@ -47,7 +47,7 @@ static uint64_t random_u64(void)
             v = 0;
         close(fd);
     }
-    return v ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(fe_now() * 1e6);
+    return v ^ ((uint64_t)getpid() << 32) ^ (uint64_t)(lora_clock_unix() * 1e6);
 }
 
 static bool file_exists(const char *path)
@@ -289,7 +289,7 @@ int main(int argc, char **argv)
     fe.max_pending = (int)max_pending;
     fe.version = LORA_VERSION;
     fe.id_prefix = random_u64();
-    fe.start_time = fe_now();
+    fe.start_time = lora_clock_unix();
     signal(SIGPIPE, SIG_IGN);
     int sigs[2] = {SIGINT, SIGTERM};
     int sig_fd = lora_signal_pipe_open(sigs, 2);

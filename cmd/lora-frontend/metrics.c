@@ -230,7 +230,7 @@ void metrics_serve(struct fe_metrics *fm, struct lora_http_request *req)
     pthread_mutex_lock(&fm->mu);
     drain_locked(fm); /* what the link received before this scrape */
     lora_exposition_reset(&fm->w);
-    lora_metrics_render(fm->state, &fm->w, fe_now(), lora_now_ms());
+    lora_metrics_render(fm->state, &fm->w, lora_clock_unix(), lora_now_ms());
     const char *body = lora_exposition_text(&fm->w, &len, err, sizeof(err));
     if (body)
         lora_http_respond(req, 200, LORA_EXPOSITION_CONTENT_TYPE, body, len); /* copies the body */

@@ -23,11 +23,11 @@ void stats_publish(struct frontend *fe, const struct fe_stats *s)
         .submit_seconds = s->submit_seconds,
         .output_seconds = s->output_seconds,
     };
-    struct lora_msg_buf b = {0};
+    struct lora_buf b = {0};
 
     if (s->lora)
         m.lora = (struct lora_str){s->lora, strlen(s->lora)};
     if (lora_msg_encode_request_stats(&b, &m, NULL, NULL) == 0)
         link_publish(&fe->link, "request", b.data, b.len);
-    lora_msg_buf_release(&b);
+    lora_buf_release(&b);
 }

@@ -54,7 +54,7 @@ void why_silent(const char *endpoint, char *buf, size_t len)
 }
 
 /* Sends body, retrying while the connection is not up, until deadline_ms. 0 / -1. */
-static int send_until(struct lora_sock *s, const struct lora_msg_buf *body, uint64_t deadline_ms)
+static int send_until(struct lora_sock *s, const struct lora_buf *body, uint64_t deadline_ms)
 {
     for (;;) {
         if (lora_sock_send(s, NULL, 0, NULL, body->data, body->len, NULL, 0, ZMQ_DONTWAIT) == 0)
@@ -85,15 +85,15 @@ static int take_reply(const struct lora_msg_control_reply *m, struct ctl_reply *
     out->data = must(malloc(m->data_len));
     memcpy(out->data, m->data, m->data_len);
     out->data_len = m->data_len;
-    struct lora_msg_buf text = {0};
+    struct lora_buf text = {0};
     if (lora_msg_to_json(m->data, m->data_len, &text, why, sizeof(why)) < 0) {
         snprintf(err, err_len, "unable to read the engine's reply: data: %s", why);
-        lora_msg_buf_release(&text);
+        lora_buf_release(&text);
         return -1;
     }
     json_error_t jerr;
     out->json = json_loadb(text.data, text.len, JSON_DECODE_ANY, &jerr);
-    lora_msg_buf_release(&text);
+    lora_buf_release(&text);
     if (!out->json || !json_is_object(out->json)) {
         snprintf(err, err_len, "unable to read the engine's reply: data: not a map");
         return -1;
@@ -107,7 +107,7 @@ static int await_reply(struct lora_sock *s, uint64_t id, uint64_t deadline_ms,
                        size_t err_len)
 {
     struct lora_peer_liveness live;
-    struct lora_msg_buf hb = {0};
+    struct lora_buf hb = {0};
     int rc = 0;
 
     lora_liveness_init(&live, lora_now_ms());
@@ -154,7 +154,7 @@ static int await_reply(struct lora_sock *s, uint64_t id, uint64_t deadline_ms,
         lora_msg_frames_release(&f);
         break;
     }
-    lora_msg_buf_release(&hb);
+    lora_buf_release(&hb);
     return rc;
 }
 
@@ -163,7 +163,7 @@ int ctl_request(const char *endpoint, enum lora_control_op op, long timeout_ms,
 {
     uint64_t deadline = lora_now_ms() + (uint64_t)timeout_ms;
     struct lora_msg_control req = {.id = 1, .op = op};
-    struct lora_msg_buf body = {0};
+    struct lora_buf body = {0};
     struct lora_msg_arena *arena = NULL;
     struct lora_sock *s = NULL;
     char why[256];
@@ -201,7 +201,7 @@ int ctl_request(const char *endpoint, enum lora_control_op op, long timeout_ms,
     if (rc < 0)
         ctl_reply_release(out);
 out:
-    lora_msg_buf_release(&body);
+    lora_buf_release(&body);
     lora_msg_arena_destroy(&arena);
     lora_sock_destroy(&s);
     zmq_ctx_term(zctx);

@@ -41,23 +41,23 @@ struct decoder {
 static int emit(struct decoder *d, const unsigned char *msg, size_t len, uint64_t off, char *err,
                 size_t err_len)
 {
-    struct lora_msg_buf text = {0};
+    struct lora_buf text = {0};
     char why[512];
 
     if (lora_msg_to_json(msg, len, &text, why, sizeof(why)) < 0) {
         snprintf(err, err_len, "%s", why);
-        lora_msg_buf_release(&text);
+        lora_buf_release(&text);
         return -1;
     }
     d->n_msgs++;
     if (d->o->format == OUT_MSGPACK) {
         out_raw(d->o, msg, len);
-        lora_msg_buf_release(&text);
+        lora_buf_release(&text);
         return 0;
     }
     /* A map, as scan_value() checked, so only memory can fail here. */
     json_t *m = must(json_loadb(text.data, text.len, 0, NULL));
-    lora_msg_buf_release(&text);
+    lora_buf_release(&text);
     const char *type = type_of(m);
     json_t *rec = out_new_record("message");
     json_object_set_new(rec, "offset", json_integer((json_int_t)off));

@@ -30,6 +30,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "inspect.h"
 #include "wire/sock.h"
 
@@ -130,13 +131,6 @@ static void iso_time(double t, char *buf, size_t len)
     snprintf(buf + n, len - n, ".%03dZ", ms < 0 ? 0 : ms > 999 ? 999 : ms);
 }
 
-static double wall_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
-
 /* Says, the first time and then every LORA_SOCK_LOG_EVERY times, that a message was dropped. */
 static void dropped(struct events *ev, const char *topic, const char *why)
 {
@@ -148,7 +142,7 @@ static void dropped(struct events *ev, const char *topic, const char *why)
 
 static void print(struct events *ev, const struct lora_msg_frames *f)
 {
-    struct lora_msg_buf text = {0};
+    struct lora_buf text = {0};
     char err[512], when[40];
 
     if (ev->o->format == OUT_MSGPACK) {
@@ -158,13 +152,13 @@ static void print(struct events *ev, const struct lora_msg_frames *f)
     json_t *m = NULL;
     if (lora_msg_to_json(f->body, f->body_len, &text, err, sizeof(err)) == 0)
         m = json_loadb(text.data, text.len, JSON_DECODE_ANY, NULL);
-    lora_msg_buf_release(&text);
+    lora_buf_release(&text);
     if (!m || !json_is_object(m)) {
         dropped(ev, f->topic, m ? "not a msgpack map" : err);
         json_decref(m);
         return;
     }
-    double now = wall_now();
+    double now = lora_clock_unix();
     const char *type = type_of(m);
     json_t *rec = out_new_record("message");
     json_t *topic = json_string(f->topic); /* NULL when not UTF-8 */

@@ -25,9 +25,7 @@
 #include "base/cli.h"
 #include "wire/msg.h"
 
-#define EXIT_NO     1
-#define EXIT_USAGE  100
-#define EXIT_SYSTEM 111
+#include "base/exit_codes.h"
 
 #define INSPECT_RECORD_VERSION 1
 #define INSPECT_ENV_PREFIX     "LORA_INSPECT"
@@ -124,7 +122,7 @@ struct out {
     const int *widths;       /* stream tables: the width of each column but the last */
     char **cells;            /* buffered table: n_rows * n_cols escaped strings, owned */
     size_t n_cells, cap_cells;
-    struct lora_msg_buf footer; /* table lines printed after the rows */
+    struct lora_buf footer; /* table lines printed after the rows */
     bool header_done;
     int err; /* errno of the first failed write, 0 while none failed */
 };

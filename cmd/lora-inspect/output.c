@@ -254,7 +254,7 @@ int out_end(struct out *o)
     free(o->footer.data);
     o->cells = NULL;
     o->n_cells = o->cap_cells = 0;
-    o->footer = (struct lora_msg_buf){0};
+    o->footer = (struct lora_buf){0};
     return out_flush(o);
 }
 

@@ -19,8 +19,7 @@
 #include "metrics/metrics_state.h"
 #include "wire/sock.h"
 
-#define EXIT_USAGE  100
-#define EXIT_SYSTEM 111
+#include "base/exit_codes.h"
 
 #define METRICS_MAX_SOURCES 64
 

@@ -7,14 +7,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "metrics.h"
-
-static double unix_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
-}
 
 static void text(struct lora_http_request *r, unsigned status, const char *body)
 {
@@ -30,7 +24,7 @@ static void metrics(struct metrics *m, struct lora_http_request *r)
 
     pthread_mutex_lock(&m->mu);
     lora_exposition_reset(&w);
-    lora_metrics_render(m->state, &w, unix_now(), lora_now_ms());
+    lora_metrics_render(m->state, &w, lora_clock_unix(), lora_now_ms());
     const char *body = lora_exposition_text(&w, &len, err, sizeof(err));
     if (body)
         lora_http_respond(r, 200, LORA_EXPOSITION_CONTENT_TYPE, body, len); /* copies the body */

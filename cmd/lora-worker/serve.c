@@ -41,7 +41,7 @@ static void *beat_main(void *arg)
 {
     struct beat *b = arg;
     char err[256];
-    struct lora_msg_buf hb = {0};
+    struct lora_buf hb = {0};
     struct lora_sock *s = lora_sock_new(b->zctx, ZMQ_DEALER, b->endpoint, false, b->identity, err,
                                         sizeof(err));
 
@@ -55,7 +55,7 @@ static void *beat_main(void *arg)
         nanosleep(&ts, NULL);
     }
 out:
-    lora_msg_buf_release(&hb);
+    lora_buf_release(&hb);
     lora_sock_destroy(&s);
     return NULL;
 }
@@ -87,7 +87,7 @@ static int send_hello(struct worker *w)
         .world_size = 0,
         .pid = getpid(),
     };
-    lora_msg_buf_reset(&w->out);
+    lora_buf_reset(&w->out);
     if (lora_msg_encode_hello(&w->out, &h, NULL, NULL) < 0)
         return -1;
     return worker_send(w, NULL, 0);
@@ -95,7 +95,7 @@ static int send_hello(struct worker *w)
 
 static int send_empty(struct worker *w, enum lora_msg_type t)
 {
-    lora_msg_buf_reset(&w->out);
+    lora_buf_reset(&w->out);
     if (lora_msg_encode_empty(&w->out, t) < 0)
         return -1;
     return worker_send(w, NULL, 0);
@@ -191,7 +191,7 @@ static int handle_setup(struct worker *w, const struct lora_msg_frames *f)
     };
     if (rc < 0)
         d.error = (struct lora_str){err, strlen(err)};
-    lora_msg_buf_reset(&w->out);
+    lora_buf_reset(&w->out);
     if (lora_msg_encode_setup_done(&w->out, &d, NULL, NULL) < 0)
         return -1;
     return worker_send(w, NULL, 0);
@@ -263,8 +263,8 @@ static void teardown(struct worker *w)
     lora_sampler_destroy(&w->sampler);
     lora_allreduce_close(&w->ar);
     lora_notify_ring_destroy(&w->ring);
-    lora_msg_buf_release(&w->out);
-    lora_msg_buf_release(&w->item);
+    lora_buf_release(&w->out);
+    lora_buf_release(&w->item);
     lora_msg_arena_destroy(&w->arena);
     lora_sock_destroy(&w->sock);
     if (w->zctx)

@@ -49,8 +49,8 @@ struct worker {
     int n_loading; /* ADD commands queued to the loader and not yet answered */
 
     /* Codec scratch. */
-    struct lora_msg_buf out;
-    struct lora_msg_buf item; /* one encoded notification */
+    struct lora_buf out;
+    struct lora_buf item; /* one encoded notification */
     struct lora_msg_arena *arena;
 
     /* Step scratch, sized from the limits at setup. */

@@ -234,7 +234,7 @@ static int reply_op(struct worker *w, uint64_t op_id, const char *err, double se
         .op_id = op_id, .rank = w->rank, .ok = err == NULL, .seconds = seconds};
     if (err)
         r.error = (struct lora_str){err, strlen(err)};
-    lora_msg_buf_reset(&w->out);
+    lora_buf_reset(&w->out);
     if (lora_msg_encode_adapter_op_reply(&w->out, &r, NULL, NULL) < 0)
         return -1;
     return worker_send(w, NULL, 0);
@@ -260,7 +260,7 @@ void worker_notify(struct worker *w)
     };
     struct lora_msg_notifications one = {
         .engine = -1, .rank = w->rank, .dropped = 0, .n_items = 1, .items = &item};
-    lora_msg_buf_reset(&w->item);
+    lora_buf_reset(&w->item);
     if (lora_msg_encode_notifications(&w->item, &one, NULL, NULL) < 0 ||
         lora_notify_ring_push(w->ring, LORA_NOTIFY_LORA_LOAD, w->item.data, w->item.len, NULL) <
             0)
@@ -458,7 +458,7 @@ int worker_handle_take_notifications(struct worker *w)
         .n_items = g.n,
         .items = g.items,
     };
-    lora_msg_buf_reset(&w->out);
+    lora_buf_reset(&w->out);
     int rc = lora_msg_encode_notifications(&w->out, &m, NULL, NULL);
     free(g.items);
     return rc < 0 ? -1 : worker_send(w, NULL, 0);
@@ -474,7 +474,7 @@ int worker_handle_residency(struct worker *w)
             return -1;
         r.state = w->snap.state;
     }
-    lora_msg_buf_reset(&w->out);
+    lora_buf_reset(&w->out);
     if (lora_msg_encode_residency_reply(&w->out, &r, NULL, NULL) < 0)
         return -1;
     return worker_send(w, NULL, 0);

@@ -196,7 +196,7 @@ static int reply_error(struct worker *w, uint64_t step_id, const char *err)
 {
     struct lora_msg_step_reply r = {.step_id = step_id, .rank = w->rank, .ok = false};
     r.error = (struct lora_str){err, strlen(err)};
-    lora_msg_buf_reset(&w->out);
+    lora_buf_reset(&w->out);
     if (lora_msg_encode_step_reply(&w->out, &r, NULL, NULL) < 0)
         return -1;
     return worker_send(w, NULL, 0);
@@ -265,7 +265,7 @@ int worker_handle_step(struct worker *w, const struct lora_msg_frames *f)
         r.outs = w->outs;
     }
     r.step_seconds = now_s() - t0;
-    lora_msg_buf_reset(&w->out);
+    lora_buf_reset(&w->out);
     if (lora_msg_encode_step_reply(&w->out, &r, NULL, NULL) < 0)
         return -1;
     return worker_send(w, NULL, 0);

@@ -3,9 +3,7 @@
 #ifndef LORA_WORKER_CMD_H
 #define LORA_WORKER_CMD_H
 
-#define EXIT_BAD_INPUT 1
-#define EXIT_USAGE 100
-#define EXIT_SYSTEM 111
+#include "base/exit_codes.h"
 
 int cmd_generate(int argc, char **argv);
 int cmd_make_model(int argc, char **argv);

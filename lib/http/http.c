@@ -1,5 +1,6 @@
 /* http: see http.h. One struct lora_http_request per request, made on libmicrohttpd's first
  * call for it and freed when libmicrohttpd says the request is over. */
+#include "base/clock.h"
 #include "http/http.h"
 
 #include <arpa/inet.h>
@@ -151,13 +152,6 @@ static bool append(struct lora_http_request *r, const char *data, size_t n)
     return true;
 }
 
-static uint64_t now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000 + (uint64_t)ts.tv_nsec / 1000000;
-}
-
 /* Takes n more bytes of the body budget for r; false when the server holds too much. */
 static bool charge(struct lora_http_request *r, size_t n)
 {
@@ -275,7 +269,7 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     pthread_mutex_lock(&s->mu);
     s->body_bytes -= r->charged;
     if (r->c) { /* a kept-alive connection has the deadline again for its next request */
-        r->c->since_ms = now_ms();
+        r->c->since_ms = lora_clock_mono_ms();
         r->c->armed = true;
     }
     pthread_mutex_unlock(&s->mu);
@@ -300,7 +294,7 @@ static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_
         if (!c)
             return; /* untracked: only the idle timeout applies to it */
         c->fd = i->connect_fd;
-        c->since_ms = now_ms();
+        c->since_ms = lora_clock_mono_ms();
         c->armed = true;
         pthread_mutex_lock(&s->mu);
         c->next = s->conns;
@@ -344,7 +338,7 @@ static void *watchdog(void *p)
             ts.tv_nsec -= 1000000000L;
         }
         pthread_cond_timedwait(&s->wake, &s->mu, &ts);
-        uint64_t now = now_ms();
+        uint64_t now = lora_clock_mono_ms();
         for (struct conn *c = s->conns; c; c = c->next) {
             if (!c->armed || c->cut || c->since_ms > now || now - c->since_ms < limit_ms)
                 continue;

@@ -40,7 +40,6 @@
 #define ZONE_CHUNK       8192                  /* msgpack_zone chunk size */
 #define MAX_PATH         160                   /* bytes of a nested key path in an error */
 #define MAX_LIST         LORA_MSG_MAX_ADAPTERS /* notifications, timings, stop token ids */
-#define BUF_INITIAL_SIZE 256
 
 /* ---- names ---------------------------------------------------------------------------------- */
 
@@ -104,42 +103,6 @@ int lora_msg_type_from_name(const char *name, size_t len)
 }
 
 /* ---- buffer --------------------------------------------------------------------------------- */
-
-void lora_msg_buf_reset(struct lora_msg_buf *b)
-{
-    b->len = 0;
-}
-
-void lora_msg_buf_release(struct lora_msg_buf *b)
-{
-    free(b->data);
-    b->data = NULL;
-    b->len = 0;
-    b->cap = 0;
-}
-
-/* The msgpack_packer write callback: appends, growing geometrically. 0 or -1 (no memory). */
-static int buf_write(void *data, const char *src, size_t len)
-{
-    struct lora_msg_buf *b = data;
-
-    if (len > b->cap - b->len) {
-        if (len > SIZE_MAX / 2 - b->len)
-            return -1;
-        size_t cap = b->cap ? b->cap : BUF_INITIAL_SIZE;
-        while (cap - b->len < len)
-            cap *= 2;
-        char *p = realloc(b->data, cap);
-        if (!p)
-            return -1;
-        b->data = p;
-        b->cap = cap;
-    }
-    if (len)
-        memcpy(b->data + b->len, src, len);
-    b->len += len;
-    return 0;
-}
 
 /* ---- arena ---------------------------------------------------------------------------------- */
 
@@ -1032,17 +995,17 @@ out:
 
 struct enc {
     msgpack_packer pk;
-    struct lora_msg_buf *b;
+    struct lora_buf *b;
     size_t start; /* b->len before the message, restored on failure */
     int error;    /* 0, ENOMEM or EINVAL */
 };
 
-static void enc_begin(struct enc *e, struct lora_msg_buf *b, enum lora_msg_type t, size_t n_keys)
+static void enc_begin(struct enc *e, struct lora_buf *b, enum lora_msg_type t, size_t n_keys)
 {
     e->b = b;
     e->start = b->len;
     e->error = 0;
-    msgpack_packer_init(&e->pk, b, buf_write);
+    msgpack_packer_init(&e->pk, b, lora_buf_write);
     if (msgpack_pack_map(&e->pk, n_keys + 1) || msgpack_pack_str_with_body(&e->pk, "type", 4) ||
         msgpack_pack_str_with_body(&e->pk, type_names[t], strlen(type_names[t])))
         e->error = ENOMEM;
@@ -1193,7 +1156,7 @@ static void bin_frame(struct enc *e, struct lora_msg_bin *bins, int i, const int
     }
 }
 
-int lora_msg_encode_empty(struct lora_msg_buf *b, enum lora_msg_type t)
+int lora_msg_encode_empty(struct lora_buf *b, enum lora_msg_type t)
 {
     struct enc e;
 
@@ -1210,7 +1173,7 @@ int lora_msg_encode_empty(struct lora_msg_buf *b, enum lora_msg_type t)
 
 /* ---- hello, ready, setup, setup_done -------------------------------------------------------- */
 
-int lora_msg_encode_hello(struct lora_msg_buf *b, const struct lora_msg_hello *m,
+int lora_msg_encode_hello(struct lora_buf *b, const struct lora_msg_hello *m,
                           struct lora_msg_bin *bins, int *n_bins)
 {
     struct enc e;
@@ -1297,7 +1260,7 @@ typedef int (*elem_fields_fn)(struct dec *d, const msgpack_object_map *m, void *
 static int map_array(struct dec *d, const char *key, const msgpack_object_array *a, size_t size,
                      elem_fields_fn fields, void **items);
 
-int lora_msg_encode_ready(struct lora_msg_buf *b, const struct lora_msg_ready *m,
+int lora_msg_encode_ready(struct lora_buf *b, const struct lora_msg_ready *m,
                           struct lora_msg_bin *bins, int *n_bins)
 {
     struct enc e;
@@ -1364,7 +1327,7 @@ static int ready_fields(struct dec *d, const msgpack_object_map *m, void *p)
 }
 DEFINE_DECODER(ready, LORA_MSG_READY)
 
-int lora_msg_encode_setup(struct lora_msg_buf *b, const struct lora_msg_setup *m,
+int lora_msg_encode_setup(struct lora_buf *b, const struct lora_msg_setup *m,
                           struct lora_msg_bin *bins, int *n_bins)
 {
     struct enc e;
@@ -1390,7 +1353,7 @@ static int setup_fields(struct dec *d, const msgpack_object_map *m, void *p)
 }
 DEFINE_DECODER(setup, LORA_MSG_SETUP)
 
-int lora_msg_encode_setup_done(struct lora_msg_buf *b, const struct lora_msg_setup_done *m,
+int lora_msg_encode_setup_done(struct lora_buf *b, const struct lora_msg_setup_done *m,
                                struct lora_msg_bin *bins, int *n_bins)
 {
     struct enc e;
@@ -1421,7 +1384,7 @@ DEFINE_DECODER(setup_done, LORA_MSG_SETUP_DONE)
 
 #define N_STEP_SEQ_KEYS 14
 
-int lora_msg_encode_step(struct lora_msg_buf *b, const struct lora_msg_step *m,
+int lora_msg_encode_step(struct lora_buf *b, const struct lora_msg_step *m,
                          struct lora_msg_bin *bins, int *n_bins)
 {
     struct enc e;
@@ -1569,7 +1532,7 @@ static int step_fields(struct dec *d, const msgpack_object_map *m, void *p)
 }
 DEFINE_DECODER(step, LORA_MSG_STEP)
 
-int lora_msg_encode_step_reply(struct lora_msg_buf *b, const struct lora_msg_step_reply *m,
+int lora_msg_encode_step_reply(struct lora_buf *b, const struct lora_msg_step_reply *m,
                                struct lora_msg_bin *bins, int *n_bins)
 {
     struct enc e;
@@ -1718,7 +1681,7 @@ DEFINE_DECODER(step_reply, LORA_MSG_STEP_REPLY)
 
 /* ---- adapter_op, adapter_op_reply ----------------------------------------------------------- */
 
-int lora_msg_encode_adapter_op(struct lora_msg_buf *b, const struct lora_msg_adapter_op *m,
+int lora_msg_encode_adapter_op(struct lora_buf *b, const struct lora_msg_adapter_op *m,
                                struct lora_msg_bin *bins, int *n_bins)
 {
     struct enc e;
@@ -1759,7 +1722,7 @@ static int adapter_op_fields(struct dec *d, const msgpack_object_map *m, void *p
 }
 DEFINE_DECODER(adapter_op, LORA_MSG_ADAPTER_OP)
 
-int lora_msg_encode_adapter_op_reply(struct lora_msg_buf *b,
+int lora_msg_encode_adapter_op_reply(struct lora_buf *b,
                                      const struct lora_msg_adapter_op_reply *m,
                                      struct lora_msg_bin *bins, int *n_bins)
 {
@@ -1828,7 +1791,7 @@ out:
     return rc;
 }
 
-int lora_msg_encode_notifications(struct lora_msg_buf *b, const struct lora_msg_notifications *m,
+int lora_msg_encode_notifications(struct lora_buf *b, const struct lora_msg_notifications *m,
                                   struct lora_msg_bin *bins, int *n_bins)
 {
     struct enc e;
@@ -1912,7 +1875,7 @@ static int notifications_fields(struct dec *d, const msgpack_object_map *m, void
 }
 DEFINE_DECODER(notifications, LORA_MSG_NOTIFICATIONS)
 
-int lora_msg_encode_residency_reply(struct lora_msg_buf *b,
+int lora_msg_encode_residency_reply(struct lora_buf *b,
                                     const struct lora_msg_residency_reply *m,
                                     struct lora_msg_bin *bins, int *n_bins)
 {
@@ -1943,7 +1906,7 @@ DEFINE_DECODER(residency_reply, LORA_MSG_RESIDENCY_REPLY)
 
 /* ---- request, abort, output ----------------------------------------------------------------- */
 
-int lora_msg_encode_request(struct lora_msg_buf *b, const struct lora_msg_request *m,
+int lora_msg_encode_request(struct lora_buf *b, const struct lora_msg_request *m,
                             struct lora_msg_bin *bins, int *n_bins)
 {
     struct enc e;
@@ -2018,7 +1981,7 @@ static int request_fields(struct dec *d, const msgpack_object_map *m, void *p)
 }
 DEFINE_DECODER(request, LORA_MSG_REQUEST)
 
-int lora_msg_encode_abort(struct lora_msg_buf *b, const struct lora_msg_abort *m,
+int lora_msg_encode_abort(struct lora_buf *b, const struct lora_msg_abort *m,
                           struct lora_msg_bin *bins, int *n_bins)
 {
     struct enc e;
@@ -2040,7 +2003,7 @@ DEFINE_DECODER(abort, LORA_MSG_ABORT)
 static const char *const output_time_keys[4] = {"queued_time", "scheduled_time",
                                                 "first_token_time", "finished_time"};
 
-int lora_msg_encode_output(struct lora_msg_buf *b, const struct lora_msg_output *m,
+int lora_msg_encode_output(struct lora_buf *b, const struct lora_msg_output *m,
                            struct lora_msg_bin *bins, int *n_bins)
 {
     struct enc e;
@@ -2177,7 +2140,7 @@ DEFINE_DECODER(output, LORA_MSG_OUTPUT)
 
 /* ---- event, stats --------------------------------------------------------------------------- */
 
-int lora_msg_encode_event(struct lora_msg_buf *b, const struct lora_msg_event *m,
+int lora_msg_encode_event(struct lora_buf *b, const struct lora_msg_event *m,
                           struct lora_msg_bin *bins, int *n_bins)
 {
     struct enc e;
@@ -2217,7 +2180,7 @@ DEFINE_DECODER(event, LORA_MSG_EVENT)
 static const char *const stats_time_keys[4] = {"first_token_time", "queued_time",
                                                "scheduled_time", "engine_first_token_time"};
 
-int lora_msg_encode_request_stats(struct lora_msg_buf *b, const struct lora_msg_request_stats *m,
+int lora_msg_encode_request_stats(struct lora_buf *b, const struct lora_msg_request_stats *m,
                                   struct lora_msg_bin *bins, int *n_bins)
 {
     struct enc e;
@@ -2278,7 +2241,7 @@ static int request_stats_fields(struct dec *d, const msgpack_object_map *m, void
 }
 DEFINE_DECODER(request_stats, LORA_MSG_REQUEST_STATS)
 
-int lora_msg_encode_stats(struct lora_msg_buf *b, const struct lora_msg_stats *m,
+int lora_msg_encode_stats(struct lora_buf *b, const struct lora_msg_stats *m,
                           struct lora_msg_bin *bins, int *n_bins)
 {
     struct enc e;
@@ -2351,7 +2314,7 @@ static bool control_needs_name(enum lora_control_op op)
            op == LORA_CTL_UNPIN;
 }
 
-int lora_msg_encode_control(struct lora_msg_buf *b, const struct lora_msg_control *m,
+int lora_msg_encode_control(struct lora_buf *b, const struct lora_msg_control *m,
                             struct lora_msg_bin *bins, int *n_bins)
 {
     struct enc e;
@@ -2398,7 +2361,7 @@ static bool is_container(const void *data, size_t len)
     return (*p >= 0x80 && *p <= 0x9f) || (*p >= 0xdc && *p <= 0xdf);
 }
 
-int lora_msg_encode_control_reply(struct lora_msg_buf *b, const struct lora_msg_control_reply *m,
+int lora_msg_encode_control_reply(struct lora_buf *b, const struct lora_msg_control_reply *m,
                                   struct lora_msg_bin *bins, int *n_bins)
 {
     struct enc e;
@@ -2415,7 +2378,7 @@ int lora_msg_encode_control_reply(struct lora_msg_buf *b, const struct lora_msg_
         if (!is_container(m->data, m->data_len))
             invalid(&e);
         if (!e.error)
-            put(&e, buf_write(b, m->data, m->data_len));
+            put(&e, lora_buf_add(b, m->data, m->data_len));
     }
     return enc_end(&e);
 }
@@ -2448,7 +2411,7 @@ static int control_reply_fields(struct dec *d, const msgpack_object_map *m, void
 }
 DEFINE_DECODER(control_reply, LORA_MSG_CONTROL_REPLY)
 
-int lora_msg_encode_registry(struct lora_msg_buf *b, const struct lora_msg_registry *m,
+int lora_msg_encode_registry(struct lora_buf *b, const struct lora_msg_registry *m,
                              struct lora_msg_bin *bins, int *n_bins)
 {
     struct enc e;

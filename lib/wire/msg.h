@@ -9,7 +9,7 @@
  * mistyped required key, bound every length before using it and never assert on input: a bad
  * message yields -1 and a message naming the type and the key. Decoded strings and arrays point
  * into the decoder's arena (struct lora_msg_arena) and live until lora_msg_arena_reset().
- * Encoders append to a caller-owned growable buffer (struct lora_msg_buf). Types only grow at the
+ * Encoders append to a caller-owned growable buffer (struct lora_buf). Types only grow at the
  * end; field meanings never change. man/lora-stack-protocol.7 is this catalogue for people.
  *
  *  type                 from -> to                 fields (? = optional)           bin frames
@@ -74,6 +74,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "base/buf.h"
+
 #define LORA_PROTOCOL_VERSION 1
 #define LORA_PROTOCOL_MAGIC   "LORA1"
 
@@ -118,15 +120,6 @@ enum lora_msg_type {
 /* "hello", "ready", ...; lora_msg_type_from_name returns -1 for an unknown name. */
 const char *lora_msg_type_name(enum lora_msg_type t);
 int lora_msg_type_from_name(const char *name, size_t len);
-
-/* A growable output buffer for encoders. */
-struct lora_msg_buf {
-    char *data;
-    size_t len;
-    size_t cap;
-};
-void lora_msg_buf_reset(struct lora_msg_buf *b);   /* len = 0, keeps the memory */
-void lora_msg_buf_release(struct lora_msg_buf *b); /* frees the memory */
 
 /* Decoded strings and arrays live here until the next reset. */
 struct lora_msg_arena;
@@ -556,10 +549,10 @@ struct lora_msg_request_stats {
  * with "TYPE: KEY: what is wrong" in err. Heartbeat, take_notifications, residency and
  * shutdown have no fields: lora_msg_encode_empty(buf, type). */
 
-int lora_msg_encode_empty(struct lora_msg_buf *b, enum lora_msg_type t);
+int lora_msg_encode_empty(struct lora_buf *b, enum lora_msg_type t);
 
 #define LORA_MSG_CODEC(name)                                                                       \
-    int lora_msg_encode_##name(struct lora_msg_buf *b, const struct lora_msg_##name *m,            \
+    int lora_msg_encode_##name(struct lora_buf *b, const struct lora_msg_##name *m,            \
                                struct lora_msg_bin *bins, int *n_bins);                            \
     int lora_msg_decode_##name(const void *body, size_t len, const struct lora_msg_bin *bins,      \
                                int n_bins, struct lora_msg_arena *arena,                           \
@@ -589,7 +582,7 @@ LORA_MSG_CODEC(request_stats)
 
 /* Writes the body as one JSON object (msgpack maps to JSON, bin as base64 strings): for
  * lora-inspect decode and for logs. Returns 0 or -1 with err. */
-int lora_msg_to_json(const void *body, size_t len, struct lora_msg_buf *out, char *err,
+int lora_msg_to_json(const void *body, size_t len, struct lora_buf *out, char *err,
                      size_t err_len);
 
 #endif

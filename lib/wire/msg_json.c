@@ -391,26 +391,7 @@ static json_t *read_value(struct reader *r, int depth)
     }
 }
 
-static int append(struct lora_msg_buf *b, const char *s, size_t n)
-{
-    if (n > b->cap - b->len) {
-        if (n > SIZE_MAX / 2 - b->len)
-            return -1;
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap - b->len < n)
-            cap *= 2;
-        char *p = realloc(b->data, cap);
-        if (!p)
-            return -1;
-        b->data = p;
-        b->cap = cap;
-    }
-    memcpy(b->data + b->len, s, n);
-    b->len += n;
-    return 0;
-}
-
-int lora_msg_to_json(const void *body, size_t len, struct lora_msg_buf *out, char *err,
+int lora_msg_to_json(const void *body, size_t len, struct lora_buf *out, char *err,
                      size_t err_len)
 {
     struct reader r = {.p = body, .start = body, .end = (const unsigned char *)body + len};
@@ -443,7 +424,7 @@ int lora_msg_to_json(const void *body, size_t len, struct lora_msg_buf *out, cha
     }
     text = json_dumps(root, JSON_COMPACT | JSON_ENCODE_ANY);
     json_decref(root);
-    if (!text || append(out, text, strlen(text)) < 0) {
+    if (!text || lora_buf_add(out, text, strlen(text)) < 0) {
         free(text);
         snprintf(err, err_len, "message: out of memory");
         errno = ENOMEM;

@@ -94,13 +94,6 @@ int lora_http_respond_stream(struct lora_http_request *r, unsigned status, const
 
 /* ---- the engine link of cmd/lora-frontend/link.c, never connected ---- */
 
-double fe_now(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
 struct fe_seq *seq_new(const char *id)
 {
     struct fe_seq *s = calloc(1, sizeof(*s));

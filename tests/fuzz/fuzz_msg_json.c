@@ -8,7 +8,7 @@
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    struct lora_msg_buf out = {0};
+    struct lora_buf out = {0};
     char err[512];
 
     if (lora_msg_to_json(data, size, &out, err, sizeof(err)) == 0) {
@@ -17,6 +17,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
             abort();
         json_decref(j);
     }
-    lora_msg_buf_release(&out);
+    lora_buf_release(&out);
     return 0;
 }

@@ -763,13 +763,13 @@ static json_t *dump_control(const void *p)
 /* msgpack bytes as the JSON value lora_msg_to_json makes of them; null when they are none. */
 static json_t *json_of_msgpack(const void *data, size_t len)
 {
-    struct lora_msg_buf b = {0};
+    struct lora_buf b = {0};
     char err[256];
     json_t *v = NULL;
 
     if (data && lora_msg_to_json(data, len, &b, err, sizeof(err)) == 0)
         v = json_loadb(b.data, b.len, JSON_DECODE_ANY | JSON_ALLOW_NUL, NULL);
-    lora_msg_buf_release(&b);
+    lora_buf_release(&b);
     return v ? v : json_null();
 }
 
@@ -825,14 +825,14 @@ static json_t *dump_request_stats(const void *p)
 
 /* ---- one table over all types ---- */
 
-typedef int (*enc_fn)(struct lora_msg_buf *b, const void *m, struct lora_msg_bin *bins,
+typedef int (*enc_fn)(struct lora_buf *b, const void *m, struct lora_msg_bin *bins,
                       int *n_bins);
 typedef int (*dec_fn)(const void *body, size_t len, const struct lora_msg_bin *bins, int n_bins,
                       struct lora_msg_arena *a, void *out, char *err, size_t err_len);
 typedef json_t *(*dump_fn)(const void *m);
 
 #define WRAP(name)                                                                                 \
-    static int enc_##name(struct lora_msg_buf *b, const void *m, struct lora_msg_bin *bins,        \
+    static int enc_##name(struct lora_buf *b, const void *m, struct lora_msg_bin *bins,        \
                           int *n_bins)                                                             \
     {                                                                                              \
         return lora_msg_encode_##name(b, m, bins, n_bins);                                         \
@@ -940,10 +940,10 @@ static bool is_optional(const struct codec *c, const char *key)
 #define MAX_BINS 4
 
 /* Encodes msg of type t into b (reset first); frames into bins. */
-static int encode(enum lora_msg_type t, const void *msg, struct lora_msg_buf *b,
+static int encode(enum lora_msg_type t, const void *msg, struct lora_buf *b,
                   struct lora_msg_bin *bins, int *n_bins)
 {
-    lora_msg_buf_reset(b);
+    lora_buf_reset(b);
     *n_bins = 0;
     if (!codecs[t].enc)
         return lora_msg_encode_empty(b, t);
@@ -1018,10 +1018,10 @@ static void test_type_names(void)
 }
 
 static struct lora_msg_arena *arena;
-static struct lora_msg_buf buf;
+static struct lora_buf buf;
 
 /* A copy of b's bytes as a C string (for CHECK_CONTAINS); the caller frees it. */
-static char *buf_string(const struct lora_msg_buf *b)
+static char *buf_string(const struct lora_buf *b)
 {
     char *s = malloc(b->len + 1);
     if (b->len)
@@ -1036,7 +1036,7 @@ static void round_trip_one(enum lora_msg_type t, const void *msg, const char *va
     int n_bins;
     union any_msg out;
     char err[256] = "", want[64];
-    struct lora_msg_buf js = {0};
+    struct lora_buf js = {0};
 
     if (encode(t, msg, &buf, bins, &n_bins) != 0) {
         printf("# %s %s: encode failed: %s\n", type_s[t], variant, strerror(errno));
@@ -1057,7 +1057,7 @@ static void round_trip_one(enum lora_msg_type t, const void *msg, const char *va
     char *s = buf_string(&js);
     CHECK_CONTAINS(s, want);
     free(s);
-    lora_msg_buf_release(&js);
+    lora_buf_release(&js);
     lora_msg_arena_reset(arena);
 }
 
@@ -1101,11 +1101,11 @@ static void test_empty_types(void)
     char err[128];
 
     for (int i = 0; i < COUNT(empty); i++) {
-        lora_msg_buf_reset(&buf);
+        lora_buf_reset(&buf);
         CHECK(lora_msg_encode_empty(&buf, empty[i]) == 0);
         CHECK(lora_msg_peek_type(buf.data, buf.len, err, sizeof(err)) == (int)empty[i]);
     }
-    lora_msg_buf_reset(&buf);
+    lora_buf_reset(&buf);
     errno = 0;
     CHECK(lora_msg_encode_empty(&buf, LORA_MSG_HELLO) == -1 && errno == EINVAL);
     CHECK(lora_msg_encode_empty(&buf, LORA_MSG_TYPE_COUNT) == -1);
@@ -1120,7 +1120,7 @@ static void truncated_one(enum lora_msg_type t, const void *msg, const char *var
     int n_bins;
     union any_msg out;
     char err[256];
-    struct lora_msg_buf js = {0};
+    struct lora_buf js = {0};
 
     CHECK(encode(t, msg, &buf, bins, &n_bins) == 0);
     for (size_t len = 0; len < buf.len; len++) {
@@ -1137,7 +1137,7 @@ static void truncated_one(enum lora_msg_type t, const void *msg, const char *var
         CHECK(js.len == 0);
         free(p);
     }
-    lora_msg_buf_release(&js);
+    lora_buf_release(&js);
     lora_msg_arena_reset(arena);
 }
 
@@ -1231,7 +1231,7 @@ static void repack(msgpack_packer *pk, const msgpack_object *o, const struct kpa
 
 static int sbuf_write(void *data, const char *s, size_t n)
 {
-    struct lora_msg_buf *b = data;
+    struct lora_buf *b = data;
     if (b->len + n > b->cap) {
         size_t cap = (b->len + n) * 2;
         char *p = realloc(b->data, cap);
@@ -1247,7 +1247,7 @@ static int sbuf_write(void *data, const char *s, size_t n)
 
 /* out = body with the edit applied at path p. */
 static void edit_body(const void *body, size_t len, const struct kpath *p, const struct edit *e,
-                      struct lora_msg_buf *out)
+                      struct lora_buf *out)
 {
     msgpack_zone zone;
     msgpack_object root;
@@ -1255,7 +1255,7 @@ static void edit_body(const void *body, size_t len, const struct kpath *p, const
     size_t off = 0;
 
     msgpack_zone_init(&zone, 4096);
-    lora_msg_buf_reset(out);
+    lora_buf_reset(out);
     msgpack_packer_init(&pk, out, sbuf_write);
     if (msgpack_unpack(body, len, &off, &zone, &root) == MSGPACK_UNPACK_SUCCESS)
         repack(&pk, &root, p, 0, e);
@@ -1384,7 +1384,7 @@ static const msgpack_object *object_at(const msgpack_object *o, const struct kpa
     return o;
 }
 
-static struct lora_msg_buf edited;
+static struct lora_buf edited;
 
 /* For every key and element of a full sample: a wrong type fails naming it; removal fails with
  * "KEY: missing" unless the key is optional, and then the message still decodes. */
@@ -1748,7 +1748,7 @@ static void test_lying_lengths(void)
     };
     union any_msg o;
     char err[256];
-    struct lora_msg_buf js = {0};
+    struct lora_buf js = {0};
     clock_t start = clock();
 
     for (int i = 0; i < COUNT(cases); i++) {
@@ -1813,7 +1813,7 @@ static void test_lying_lengths(void)
     CHECK_CONTAINS(err, "abort: type: duplicate key");
     CHECK(lora_msg_peek_type(bogus, sizeof(bogus), NULL, 0) == -1);
     CHECK(js.len == 0);
-    lora_msg_buf_release(&js);
+    lora_buf_release(&js);
     CHECK((double)(clock() - start) / CLOCKS_PER_SEC < 1.0);
     lora_msg_arena_reset(arena);
 }
@@ -1893,7 +1893,7 @@ static void test_encoder_checks(void)
     char with_nul[] = "a\0b";
     static char long_str[LORA_MSG_MAX_STR + 1];
 
-    lora_msg_buf_reset(&buf);
+    lora_buf_reset(&buf);
     CHECK(lora_msg_encode_empty(&buf, LORA_MSG_HEARTBEAT) == 0);
     size_t before = buf.len;
 
@@ -1952,7 +1952,7 @@ static void test_json(void)
      *  "neg":-5,"min":INT64_MIN,7:"seven",true:nil,"bad":"\xff\xfeok","ext":ext(1,"ab"),
      *  "arr":[1,[2,{}]],"nul":"a\0b","e":"\xc3\xa9"} */
     msgpack_packer pk;
-    struct lora_msg_buf in = {0}, js = {0};
+    struct lora_buf in = {0}, js = {0};
     char err[256];
 
     msgpack_packer_init(&pk, &in, sbuf_write);
@@ -2027,7 +2027,7 @@ static void test_json(void)
          6, "{\"a\xef\xbf\xbd" "b\":1}"},
     };
     for (int i = 0; i < COUNT(small); i++) {
-        lora_msg_buf_reset(&js);
+        lora_buf_reset(&js);
         CHECK(lora_msg_to_json(small[i].mp, small[i].len, &js, err, sizeof(err)) == 0);
         s = buf_string(&js);
         if (strcmp(s, small[i].json) != 0) {
@@ -2039,8 +2039,8 @@ static void test_json(void)
         json_decref(back);
         free(s);
     }
-    lora_msg_buf_release(&in);
-    lora_msg_buf_release(&js);
+    lora_buf_release(&in);
+    lora_buf_release(&js);
 }
 
 /* Maps used as keys of maps: each level's key is the JSON text of the level below, escaped
@@ -2049,7 +2049,7 @@ static void test_json(void)
 static void test_json_container_keys(void)
 {
     unsigned char nested[77];
-    struct lora_msg_buf js = {0};
+    struct lora_buf js = {0};
     char err[256];
     size_t n = 0;
 
@@ -2070,14 +2070,14 @@ static void test_json_container_keys(void)
 
     /* one level of container keys is kept, as text */
     static const unsigned char one[] = {0x81, 0x81, 0x01, 0x02, 0x03};
-    lora_msg_buf_reset(&js);
+    lora_buf_reset(&js);
     CHECK(lora_msg_to_json(one, sizeof(one), &js, err, sizeof(err)) == 0);
     char *s = buf_string(&js);
     CHECK(strcmp(s, "{\"{\\\"1\\\":2}\":3}") == 0);
     free(s);
     /* an array key holding a map with an array key: refused as well */
     static const unsigned char arr[] = {0x81, 0x91, 0x81, 0x91, 0x01, 0x02, 0x03};
-    lora_msg_buf_reset(&js);
+    lora_buf_reset(&js);
     CHECK(lora_msg_to_json(arr, sizeof(arr), &js, err, sizeof(err)) == -1);
     CHECK_CONTAINS(err, "map key inside");
 
@@ -2096,7 +2096,7 @@ static void test_json_container_keys(void)
     }
     w[n++] = 0x00;
     CHECK(n == len);
-    lora_msg_buf_reset(&js);
+    lora_buf_reset(&js);
     CHECK(lora_msg_to_json(w, len, &js, err, sizeof(err)) == 0);
     CHECK(js.len < 8 * len);
     free(w);
@@ -2106,13 +2106,13 @@ static void test_json_container_keys(void)
     for (int levels = 32; levels <= 33; levels++) {
         memset(deep, 0x91, (size_t)levels);
         deep[levels] = 0x00;
-        lora_msg_buf_reset(&js);
+        lora_buf_reset(&js);
         int rc = lora_msg_to_json(deep, (size_t)levels + 1, &js, err, sizeof(err));
         CHECK(rc == (levels == 32 ? 0 : -1));
         if (rc < 0)
             CHECK_CONTAINS(err, "nested too deeply (more than 32 levels)");
     }
-    lora_msg_buf_release(&js);
+    lora_buf_release(&js);
 }
 
 /* lora_msg_scan: the framing of a byte stream (lora-metrics --stdin). Fed one byte at a time
@@ -2120,7 +2120,7 @@ static void test_json_container_keys(void)
  * refused from the header alone, before the bytes they claim exist. */
 static void test_scan(void)
 {
-    struct lora_msg_buf b = {0};
+    struct lora_buf b = {0};
     struct lora_msg_abort m = {.request_id = {"req-1", 5}};
     struct lora_msg_scan st = {0};
     size_t len = 0;
@@ -2160,7 +2160,7 @@ static void test_scan(void)
         if (check_cur_failed)
             printf("# case %d: got %d at %zu\n", i, (int)r, len);
     }
-    lora_msg_buf_release(&b);
+    lora_buf_release(&b);
 }
 
 /* A small arena serves big messages through extra chunks; reset keeps working. */
@@ -2181,7 +2181,7 @@ static void test_arena(void)
     st.n_adapters = 20000;
     st.adapters = ac;
     CHECK(a != NULL);
-    lora_msg_buf_reset(&buf);
+    lora_buf_reset(&buf);
     CHECK(lora_msg_encode_stats(&buf, &st, bins, &n_bins) == 0);
     for (int round = 0; round < 3; round++) {
         if (lora_msg_decode_stats(buf.data, buf.len, NULL, 0, a, &got, err, sizeof(err)) != 0) {
@@ -2193,7 +2193,7 @@ static void test_arena(void)
         CHECK(strcmp(got.adapters[17].name.s, "a1") == 0);
         lora_msg_arena_reset(a);
     }
-    lora_msg_buf_reset(&buf);
+    lora_buf_reset(&buf);
     lora_msg_arena_destroy(&a);
     CHECK(a == NULL);
     lora_msg_arena_destroy(&a);
@@ -2217,7 +2217,7 @@ static uint64_t rng(void)
 
 static int n_mutants, n_mutants_decoded;
 
-static void mutate(struct lora_msg_buf *m)
+static void mutate(struct lora_buf *m)
 {
     static const unsigned char interesting[] = {0x00, 0x7f, 0x80, 0xff, 0xc0, 0xc1, 0xc2, 0xca,
                                                 0xcb, 0xcf, 0xd3, 0xd9, 0xdb, 0xdc, 0xdd, 0xde,
@@ -2266,7 +2266,7 @@ static void mutations_one(enum lora_msg_type t, const void *msg, const char *var
     int n_bins, n_bins2;
     union any_msg out, again;
     char err[256];
-    struct lora_msg_buf m = {0}, js = {0}, re = {0};
+    struct lora_buf m = {0}, js = {0}, re = {0};
 
     CHECK(encode(t, msg, &buf, bins, &n_bins) == 0);
     for (int i = 0; i < MUTATIONS_PER_SAMPLE; i++) {
@@ -2281,7 +2281,7 @@ static void mutations_one(enum lora_msg_type t, const void *msg, const char *var
         memcpy(p, m.data, m.len);
         n_mutants++;
         lora_msg_peek_type(p, m.len, err, sizeof(err));
-        lora_msg_buf_reset(&js);
+        lora_buf_reset(&js);
         lora_msg_to_json(p, m.len, &js, err, sizeof(err));
         if (decode(t, p, m.len, bins, n_bins, arena, &out, err, sizeof(err)) == 0) {
             n_mutants_decoded++;
@@ -2302,8 +2302,8 @@ static void mutations_one(enum lora_msg_type t, const void *msg, const char *var
         lora_msg_arena_reset(arena);
     }
     free(m.data);
-    lora_msg_buf_release(&js);
-    lora_msg_buf_release(&re);
+    lora_buf_release(&js);
+    lora_buf_release(&re);
 }
 
 /* A random value of a random type: the values a field's range checks are about. */
@@ -2356,7 +2356,7 @@ static void edits_one(enum lora_msg_type t, const void *msg, const char *variant
     size_t off = 0;
     static struct kpaths paths;
     struct kpath cur = {0};
-    struct lora_msg_buf re = {0};
+    struct lora_buf re = {0};
 
     CHECK(encode(t, msg, &buf, bins, &n_bins) == 0);
     char *body = malloc(buf.len);
@@ -2382,7 +2382,7 @@ static void edits_one(enum lora_msg_type t, const void *msg, const char *variant
         lora_msg_arena_reset(arena);
     }
     msgpack_zone_destroy(&zone);
-    lora_msg_buf_release(&re);
+    lora_buf_release(&re);
     free(body);
     lora_msg_arena_reset(arena);
     (void)variant;
@@ -2456,7 +2456,7 @@ static int emit(const char *dir)
 static char *read_file(const char *path, size_t *len)
 {
     FILE *f = fopen(path, "rb");
-    struct lora_msg_buf b = {0};
+    struct lora_buf b = {0};
     char chunk[65536];
     size_t n;
 
@@ -2510,12 +2510,12 @@ static bool check_file(const char *dir, const char *name)
         snprintf(err, sizeof(err), "unable to read '%s': %s", name, strerror(errno));
     if (t >= 0 && decode((enum lora_msg_type)t, body, len, bins, n_bins, arena, &out, err,
                          sizeof(err)) == 0) {
-        struct lora_msg_buf js = {0};
+        struct lora_buf js = {0};
         char jerr[256];
         json_t *j = NULL;
         if (lora_msg_to_json(body, len, &js, jerr, sizeof(jerr)) == 0)
             j = json_loadb(js.data, js.len, JSON_ALLOW_NUL, NULL);
-        lora_msg_buf_release(&js);
+        lora_buf_release(&js);
         set(line, "ok", json_true());
         set(line, "type", json_string(type_s[t]));
         set(line, "json", j ? j : json_null());
@@ -2605,8 +2605,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "usage: test_msg [--emit DIR | --check DIR]\n");
         rc = 100;
     }
-    lora_msg_buf_release(&buf);
-    lora_msg_buf_release(&edited);
+    lora_buf_release(&buf);
+    lora_buf_release(&edited);
     lora_msg_arena_destroy(&arena);
     return rc;
 }
