@@ -255,14 +255,14 @@ void registry_save(struct engine *e)
     qsort(order, (size_t)n, sizeof(order[0]), by_seq);
     int rc = 0;
     for (int i = 0; i < n && rc == 0; i++)
-        rc = lora_registry_add(&r, order[i]->name, order[i]->path, order[i]->pinned);
+        rc = lora_registry_file_add(&r, order[i]->name, order[i]->path, order[i]->pinned);
     for (int i = 0; i < e->startup_seen.n_startup && rc == 0; i++)
-        rc = lora_registry_add_startup(&r, e->startup_seen.startup[i]);
+        rc = lora_registry_file_add_startup(&r, e->startup_seen.startup[i]);
     if (rc < 0)
         snprintf(err, sizeof(err), "%s: out of memory", e->registry_path);
     if (rc < 0 || lora_registry_file_write(e->registry_path, &r, err, sizeof(err)) < 0)
         fprintf(stderr, "lora-engine: error: unable to save the adapter registry: %s\n", err);
-    lora_registry_release(&r);
+    lora_registry_file_release(&r);
 }
 
 /* ---- reply data ------------------------------------------------------------------------ */

@@ -29,7 +29,7 @@ static int frontend_of(struct engine *e, const struct lora_msg_frames *f, bool a
     memcpy(p->rid, f->rid, f->rid_len);
     p->rid_len = f->rid_len;
     p->present = true;
-    lora_liveness_init(&p->live, lora_now_ms());
+    lora_liveness_init(&p->live, lora_clock_mono_ms());
     return free_at;
 }
 
@@ -38,7 +38,7 @@ static void send_to(struct engine *e, int fe)
     struct eng_peer *p = &e->frontends[fe];
     if (lora_sock_send(e->front, p->rid, p->rid_len, NULL, e->out.data, e->out.len, NULL, 0,
                        ZMQ_DONTWAIT) == 0)
-        lora_liveness_sent(&p->live, lora_now_ms());
+        lora_liveness_sent(&p->live, lora_clock_mono_ms());
 }
 
 void publish_event(struct engine *e, struct eng_request *r, enum lora_event_kind kind,
@@ -341,7 +341,7 @@ int frontends_handle(struct engine *e, const struct lora_msg_frames *f)
 
     if (fe < 0)
         return 0; /* unknown peer: it must say hello first */
-    lora_liveness_heard(&e->frontends[fe].live, lora_now_ms());
+    lora_liveness_heard(&e->frontends[fe].live, lora_clock_mono_ms());
     switch (type) {
     case LORA_MSG_HELLO:
         send_ready(e, fe);
@@ -361,7 +361,7 @@ int frontends_handle(struct engine *e, const struct lora_msg_frames *f)
 
 void frontends_send_heartbeats(struct engine *e)
 {
-    uint64_t now = lora_now_ms();
+    uint64_t now = lora_clock_mono_ms();
 
     for (int i = 0; i < ENGINE_MAX_FRONTENDS; i++) {
         struct eng_peer *p = &e->frontends[i];
@@ -375,7 +375,7 @@ void frontends_send_heartbeats(struct engine *e)
 
 void frontends_heartbeat(struct engine *e)
 {
-    uint64_t now = lora_now_ms();
+    uint64_t now = lora_clock_mono_ms();
 
     for (int i = 0; i < ENGINE_MAX_FRONTENDS; i++) {
         struct eng_peer *p = &e->frontends[i];

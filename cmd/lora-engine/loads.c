@@ -63,7 +63,7 @@ int loads_begin(struct engine *e, const char *name, const char *path, const void
     l->used = true;
     snprintf(l->name, sizeof(l->name), "%s", name);
     snprintf(l->path, sizeof(l->path), "%s", path);
-    l->deadline_ms = lora_now_ms() + LOAD_DEADLINE_MS;
+    l->deadline_ms = lora_clock_mono_ms() + LOAD_DEADLINE_MS;
     l->ctl_id = ctl_id;
     memcpy(l->rid, rid, rid_len);
     l->rid_len = rid_len;

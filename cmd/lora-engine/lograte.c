@@ -42,7 +42,7 @@ void lograte_warn(struct eng_lograte *lr, const char *fmt, ...)
 {
     va_list ap;
 
-    lograte_flush(lr, lora_now_ms());
+    lograte_flush(lr, lora_clock_mono_ms());
     if (lr->n_logged >= LOGRATE_BURST) {
         lr->n_held++;
         return;

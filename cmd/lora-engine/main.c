@@ -161,13 +161,13 @@ static int restore_adapters(struct engine *e, const struct lora_registry *file, 
         n_done++;
     }
     for (int i = 0; i < file->n_startup; i++)
-        if (lora_registry_add_startup(&e->startup_seen, file->startup[i]) < 0)
+        if (lora_registry_file_add_startup(&e->startup_seen, file->startup[i]) < 0)
             goto oom;
     for (int i = 0; i < mods->n; i++) {
         struct lora_module m;
         if (lora_module_parse(mods->items[i], &m, err, len) < 0)
             return -1;
-        int k = lora_registry_find(file, m.name);
+        int k = lora_registry_file_find(file, m.name);
         if (k >= 0) {
             /* The file's entry wins: it holds what was loaded under that name. */
             if (strcmp(file->adapters[k].path, m.path) != 0)
@@ -176,7 +176,7 @@ static int restore_adapters(struct engine *e, const struct lora_registry *file, 
                         m.name, file->adapters[k].path, m.path, e->registry_path);
             continue;
         }
-        if (lora_registry_has_startup(file, m.name)) {
+        if (lora_registry_file_has_startup(file, m.name)) {
             fprintf(stderr, "lora-engine: note: start-up adapter '%s' stays unloaded: it was "
                             "unloaded at run time (registry '%s')\n",
                     m.name, e->registry_path);
@@ -186,8 +186,8 @@ static int restore_adapters(struct engine *e, const struct lora_registry *file, 
             snprintf(err, len, "adapter '%s': %.700s", m.name, why);
             return -1;
         }
-        if (!lora_registry_has_startup(&e->startup_seen, m.name) &&
-            lora_registry_add_startup(&e->startup_seen, m.name) < 0)
+        if (!lora_registry_file_has_startup(&e->startup_seen, m.name) &&
+            lora_registry_file_add_startup(&e->startup_seen, m.name) < 0)
             goto oom;
     }
     if (had_file)
@@ -263,7 +263,7 @@ static void teardown(struct engine *e)
     lora_msg_arena_destroy(&e->arena);
     lora_msg_arena_destroy(&e->load_arena);
     lora_buf_release(&e->out);
-    lora_registry_release(&e->startup_seen);
+    lora_registry_file_release(&e->startup_seen);
     for (int i = 0; i < e->n_startup_loads; i++)
         free((char *)e->startup_loads[i].name.s);
     free(e->startup_loads);
@@ -291,7 +291,7 @@ static void drain_workers(struct engine *e)
             workers_hello(e, &f, false);
         lora_msg_frames_release(&f);
     }
-    uint64_t now = lora_now_ms();
+    uint64_t now = lora_clock_mono_ms();
     for (int r = 0; r < e->world && e->healthy; r++) {
         struct eng_peer *w = &e->workers[r];
         if (w->lost)
@@ -336,7 +336,7 @@ static int run(struct engine *e)
         }
         drain_workers(e);
         frontends_heartbeat(e);
-        uint64_t now = lora_now_ms();
+        uint64_t now = lora_clock_mono_ms();
         loads_finish_ready(e, now);
         lograte_flush(&e->log_ctl, now);
         lograte_flush(&e->log_front, now);
@@ -344,12 +344,12 @@ static int run(struct engine *e)
         if (step_has_work(e)) {
             step_run(e);
             e->was_busy = true;
-        } else if (e->healthy && lora_now_ms() - e->last_gather_ms >= (uint64_t)e->idle_ms) {
+        } else if (e->healthy && lora_clock_mono_ms() - e->last_gather_ms >= (uint64_t)e->idle_ms) {
             workers_gather_notifications(e);
         }
         bool idle = !step_has_work(e);
         if ((idle && e->was_busy) ||
-            lora_now_ms() - e->last_publish_ms >= (uint64_t)e->publish_interval_ms) {
+            lora_clock_mono_ms() - e->last_publish_ms >= (uint64_t)e->publish_interval_ms) {
             publish_state(e, idle);
             e->was_busy = e->was_busy && !idle;
         }
@@ -545,7 +545,7 @@ int main(int argc, char **argv)
             e.engine_index, e.world, e.world == 1 ? "" : "s", e.num_kv_blocks, e.block_size);
     rc = run(&e);
 out:
-    lora_registry_release(&file);
+    lora_registry_file_release(&file);
     teardown(&e);
     return rc;
 }

@@ -41,7 +41,7 @@ static void publish_idle_stats(struct engine *e)
 
 void publish_state(struct engine *e, bool idle)
 {
-    e->last_publish_ms = lora_now_ms();
+    e->last_publish_ms = lora_clock_mono_ms();
     if (encode_ready(e) == 0)
         publish_body(e, "config");
     registry_broadcast_to(e, false);

@@ -30,7 +30,7 @@ void workers_heard(struct engine *e, const struct lora_msg_frames *f)
         bool beat = f->rid_len == w->rid_len + 3 && memcmp(w->rid, f->rid, w->rid_len) == 0 &&
                     memcmp(f->rid + w->rid_len, "-hb", 3) == 0;
         if (w->present && (main || beat))
-            lora_liveness_heard(&e->workers[r].live, lora_now_ms());
+            lora_liveness_heard(&e->workers[r].live, lora_clock_mono_ms());
     }
 }
 
@@ -85,7 +85,7 @@ int workers_broadcast(struct engine *e, const struct lora_msg_bin *bins, int n_b
             workers_mark_dead(e, why);
             return -1;
         }
-        lora_liveness_sent(&w->live, lora_now_ms());
+        lora_liveness_sent(&w->live, lora_clock_mono_ms());
     }
     return 0;
 }
@@ -107,11 +107,11 @@ int workers_gather(struct engine *e, enum lora_msg_type type, struct lora_msg_fr
 {
     bool got[ENGINE_MAX_WORLD] = {false};
     int n_got = 0;
-    uint64_t deadline = lora_now_ms() + (uint64_t)timeout_ms;
+    uint64_t deadline = lora_clock_mono_ms() + (uint64_t)timeout_ms;
 
     memset(replies, 0, sizeof(*replies) * (size_t)e->world);
     while (n_got < e->world) {
-        uint64_t now = lora_now_ms();
+        uint64_t now = lora_clock_mono_ms();
         /* A signal ends the exchange: the loop, or start-up, then stops cleanly. */
         if (e->stopping || lora_signal_pipe_drain(e->sig_fd) > 0) {
             e->stopping = true;
@@ -231,12 +231,12 @@ static void refuse_hello(struct engine *e, const struct lora_msg_frames *f,
  * a signal asked to stop meanwhile, 2 when a rank could not load the model, or -1 with err. */
 int workers_wait_setup(struct engine *e, char *err, size_t err_len)
 {
-    uint64_t start = lora_now_ms(), deadline = start + (uint64_t)e->startup_timeout_ms;
+    uint64_t start = lora_clock_mono_ms(), deadline = start + (uint64_t)e->startup_timeout_ms;
     uint64_t next_log = start + WAIT_LOG_MS;
     int n_present = 0;
 
     while (n_present < e->world) {
-        uint64_t now = lora_now_ms();
+        uint64_t now = lora_clock_mono_ms();
         if (now >= next_log) {
             log_missing_ranks(e, now - start);
             next_log = now + WAIT_LOG_MS;
@@ -245,7 +245,7 @@ int workers_wait_setup(struct engine *e, char *err, size_t err_len)
             e->stopping = true;
             return 1;
         }
-        if (lora_now_ms() >= deadline) {
+        if (lora_clock_mono_ms() >= deadline) {
             snprintf(err, err_len, "only %d of %d workers said hello within %d ms", n_present,
                      e->world, e->startup_timeout_ms);
             return -1;
@@ -267,7 +267,7 @@ int workers_wait_setup(struct engine *e, char *err, size_t err_len)
             w->rid_len = f.rid_len;
             w->present = true;
             w->pid = h.pid;
-            lora_liveness_init(&w->live, lora_now_ms());
+            lora_liveness_init(&w->live, lora_clock_mono_ms());
             n_present++;
         }
         lora_msg_frames_release(&f);
@@ -443,7 +443,7 @@ int workers_gather_notifications(struct engine *e)
     struct lora_msg_frames replies[ENGINE_MAX_WORLD];
     char err[512];
 
-    e->last_gather_ms = lora_now_ms();
+    e->last_gather_ms = lora_clock_mono_ms();
     lora_buf_reset(&e->out);
     if (lora_msg_encode_empty(&e->out, LORA_MSG_TAKE_NOTIFICATIONS) < 0 ||
         workers_broadcast(e, NULL, 0) < 0)
@@ -492,7 +492,7 @@ int workers_gather_notifications(struct engine *e)
 static bool rank_is_gone(struct engine *e, int r)
 {
     struct eng_peer *w = &e->workers[r];
-    uint64_t now = lora_now_ms();
+    uint64_t now = lora_clock_mono_ms();
 
     if (w->lost || lora_liveness_is_dead(&w->live, now))
         return true;
@@ -612,7 +612,7 @@ static void readmit(struct engine *e, const struct lora_msg_frames *f, const str
     struct eng_peer *w = &e->workers[r];
     int64_t old_pid = w->pid;
     char err[512], list[1024];
-    uint64_t t0 = lora_now_ms();
+    uint64_t t0 = lora_clock_mono_ms();
 
     if (e->healthy) {
         char why[128];
@@ -624,7 +624,7 @@ static void readmit(struct engine *e, const struct lora_msg_frames *f, const str
     w->rid_len = f->rid_len;
     w->pid = h->pid;
     w->lost = false;
-    lora_liveness_init(&w->live, lora_now_ms());
+    lora_liveness_init(&w->live, lora_clock_mono_ms());
     int rc = send_setup(e, r, err, sizeof(err));
     if (rc == 0)
         rc = gather_setup_done(e, err, sizeof(err));
@@ -645,7 +645,7 @@ static void readmit(struct engine *e, const struct lora_msg_frames *f, const str
     e->unhealthy_reason[0] = 0;
     fprintf(stderr, "lora-engine: rank %d is back: pid %lld took over from pid %lld in %llu ms; "
                     "restored %d adapter%s%s%s; serving again\n",
-            r, (long long)h->pid, (long long)old_pid, (unsigned long long)(lora_now_ms() - t0), n,
+            r, (long long)h->pid, (long long)old_pid, (unsigned long long)(lora_clock_mono_ms() - t0), n,
             n == 1 ? "" : "s", n ? ": " : "", list);
 }
 

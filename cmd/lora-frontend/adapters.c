@@ -93,7 +93,7 @@ void adapters_load(struct frontend *fe, struct lora_http_request *req, json_t *b
                     "runtime adapter loading needs --lora-root: adapters load only from there");
         return;
     }
-    enum lora_confine_error why;
+    enum lora_path_confine_error why;
     char *real = lora_path_confine(fe->lora_root, json_string_value(p), fe->lora_allow_symlinks,
                                    &why, err, sizeof(err));
     if (!real) {

@@ -330,8 +330,8 @@ int link_control(struct fe_link *l, enum lora_control_op op, const char *name, c
     lora_buf_release(&b);
 
     pthread_mutex_lock(&l->mu);
-    uint64_t deadline = lora_now_ms() + (uint64_t)timeout_ms;
-    while (rc == 0 && !w.done && lora_now_ms() < deadline) {
+    uint64_t deadline = lora_clock_mono_ms() + (uint64_t)timeout_ms;
+    while (rc == 0 && !w.done && lora_clock_mono_ms() < deadline) {
         struct timespec ts = after_ms(100);
         pthread_cond_timedwait(&w.cond, &l->mu, &ts);
     }
@@ -375,9 +375,9 @@ void link_publish(struct fe_link *l, const char *topic, const void *body, size_t
 
 bool link_wait_ready(struct fe_link *l, int timeout_ms)
 {
-    uint64_t deadline = lora_now_ms() + (uint64_t)timeout_ms;
+    uint64_t deadline = lora_clock_mono_ms() + (uint64_t)timeout_ms;
     pthread_mutex_lock(&l->mu);
-    while (!l->connected && lora_now_ms() < deadline) {
+    while (!l->connected && lora_clock_mono_ms() < deadline) {
         struct timespec ts = after_ms(50);
         pthread_cond_timedwait(&l->registry_cond, &l->mu, &ts);
     }
@@ -396,9 +396,9 @@ bool link_registry_has_locked(struct fe_link *l, const char *name)
 
 bool link_registry_wait(struct fe_link *l, const char *name, bool present, int timeout_ms)
 {
-    uint64_t deadline = lora_now_ms() + (uint64_t)timeout_ms;
+    uint64_t deadline = lora_clock_mono_ms() + (uint64_t)timeout_ms;
     pthread_mutex_lock(&l->mu);
-    while (link_registry_has_locked(l, name) != present && lora_now_ms() < deadline) {
+    while (link_registry_has_locked(l, name) != present && lora_clock_mono_ms() < deadline) {
         struct timespec ts = after_ms(50);
         pthread_cond_timedwait(&l->registry_cond, &l->mu, &ts);
     }
@@ -435,7 +435,7 @@ static void send_hello(struct link_loop *lp)
     lora_buf_reset(&lp->out);
     if (lora_msg_encode_hello(&lp->out, &h, NULL, NULL) == 0 &&
         send_body(lp->l->front, &lp->out) == 0)
-        lora_liveness_sent(&lp->engine, lora_now_ms());
+        lora_liveness_sent(&lp->engine, lora_clock_mono_ms());
 }
 
 /* Ends every request in flight with an error (the engine is gone). Under mu. */
@@ -475,7 +475,7 @@ static void flush_out(struct link_loop *lp)
             rc = lora_sock_send(l->front, NULL, 0, NULL, o->body, o->len, &bin, n_bins,
                                 ZMQ_DONTWAIT);
             if (rc == 0)
-                lora_liveness_sent(&lp->engine, lora_now_ms());
+                lora_liveness_sent(&lp->engine, lora_clock_mono_ms());
             if (rc == 0 && o->request_id[0]) {
                 pthread_mutex_lock(&l->mu);
                 struct fe_seq *s = find_locked(l, o->request_id);
@@ -485,7 +485,7 @@ static void flush_out(struct link_loop *lp)
             }
         } else if (o->dest == OUT_CONTROL) {
             rc = lora_sock_send(l->ctl, NULL, 0, NULL, o->body, o->len, NULL, 0, ZMQ_DONTWAIT);
-            lp->ctl_last_sent_ms = lora_now_ms();
+            lp->ctl_last_sent_ms = lora_clock_mono_ms();
         } else {
             if (l->pub)
                 lora_sock_send(l->pub, NULL, 0, o->topic, o->body, o->len, NULL, 0,
@@ -619,7 +619,7 @@ static void on_engine_message(struct link_loop *lp, const struct lora_msg_frames
     int type = lora_msg_peek_type(f->body, f->body_len, err, sizeof(err));
 
     lora_msg_arena_reset(lp->arena);
-    lora_liveness_heard(&lp->engine, lora_now_ms());
+    lora_liveness_heard(&lp->engine, lora_clock_mono_ms());
     if (type == LORA_MSG_READY) {
         struct lora_msg_ready m;
         if (lora_msg_decode_ready(f->body, f->body_len, NULL, 0, lp->arena, &m, err,
@@ -739,7 +739,7 @@ static void sub_monitor_event(struct fe_link *l)
 static void keep_alive(struct link_loop *lp)
 {
     struct fe_link *l = lp->l;
-    uint64_t now = lora_now_ms();
+    uint64_t now = lora_clock_mono_ms();
 
     pthread_mutex_lock(&l->mu);
     bool connected = l->connected;
@@ -781,9 +781,9 @@ int link_run(struct fe_link *l, int sig_fd)
 
     if (!lp.arena)
         return -1;
-    lora_liveness_init(&lp.engine, lora_now_ms());
+    lora_liveness_init(&lp.engine, lora_clock_mono_ms());
     send_hello(&lp);
-    lp.last_hello_ms = lora_now_ms();
+    lp.last_hello_ms = lora_clock_mono_ms();
     while (!sig) {
         zmq_pollitem_t items[6] = {
             {l->front->zsock, 0, ZMQ_POLLIN, 0},

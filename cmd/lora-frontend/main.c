@@ -119,14 +119,14 @@ static int load_model_files(struct frontend *fe, const char *chat_name, char *er
  * FE_METRICS_ENGINE_TIMEOUT_MS. */
 static void wait_metrics(struct frontend *fe, const char *ep)
 {
-    uint64_t deadline = lora_now_ms() + FE_METRICS_ENGINE_TIMEOUT_MS;
+    uint64_t deadline = lora_clock_mono_ms() + FE_METRICS_ENGINE_TIMEOUT_MS;
     int index;
 
     pthread_mutex_lock(&fe->link.mu);
     index = fe->link.engine_index;
     pthread_mutex_unlock(&fe->link.mu);
     while (!metrics_engine_ready(&fe->metrics, index)) {
-        if (lora_now_ms() >= deadline) {
+        if (lora_clock_mono_ms() >= deadline) {
             fprintf(stderr, "lora-frontend: note: nothing complete from '%s' yet: /metrics "
                             "shows the engine's gauges once it is\n", ep);
             return;

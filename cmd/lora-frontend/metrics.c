@@ -95,10 +95,10 @@ static void apply_locked(struct fe_metrics *fm, int source, const void *body, si
     char err[512];
 
     if (!body) {
-        lora_metrics_state_source_lost(fm->state, source, lora_now_ms());
+        lora_metrics_state_source_lost(fm->state, source, lora_clock_mono_ms());
         return;
     }
-    if (lora_metrics_state_apply(fm->state, source, body, len, lora_now_ms(), err, sizeof(err)) < 0 &&
+    if (lora_metrics_state_apply(fm->state, source, body, len, lora_clock_mono_ms(), err, sizeof(err)) < 0 &&
         fm->n_malformed++ % LORA_SOCK_LOG_EVERY == 0)
         fprintf(stderr, "lora-frontend: warning: /metrics dropped a message (%llu so far): %s\n",
                 (unsigned long long)fm->n_malformed, err);
@@ -110,7 +110,7 @@ static void drain_locked(struct fe_metrics *fm)
     pthread_mutex_lock(&fm->queue_mu);
     struct fe_pending *p = fm->head;
     if (p) {
-        uint64_t lag = lora_now_ms() - fm->queued_ms;
+        uint64_t lag = lora_clock_mono_ms() - fm->queued_ms;
         if (lag > fm->max_lag_ms)
             fm->max_lag_ms = lag;
     }
@@ -143,7 +143,7 @@ static int queue(struct fe_metrics *fm, int source, const void *body, size_t len
         fm->tail->next = p;
     } else {
         fm->head = p;
-        fm->queued_ms = lora_now_ms();
+        fm->queued_ms = lora_clock_mono_ms();
     }
     fm->tail = p;
     int n = ++fm->n_pending;
@@ -216,7 +216,7 @@ bool metrics_engine_ready(struct fe_metrics *fm, int engine_index)
 {
     pthread_mutex_lock(&fm->mu);
     const struct lora_metrics_state_engine *e = lora_metrics_state_engine(fm->state, engine_index);
-    bool ok = e && lora_metrics_state_engine_shows_gauges(fm->state, e, lora_now_ms());
+    bool ok = e && lora_metrics_state_engine_shows_gauges(fm->state, e, lora_clock_mono_ms());
     pthread_mutex_unlock(&fm->mu);
     return ok;
 }
@@ -230,7 +230,7 @@ void metrics_serve(struct fe_metrics *fm, struct lora_http_request *req)
     pthread_mutex_lock(&fm->mu);
     drain_locked(fm); /* what the link received before this scrape */
     lora_exposition_reset(&fm->w);
-    lora_metrics_render(fm->state, &fm->w, lora_clock_unix(), lora_now_ms());
+    lora_metrics_render(fm->state, &fm->w, lora_clock_unix(), lora_clock_mono_ms());
     const char *body = lora_exposition_text(&fm->w, &len, err, sizeof(err));
     if (body)
         lora_http_respond(req, 200, LORA_EXPOSITION_CONTENT_TYPE, body, len); /* copies the body */

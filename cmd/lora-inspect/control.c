@@ -61,7 +61,7 @@ static int send_until(struct lora_sock *s, const struct lora_buf *body, uint64_t
             return 0;
         if (errno != EAGAIN && errno != EINTR)
             return -1;
-        uint64_t now = lora_now_ms();
+        uint64_t now = lora_clock_mono_ms();
         if (now >= deadline_ms) {
             errno = ETIMEDOUT;
             return -1;
@@ -110,11 +110,11 @@ static int await_reply(struct lora_sock *s, uint64_t id, uint64_t deadline_ms,
     struct lora_buf hb = {0};
     int rc = 0;
 
-    lora_liveness_init(&live, lora_now_ms());
+    lora_liveness_init(&live, lora_clock_mono_ms());
     if (lora_msg_encode_empty(&hb, LORA_MSG_HEARTBEAT) < 0)
         return -1;
     for (;;) {
-        uint64_t now = lora_now_ms();
+        uint64_t now = lora_clock_mono_ms();
         if (now >= deadline_ms)
             break;
         if (lora_liveness_should_send(&live, now) &&
@@ -131,7 +131,7 @@ static int await_reply(struct lora_sock *s, uint64_t id, uint64_t deadline_ms,
         }
         if (got == 0)
             continue;
-        lora_liveness_heard(&live, lora_now_ms());
+        lora_liveness_heard(&live, lora_clock_mono_ms());
         struct lora_msg_control_reply m;
         char why[512];
         lora_msg_arena_reset(arena);
@@ -161,7 +161,7 @@ static int await_reply(struct lora_sock *s, uint64_t id, uint64_t deadline_ms,
 int ctl_request(const char *endpoint, enum lora_control_op op, long timeout_ms,
                 struct ctl_reply *out, char *err, size_t err_len)
 {
-    uint64_t deadline = lora_now_ms() + (uint64_t)timeout_ms;
+    uint64_t deadline = lora_clock_mono_ms() + (uint64_t)timeout_ms;
     struct lora_msg_control req = {.id = 1, .op = op};
     struct lora_buf body = {0};
     struct lora_msg_arena *arena = NULL;

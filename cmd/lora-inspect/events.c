@@ -234,13 +234,13 @@ static void report_timeout(const struct events *ev, long timeout_ms)
 static int run(struct events *ev, struct lora_sock *sub, int sig_fd, long timeout_ms,
                long interval_ms)
 {
-    uint64_t start = lora_now_ms(), last_heard = 0;
+    uint64_t start = lora_clock_mono_ms(), last_heard = 0;
     uint64_t silent_ms = (uint64_t)interval_ms * SILENT_INTERVALS;
     bool warned = false;
     char err[512];
 
     for (;;) {
-        uint64_t now = lora_now_ms();
+        uint64_t now = lora_clock_mono_ms();
         int64_t wait;
         if (!ev->follow || ev->n_received == 0) {
             wait = (int64_t)(start + (uint64_t)timeout_ms) - (int64_t)now;
@@ -264,7 +264,7 @@ static int run(struct events *ev, struct lora_sock *sub, int sig_fd, long timeou
             die_msg("unable to receive: %s", err);
             return EXIT_SYSTEM;
         }
-        now = lora_now_ms();
+        now = lora_clock_mono_ms();
         if (n > 0) {
             if (warned)
                 fprintf(stderr, "lora-inspect: note: messages from '%s' again after %llu ms\n",

@@ -24,7 +24,7 @@ static void metrics(struct metrics *m, struct lora_http_request *r)
 
     pthread_mutex_lock(&m->mu);
     lora_exposition_reset(&w);
-    lora_metrics_render(m->state, &w, lora_clock_unix(), lora_now_ms());
+    lora_metrics_render(m->state, &w, lora_clock_unix(), lora_clock_mono_ms());
     const char *body = lora_exposition_text(&w, &len, err, sizeof(err));
     if (body)
         lora_http_respond(r, 200, LORA_EXPOSITION_CONTENT_TYPE, body, len); /* copies the body */
@@ -41,7 +41,7 @@ static void health(struct metrics *m, struct lora_http_request *r)
     char buf[8192];
 
     pthread_mutex_lock(&m->mu);
-    bool ok = lora_metrics_state_health(m->state, lora_now_ms(), buf, sizeof(buf));
+    bool ok = lora_metrics_state_health(m->state, lora_clock_mono_ms(), buf, sizeof(buf));
     pthread_mutex_unlock(&m->mu);
     text(r, ok ? 200 : 503, buf);
 }

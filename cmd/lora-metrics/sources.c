@@ -33,7 +33,7 @@ static void apply(struct metrics *m, struct metrics_source *s, int id, const cha
     char err[512];
 
     pthread_mutex_lock(&m->mu);
-    int rc = lora_metrics_state_apply(m->state, id, body, len, lora_now_ms(), err, sizeof(err));
+    int rc = lora_metrics_state_apply(m->state, id, body, len, lora_clock_mono_ms(), err, sizeof(err));
     pthread_mutex_unlock(&m->mu);
     if (rc < 0)
         warn_malformed(s, name, err);
@@ -74,7 +74,7 @@ static void monitor_event(struct metrics *m, struct metrics_source *s)
     if (!lora_sock_disconnected(s->sock))
         return;
     pthread_mutex_lock(&m->mu);
-    lora_metrics_state_source_lost(m->state, s->id, lora_now_ms());
+    lora_metrics_state_source_lost(m->state, s->id, lora_clock_mono_ms());
     pthread_mutex_unlock(&m->mu);
     fprintf(stderr, "lora-metrics: note: '%s' disconnected; its engines start a new epoch\n",
             s->endpoint);
@@ -196,7 +196,7 @@ static bool source_complete(const struct lora_metrics_state *s, int id)
  * subscriber connects); after the wait, prints it anyway and names what is missing. */
 static bool announce_ready(struct metrics *m, uint64_t started_ms)
 {
-    bool late = lora_now_ms() - started_ms >= m->ready_wait_ms;
+    bool late = lora_clock_mono_ms() - started_ms >= m->ready_wait_ms;
     int missing = 0;
 
     pthread_mutex_lock(&m->mu);
@@ -221,7 +221,7 @@ int sources_run(struct metrics *m)
 {
     zmq_pollitem_t items[2 + 2 * METRICS_MAX_SOURCES];
     struct stream st = {0};
-    uint64_t started_ms = lora_now_ms();
+    uint64_t started_ms = lora_clock_mono_ms();
     bool ready = false;
     int rc = 0;
 

@@ -70,7 +70,7 @@ int worker_send(struct worker *w, const struct lora_msg_bin *bins, int n_bins)
                             ZMQ_DONTWAIT);
     /* Counted as sent either way, so that a failing peer is retried at the heartbeat pace,
      * and said once per run of failures. */
-    lora_liveness_sent(&w->engine, lora_now_ms());
+    lora_liveness_sent(&w->engine, lora_clock_mono_ms());
     if (rc < 0 && !w->send_failing)
         fprintf(stderr, "lora-worker: warning: rank %d: unable to send to the engine: %s\n",
                 w->rank, strerror(errno));
@@ -277,7 +277,7 @@ static void teardown(struct worker *w)
 static int run(struct worker *w)
 {
     for (;;) {
-        uint64_t now = lora_now_ms();
+        uint64_t now = lora_clock_mono_ms();
         if (w->engine_seen && lora_liveness_is_dead(&w->engine, now)) {
             fprintf(stderr, "lora-worker: fatal: rank %d: the engine is gone (silent for %d ms)\n",
                     w->rank, LORA_HEARTBEAT_DEAD_MS);
@@ -307,7 +307,7 @@ static int run(struct worker *w)
         char err[256];
         while (lora_sock_recv(w->sock, &f, 0, err, sizeof(err)) == 1) {
             w->engine_seen = true;
-            lora_liveness_heard(&w->engine, lora_now_ms());
+            lora_liveness_heard(&w->engine, lora_clock_mono_ms());
             int stop = dispatch(w, &f);
             lora_msg_frames_release(&f);
             if (stop)
@@ -370,7 +370,7 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "lora-worker: fatal: %s\n", err);
         goto out;
     }
-    lora_liveness_init(&w.engine, lora_now_ms());
+    lora_liveness_init(&w.engine, lora_clock_mono_ms());
     struct beat beat = {.zctx = w.zctx, .endpoint = endpoint};
     snprintf(beat.identity, sizeof(beat.identity), "%s-hb", identity);
     bool beating = pthread_create(&beat.thread, NULL, beat_main, &beat) == 0;

@@ -27,7 +27,7 @@ struct load_job {
     struct lora_adapter *adapter; /* NULL when loading failed */
     char err[512];
     double seconds;
-    uint64_t deadline_ms; /* lora_now_ms() clock */
+    uint64_t deadline_ms; /* lora_clock_mono_ms() clock */
     enum job_state state;
     bool abandoned; /* answered at its deadline; its thread frees it */
     struct load_job *next;
@@ -88,9 +88,9 @@ static struct lora_adapter *load(struct loader *ld, struct load_job *j)
 {
     if (ld->root.fd < 0)
         return lora_adapter_load(j->path, ld->model, ld->max_rank, j->err, sizeof(j->err));
-    const char *rel = lora_confine_relative(ld->root.path, j->path);
+    const char *rel = lora_path_confine_relative(ld->root.path, j->path);
     if (!rel)
-        rel = lora_confine_relative(ld->root_given, j->path);
+        rel = lora_path_confine_relative(ld->root_given, j->path);
     if (!rel) /* not a client's path: the frontends confine theirs to the root */
         return lora_adapter_load(j->path, ld->model, ld->max_rank, j->err, sizeof(j->err));
     char dir[4096 + 8];
@@ -272,7 +272,7 @@ int worker_finish_loads(struct worker *w)
 {
     struct loader *ld = w->loader;
     struct load_job *answer = NULL, **tail = &answer;
-    uint64_t now = lora_now_ms();
+    uint64_t now = lora_clock_mono_ms();
     char err[512];
 
     /* Takes out, under the lock, every job finished or past its deadline. */
@@ -357,7 +357,7 @@ static int queue_load(struct worker *w, const struct lora_msg_adapter_op *op)
     j->op_id = op->op_id;
     memcpy(j->name, op->name.s, op->name.len);
     memcpy(j->path, op->path.s, op->path.len);
-    j->deadline_ms = lora_now_ms() + (uint64_t)w->load_timeout_ms;
+    j->deadline_ms = lora_clock_mono_ms() + (uint64_t)w->load_timeout_ms;
     j->state = JOB_QUEUED;
     pthread_mutex_lock(&ld->mu);
     struct load_job **p = &ld->jobs;

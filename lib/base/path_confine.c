@@ -68,7 +68,7 @@ static const char *first_link(const char *root, const char *joined, char *link, 
 }
 
 char *lora_path_confine(const char *root, const char *path, bool allow_symlinks,
-                        enum lora_confine_error *why, char *err, size_t err_len)
+                        enum lora_path_confine_error *why, char *err, size_t err_len)
 {
     char joined[PATH_MAX];
 
@@ -125,7 +125,7 @@ char *lora_path_confine(const char *root, const char *path, bool allow_symlinks,
     return real;
 }
 
-const char *lora_confine_relative(const char *root, const char *path)
+const char *lora_path_confine_relative(const char *root, const char *path)
 {
     size_t n = strlen(root);
 
@@ -150,7 +150,7 @@ static bool rel_is_plain(const char *rel)
     return false; /* only "." and slashes: the root itself */
 }
 
-static int refuse(enum lora_confine_error *why, enum lora_confine_error w, int e)
+static int refuse(enum lora_path_confine_error *why, enum lora_path_confine_error w, int e)
 {
     *why = w;
     errno = e;
@@ -159,7 +159,7 @@ static int refuse(enum lora_confine_error *why, enum lora_confine_error w, int e
 
 /* Explains why opening rel failed with errno e at a component. */
 static int open_failed(int dir_fd, const char *comp, const char *label, const char *rel, int e,
-                       enum lora_confine_error *why, char *err, size_t err_len)
+                       enum lora_path_confine_error *why, char *err, size_t err_len)
 {
     struct stat st;
 
@@ -181,8 +181,8 @@ static int open_failed(int dir_fd, const char *comp, const char *label, const ch
     return refuse(why, LORA_CONFINE_ESCAPE, e);
 }
 
-int lora_confine_open_walk(int root_fd, const char *label, const char *rel, int flags,
-                           bool allow_symlinks, enum lora_confine_error *why, char *err,
+int lora_path_confine_open_walk(int root_fd, const char *label, const char *rel, int flags,
+                           bool allow_symlinks, enum lora_path_confine_error *why, char *err,
                            size_t err_len)
 {
     char buf[PATH_MAX];
@@ -225,8 +225,8 @@ int lora_confine_open_walk(int root_fd, const char *label, const char *rel, int 
     return fd;
 }
 
-int lora_confine_open(int root_fd, const char *label, const char *rel, int flags,
-                      bool allow_symlinks, enum lora_confine_error *why, char *err, size_t err_len)
+int lora_path_confine_open(int root_fd, const char *label, const char *rel, int flags,
+                      bool allow_symlinks, enum lora_path_confine_error *why, char *err, size_t err_len)
 {
     if (!rel_is_plain(rel)) {
         lora_errf(err, err_len, "%s/%s: not a path below the adapter root", label, rel ? rel : "");
@@ -246,7 +246,7 @@ int lora_confine_open(int root_fd, const char *label, const char *rel, int flags
     }
     int e = errno;
     if (e == ENOSYS || e == EPERM) /* no openat2, or a seccomp filter that refuses it */
-        return lora_confine_open_walk(root_fd, label, rel, flags, allow_symlinks, why, err,
+        return lora_path_confine_open_walk(root_fd, label, rel, flags, allow_symlinks, why, err,
                                       err_len);
     if (e == EXDEV) {
         lora_errf(err, err_len, "%s/%s: leads outside the adapter root", label, rel);
@@ -255,7 +255,7 @@ int lora_confine_open(int root_fd, const char *label, const char *rel, int flags
     if (!allow_symlinks) {
         /* openat2 says ELOOP or ENOTDIR for a link, whichever check comes first; the walk,
          * as safe, says which component is what. */
-        int fd2 = lora_confine_open_walk(root_fd, label, rel, flags, false, why, err, err_len);
+        int fd2 = lora_path_confine_open_walk(root_fd, label, rel, flags, false, why, err, err_len);
         return fd2; /* opened when it was swapped back meanwhile: as safe */
     }
     if (e == ENOENT) {

@@ -23,7 +23,7 @@
 #include "metrics/metrics_state.h"
 
 /* Writes every family from s into w (after lora_exposition_reset). now_unix (Unix time with
- * fractions) is the value of vllm:lora_requests_info; now_ms (lora_now_ms()) decides which
+ * fractions) is the value of vllm:lora_requests_info; now_ms (lora_clock_mono_ms()) decides which
  * engines are lost. Errors stick in w, as lora_exposition's do. */
 void lora_metrics_render(const struct lora_metrics_state *s, struct lora_exposition *w, double now_unix,
                          uint64_t now_ms);

@@ -181,7 +181,7 @@ void lora_metrics_state_destroy(struct lora_metrics_state **s);
 int lora_metrics_state_add_source(struct lora_metrics_state *s, const char *name,
                            enum lora_metrics_state_source_kind kind);
 
-/* Applies one message body received on source at now_ms (lora_now_ms()). Returns 1 when it
+/* Applies one message body received on source at now_ms (lora_clock_mono_ms()). Returns 1 when it
  * changed the model, 0 for a type of no interest here (heartbeat, ...), -1 when the body is
  * malformed or breaks a bound, with "TYPE: what" in err. */
 int lora_metrics_state_apply(struct lora_metrics_state *s, int source, const void *body, size_t len,

@@ -146,9 +146,9 @@ static int open_member(struct adapter_load *ld, const char *file, const char *la
     if (!ld->root->allow_symlinks)
         return lora_fs_open_regular(ld->dir_fd, file, label, false, NULL, ld->err, ld->err_len);
     char rel[4096];
-    enum lora_confine_error why;
+    enum lora_path_confine_error why;
     snprintf(rel, sizeof(rel), "%s/%s", ld->rel, file);
-    int fd = lora_confine_open(ld->root->fd, ld->root->path, rel, 0, true, &why, ld->err,
+    int fd = lora_path_confine_open(ld->root->fd, ld->root->path, rel, 0, true, &why, ld->err,
                                ld->err_len);
     if (fd >= 0 && lora_fs_check_regular(fd, label, NULL, ld->err, ld->err_len) < 0) {
         close(fd);
@@ -338,15 +338,15 @@ struct lora_adapter *lora_adapter_load_under(const struct lora_adapter_root *roo
     struct adapter_load ld = {
         .dir = dir, .root = root, .dir_fd = -1, .m = m, .ad = ad, .err = err, .err_len = err_len};
     struct lora_safetensors *st = NULL;
-    enum lora_confine_error why;
+    enum lora_path_confine_error why;
 
     if (root) {
-        ld.rel = lora_confine_relative(root->path, dir);
+        ld.rel = lora_path_confine_relative(root->path, dir);
         if (!ld.rel) {
             snprintf(err, err_len, "%s: not under the adapter root '%s'", dir, root->path);
             goto fail;
         }
-        ld.dir_fd = lora_confine_open(root->fd, root->path, ld.rel, O_DIRECTORY,
+        ld.dir_fd = lora_path_confine_open(root->fd, root->path, ld.rel, O_DIRECTORY,
                                       root->allow_symlinks, &why, err, err_len);
         if (ld.dir_fd < 0)
             goto fail;

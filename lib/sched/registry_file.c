@@ -15,7 +15,7 @@
 
 #define FILE_MAX_BYTES (64u << 20) /* far above LORA_REGISTRY_MAX entries of the longest size */
 
-int lora_registry_add(struct lora_registry *r, const char *name, const char *path, bool pinned)
+int lora_registry_file_add(struct lora_registry *r, const char *name, const char *path, bool pinned)
 {
     if (r->n_adapters >= LORA_REGISTRY_MAX) {
         errno = ENOSPC;
@@ -35,7 +35,7 @@ int lora_registry_add(struct lora_registry *r, const char *name, const char *pat
     return 0;
 }
 
-int lora_registry_add_startup(struct lora_registry *r, const char *name)
+int lora_registry_file_add_startup(struct lora_registry *r, const char *name)
 {
     if (r->n_startup >= LORA_REGISTRY_MAX) {
         errno = ENOSPC;
@@ -51,7 +51,7 @@ int lora_registry_add_startup(struct lora_registry *r, const char *name)
     return 0;
 }
 
-int lora_registry_find(const struct lora_registry *r, const char *name)
+int lora_registry_file_find(const struct lora_registry *r, const char *name)
 {
     for (int i = 0; i < r->n_adapters; i++)
         if (strcmp(r->adapters[i].name, name) == 0)
@@ -59,7 +59,7 @@ int lora_registry_find(const struct lora_registry *r, const char *name)
     return -1;
 }
 
-bool lora_registry_has_startup(const struct lora_registry *r, const char *name)
+bool lora_registry_file_has_startup(const struct lora_registry *r, const char *name)
 {
     for (int i = 0; i < r->n_startup; i++)
         if (strcmp(r->startup[i], name) == 0)
@@ -67,7 +67,7 @@ bool lora_registry_has_startup(const struct lora_registry *r, const char *name)
     return false;
 }
 
-void lora_registry_release(struct lora_registry *r)
+void lora_registry_file_release(struct lora_registry *r)
 {
     for (int i = 0; i < r->n_adapters; i++) {
         free(r->adapters[i].name);
@@ -177,12 +177,12 @@ static int decode(const char *path, json_t *root, struct lora_registry *r, char 
             lora_errf_path(err, err_len, path, "adapters[%zu].pinned must be true or false", i);
             return -1;
         }
-        if (lora_registry_find(r, json_string_value(name)) >= 0) {
+        if (lora_registry_file_find(r, json_string_value(name)) >= 0) {
             lora_errf_path(err, err_len, path, "adapters[%zu]: adapter '%s' is listed twice", i,
                            json_string_value(name));
             return -1;
         }
-        if (lora_registry_add(r, json_string_value(name), json_string_value(p), json_is_true(pin)) <
+        if (lora_registry_file_add(r, json_string_value(name), json_string_value(p), json_is_true(pin)) <
             0) {
             lora_errf_path(err, err_len, path, "out of memory");
             return -1;
@@ -202,8 +202,8 @@ static int decode(const char *path, json_t *root, struct lora_registry *r, char 
                            LORA_REGISTRY_NAME_MAX);
             return -1;
         }
-        if (!lora_registry_has_startup(r, json_string_value(a)) &&
-            lora_registry_add_startup(r, json_string_value(a)) < 0) {
+        if (!lora_registry_file_has_startup(r, json_string_value(a)) &&
+            lora_registry_file_add_startup(r, json_string_value(a)) < 0) {
             lora_errf_path(err, err_len, path, "out of memory");
             return -1;
         }
@@ -234,7 +234,7 @@ int lora_registry_file_read(const char *path, struct lora_registry *r, char *err
         rc = decode(path, root, r, err, err_len);
     json_decref(root);
     if (rc < 0)
-        lora_registry_release(r);
+        lora_registry_file_release(r);
     return rc;
 }
 

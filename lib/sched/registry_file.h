@@ -51,14 +51,14 @@ int lora_registry_file_write(const char *path, const struct lora_registry *r, ch
                              size_t err_len);
 
 /* Appends an entry or a start-up name (copies the strings). -1 with ENOMEM or ENOSPC. */
-int lora_registry_add(struct lora_registry *r, const char *name, const char *path, bool pinned);
-int lora_registry_add_startup(struct lora_registry *r, const char *name);
+int lora_registry_file_add(struct lora_registry *r, const char *name, const char *path, bool pinned);
+int lora_registry_file_add_startup(struct lora_registry *r, const char *name);
 
 /* Index of the entry, or of the start-up name, called name; -1 when there is none. */
-int lora_registry_find(const struct lora_registry *r, const char *name);
-bool lora_registry_has_startup(const struct lora_registry *r, const char *name);
+int lora_registry_file_find(const struct lora_registry *r, const char *name);
+bool lora_registry_file_has_startup(const struct lora_registry *r, const char *name);
 
 /* Frees what r owns and empties it. */
-void lora_registry_release(struct lora_registry *r);
+void lora_registry_file_release(struct lora_registry *r);
 
 #endif

@@ -67,10 +67,10 @@
  * message (lib/wire/msg) to a peer when it has sent that peer nothing for
  * LORA_HEARTBEAT_INTERVAL_MS (500 ms); any message received from a peer counts as a heartbeat; a
  * peer silent for LORA_HEARTBEAT_LIVENESS (6) intervals, LORA_HEARTBEAT_DEAD_MS = 3 s, is dead.
- * struct lora_peer_liveness does the arithmetic for one peer, on lora_now_ms() times.
+ * struct lora_peer_liveness (liveness.h) does the arithmetic for one peer.
  *
- * Signals: lora_signal_pipe_open() turns caught signals into bytes on a pipe whose read end goes
- * into lora_sock_poll(), so the main loop wakes, drains it and exits cleanly.
+ * Signals: the read end of lib/base/signal_pipe.h's pipe goes into lora_sock_poll(), so the main
+ * loop wakes, drains it and exits cleanly.
  */
 #ifndef LORA_SOCK_H
 #define LORA_SOCK_H
@@ -78,6 +78,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+
+#include "base/clock.h"
+#include "base/signal_pipe.h"
+#include "wire/liveness.h"
 #include <zmq.h>
 
 #define LORA_SOCK_VERSION         "LORA1"       /* the protocol version frame */
@@ -91,9 +95,6 @@
 #define LORA_SOCK_POLL_MAX        16            /* sockets in one lora_sock_poll() */
 #define LORA_SOCK_LOG_EVERY       1000          /* malformed warnings: the first, then every Nth */
 
-#define LORA_HEARTBEAT_INTERVAL_MS 500 /* send a heartbeat after this long without sending */
-#define LORA_HEARTBEAT_LIVENESS    6   /* intervals of silence before a peer is dead */
-#define LORA_HEARTBEAT_DEAD_MS     (LORA_HEARTBEAT_INTERVAL_MS * LORA_HEARTBEAT_LIVENESS)
 
 /* Why a received message was dropped. Values only grow at the end. */
 enum lora_sock_malformed {
@@ -197,52 +198,5 @@ void lora_msg_frames_release(struct lora_msg_frames *f);
  * that interrupts the wait is not an error: the poll is retried at once without waiting, so the
  * self-pipe shows up readable. */
 int lora_sock_poll(struct lora_sock **socks, int n, int sig_fd, int timeout_ms, bool *readable_out);
-
-/* Milliseconds on CLOCK_MONOTONIC (not wall time: immune to clock steps). */
-uint64_t lora_now_ms(void);
-
-/* Liveness of one peer, on lora_now_ms() times. */
-struct lora_peer_liveness {
-    uint32_t interval_ms; /* heartbeat interval, LORA_HEARTBEAT_INTERVAL_MS by default */
-    uint32_t liveness;    /* intervals of silence before dead, LORA_HEARTBEAT_LIVENESS */
-    uint64_t last_heard_ms;
-    uint64_t last_sent_ms;
-};
-
-/* Sets the defaults and counts now_ms as both heard and sent: a new peer gets the full grace
- * period, and the first heartbeat goes out one interval later. interval_ms and liveness may be
- * changed after this. */
-void lora_liveness_init(struct lora_peer_liveness *l, uint64_t now_ms);
-
-/* Records traffic received from the peer (any message counts). */
-void lora_liveness_heard(struct lora_peer_liveness *l, uint64_t now_ms);
-
-/* Records traffic sent to the peer (any message counts, heartbeat or not). */
-void lora_liveness_sent(struct lora_peer_liveness *l, uint64_t now_ms);
-
-/* True when nothing was heard for interval_ms * liveness or longer. */
-bool lora_liveness_is_dead(const struct lora_peer_liveness *l, uint64_t now_ms);
-
-/* True when nothing was sent for interval_ms or longer: time to send a heartbeat. */
-bool lora_liveness_should_send(const struct lora_peer_liveness *l, uint64_t now_ms);
-
-/* Milliseconds until the next thing to do for this peer (a heartbeat is due or it would be dead),
- * 0 when it is already due; a poll timeout for a loop that serves this peer. */
-int lora_liveness_timeout_ms(const struct lora_peer_liveness *l, uint64_t now_ms);
-
-/* Installs handlers (sigaction, SA_RESTART) for the n signals listed that write one byte, the
- * signal number, to a non-blocking pipe, and returns the pipe's read end (non-blocking,
- * close-on-exec) for lora_sock_poll(). One pipe per process: a second open fails with EBUSY until
- * lora_signal_pipe_close(). Returns -1 with errno on failure (nothing installed). If the pipe is
- * full, further signals are dropped: one pending byte is enough to wake the loop. */
-int lora_signal_pipe_open(const int *signals, int n);
-
-/* Reads every pending byte from the pipe. Returns the last signal number read, or 0 when none
- * was pending. Never blocks. */
-int lora_signal_pipe_drain(int fd);
-
-/* Restores the dispositions the signals had before lora_signal_pipe_open() and closes both ends
- * of the pipe. Does nothing unless fd is the open pipe's read end. */
-void lora_signal_pipe_close(int fd);
 
 #endif

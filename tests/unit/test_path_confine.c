@@ -51,9 +51,9 @@ static void setup(void)
 
 static bool allow;
 
-static enum lora_confine_error try(const char *path, char **out)
+static enum lora_path_confine_error try(const char *path, char **out)
 {
-    enum lora_confine_error why;
+    enum lora_path_confine_error why;
     char err[512];
     *out = lora_path_confine(root, path, allow, &why, err, sizeof(err));
     if (!*out)
@@ -100,7 +100,7 @@ static void test_escapes(void)
 static void test_missing_and_files(void)
 {
     char *r;
-    enum lora_confine_error why;
+    enum lora_path_confine_error why;
     char err[512];
     CHECK(try("nope", &r) == LORA_CONFINE_MISSING && !r);
     CHECK(try("file", &r) == LORA_CONFINE_NOT_DIR && !r);
@@ -113,13 +113,13 @@ static void test_missing_and_files(void)
     CHECK_CONTAINS(err, "no such adapter directory");
 }
 
-typedef int (*open_fn)(int, const char *, const char *, int, bool, enum lora_confine_error *,
+typedef int (*open_fn)(int, const char *, const char *, int, bool, enum lora_path_confine_error *,
                        char *, size_t);
 
 /* Opens rel beneath the root with fn; returns why, closing what opened. */
-static enum lora_confine_error open_under(open_fn fn, const char *rel, int flags, bool links)
+static enum lora_path_confine_error open_under(open_fn fn, const char *rel, int flags, bool links)
 {
-    enum lora_confine_error why = LORA_CONFINE_OK;
+    enum lora_path_confine_error why = LORA_CONFINE_OK;
     char err[512];
     int rfd = open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
     int fd = fn(rfd, "ROOT", rel, flags, links, &why, err, sizeof(err));
@@ -154,32 +154,32 @@ static void check_refusing_links(open_fn fn)
 
 static void test_open_beneath(void)
 {
-    check_refusing_links(lora_confine_open);
+    check_refusing_links(lora_path_confine_open);
     /* Links allowed: those that stay beneath the root are followed, the others refused. */
-    CHECK(open_under(lora_confine_open, "in-link/sub", O_DIRECTORY, true) == LORA_CONFINE_OK);
-    CHECK(open_under(lora_confine_open, "a/file-link", 0, true) == LORA_CONFINE_OK);
-    CHECK(open_under(lora_confine_open, "out-link", O_DIRECTORY, true) == LORA_CONFINE_ESCAPE);
-    CHECK(open_under(lora_confine_open, "a/up-link/outside", O_DIRECTORY, true) ==
+    CHECK(open_under(lora_path_confine_open, "in-link/sub", O_DIRECTORY, true) == LORA_CONFINE_OK);
+    CHECK(open_under(lora_path_confine_open, "a/file-link", 0, true) == LORA_CONFINE_OK);
+    CHECK(open_under(lora_path_confine_open, "out-link", O_DIRECTORY, true) == LORA_CONFINE_ESCAPE);
+    CHECK(open_under(lora_path_confine_open, "a/up-link/outside", O_DIRECTORY, true) ==
           LORA_CONFINE_ESCAPE);
 }
 
 static void test_open_walk(void)
 {
-    check_refusing_links(lora_confine_open_walk);
+    check_refusing_links(lora_path_confine_open_walk);
     /* Without openat2 a link cannot be followed safely: refused even when allowed. */
-    CHECK(open_under(lora_confine_open_walk, "in-link", O_DIRECTORY, true) == LORA_CONFINE_SYMLINK);
+    CHECK(open_under(lora_path_confine_open_walk, "in-link", O_DIRECTORY, true) == LORA_CONFINE_SYMLINK);
 }
 
 static void test_relative(void)
 {
-    CHECK(lora_confine_relative("/r", "/r/a") &&
-          strcmp(lora_confine_relative("/r", "/r/a"), "a") == 0);
-    CHECK(lora_confine_relative("/r/", "/r//a/b") &&
-          strcmp(lora_confine_relative("/r/", "/r//a/b"), "a/b") == 0);
-    CHECK(!lora_confine_relative("/r", "/r"));
-    CHECK(!lora_confine_relative("/r", "/r/"));
-    CHECK(!lora_confine_relative("/r", "/rx/a"));
-    CHECK(!lora_confine_relative("/r", "/other"));
+    CHECK(lora_path_confine_relative("/r", "/r/a") &&
+          strcmp(lora_path_confine_relative("/r", "/r/a"), "a") == 0);
+    CHECK(lora_path_confine_relative("/r/", "/r//a/b") &&
+          strcmp(lora_path_confine_relative("/r/", "/r//a/b"), "a/b") == 0);
+    CHECK(!lora_path_confine_relative("/r", "/r"));
+    CHECK(!lora_path_confine_relative("/r", "/r/"));
+    CHECK(!lora_path_confine_relative("/r", "/rx/a"));
+    CHECK(!lora_path_confine_relative("/r", "/other"));
 }
 
 int main(void)

@@ -54,11 +54,11 @@ static void test_round_trip(void)
     const char *path = in_dir("round.json");
 
     /* Names that sort differently from their registration order. */
-    CHECK(lora_registry_add(&r, "zeta", "/m/adapters/zeta", false) == 0);
-    CHECK(lora_registry_add(&r, "alpha", "/m/adapters/alpha", true) == 0);
-    CHECK(lora_registry_add(&r, "mid \"quoted\"", "relative/dir", false) == 0);
-    CHECK(lora_registry_add_startup(&r, "alpha") == 0);
-    CHECK(lora_registry_add_startup(&r, "gone") == 0);
+    CHECK(lora_registry_file_add(&r, "zeta", "/m/adapters/zeta", false) == 0);
+    CHECK(lora_registry_file_add(&r, "alpha", "/m/adapters/alpha", true) == 0);
+    CHECK(lora_registry_file_add(&r, "mid \"quoted\"", "relative/dir", false) == 0);
+    CHECK(lora_registry_file_add_startup(&r, "alpha") == 0);
+    CHECK(lora_registry_file_add_startup(&r, "gone") == 0);
     CHECK(lora_registry_file_write(path, &r, err, sizeof(err)) == 0);
     CHECK(lora_registry_file_read(path, &back, err, sizeof(err)) == 0);
     CHECK(back.n_adapters == 3 && back.n_startup == 2);
@@ -69,15 +69,15 @@ static void test_round_trip(void)
         CHECK(strcmp(back.adapters[2].name, "mid \"quoted\"") == 0);
         CHECK(strcmp(back.adapters[2].path, "relative/dir") == 0);
     }
-    CHECK(lora_registry_has_startup(&back, "gone") && !lora_registry_has_startup(&back, "zeta"));
-    CHECK(lora_registry_find(&back, "alpha") == 1 && lora_registry_find(&back, "nope") == -1);
+    CHECK(lora_registry_file_has_startup(&back, "gone") && !lora_registry_file_has_startup(&back, "zeta"));
+    CHECK(lora_registry_file_find(&back, "alpha") == 1 && lora_registry_file_find(&back, "nope") == -1);
     /* The file is what the header documents, readable by other tools. */
     CHECK_CONTAINS(get(path), "\"version\": 1");
     CHECK_CONTAINS(get(path), "\"startup_modules\"");
     struct stat st;
     CHECK(stat(path, &st) == 0 && (st.st_mode & 0777) == 0600);
-    lora_registry_release(&r);
-    lora_registry_release(&back);
+    lora_registry_file_release(&r);
+    lora_registry_file_release(&back);
     CHECK(back.n_adapters == 0 && back.adapters == NULL);
 }
 
@@ -90,7 +90,7 @@ static void test_empty_round_trip(void)
     CHECK(lora_registry_file_write(path, &r, err, sizeof(err)) == 0);
     CHECK(lora_registry_file_read(path, &back, err, sizeof(err)) == 0);
     CHECK(back.n_adapters == 0 && back.n_startup == 0);
-    lora_registry_release(&back);
+    lora_registry_file_release(&back);
 }
 
 static void test_missing_is_not_an_error(void)
@@ -179,8 +179,8 @@ static void test_atomic_replace(void)
     char err[512] = "";
     const char *path = in_dir("atomic.json");
 
-    lora_registry_add(&a, "first", "/p/first", false);
-    lora_registry_add(&b, "second", "/p/second", true);
+    lora_registry_file_add(&a, "first", "/p/first", false);
+    lora_registry_file_add(&b, "second", "/p/second", true);
     CHECK(lora_registry_file_write(path, &a, err, sizeof(err)) == 0);
     struct stat before, after;
     CHECK(stat(path, &before) == 0);
@@ -202,7 +202,7 @@ static void test_atomic_replace(void)
     CHECK(back.n_adapters == 1 && strcmp(back.adapters[0].name, "second") == 0 &&
           back.adapters[0].pinned);
     CHECK(count_entries() == 0);
-    lora_registry_release(&back);
+    lora_registry_file_release(&back);
 
     /* A write that cannot complete leaves the old file as it was, and no temporary file. */
     const char *blocked = in_dir("blocked.json");
@@ -216,9 +216,9 @@ static void test_atomic_replace(void)
     rmdir(tmp);
     CHECK(lora_registry_file_read(blocked, &back, err, sizeof(err)) == 0);
     CHECK(back.n_adapters == 1 && strcmp(back.adapters[0].name, "first") == 0);
-    lora_registry_release(&back);
-    lora_registry_release(&a);
-    lora_registry_release(&b);
+    lora_registry_file_release(&back);
+    lora_registry_file_release(&a);
+    lora_registry_file_release(&b);
 }
 
 static void test_write_error_names_path(void)
@@ -262,9 +262,9 @@ static void test_mutants(void)
             n_read++;
             for (int a = 0; a < r.n_adapters; a++) {
                 CHECK(strlen(r.adapters[a].name) >= 1 && strlen(r.adapters[a].path) >= 1);
-                CHECK(lora_registry_find(&r, r.adapters[a].name) == a);
+                CHECK(lora_registry_file_find(&r, r.adapters[a].name) == a);
             }
-            lora_registry_release(&r);
+            lora_registry_file_release(&r);
         } else {
             n_refused++;
             CHECK(rc == -1);
