@@ -329,7 +329,7 @@ static int read_messages(struct gen *g, char *err, size_t err_len)
     char *prompt = NULL;
     size_t len = 0;
     if (rc == 0)
-        rc = lora_chat_render(&fe->chat, cm, n, add_gen, &prompt, &len, err, err_len);
+        rc = lora_chat_template_render(&fe->chat, cm, n, add_gen, &prompt, &len, err, err_len);
     for (i = 0; parts && i < n; i++)
         free(parts[i].s);
     free(parts);

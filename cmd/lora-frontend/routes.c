@@ -134,7 +134,8 @@ static void tokenize(struct frontend *fe, struct lora_http_request *req, json_t 
         }
         if (bad)
             snprintf(err, sizeof(err), "'messages' must be a list of {role, content} strings");
-        else if (lora_chat_render(&fe->chat, cm, cnt, add_gen, &text, &len, err, sizeof(err)) < 0)
+        else if (lora_chat_template_render(&fe->chat, cm, cnt, add_gen, &text, &len, err,
+                                           sizeof(err)) < 0)
             bad = -1;
         free(cm);
         if (bad) {
