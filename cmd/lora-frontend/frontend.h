@@ -1,11 +1,11 @@
 /* The state of lora-frontend, shared by its files: main.c (options, start-up, the loop),
  * link.c (the engine connection: one thread owns every ZeroMQ socket; HTTP threads hand it
  * messages and wait on condition variables), routes.c (HTTP dispatch, authentication, models,
- * tokenize, health, version), generate.c (completions and chat: validation, choices, stop
- * strings, responses and server-sent events), adapters.c (runtime load and unload under
- * --lora-root), reply.c (JSON responses and OpenAI-style errors), stats.c (per-request stats),
- * metrics.c (GET /metrics: the exposition of lora-metrics, from the engine's publish socket and
- * this frontend's own requests). */
+ * tokenize, health, version), completions.c (completions and chat: validation, choices, stop
+ * strings, whole responses), sse.c (the same streamed as server-sent events), adapters.c
+ * (runtime load and unload under --lora-root), reply.c (JSON responses and OpenAI-style
+ * errors), stats.c (per-request stats), metrics.c (GET /metrics: the exposition of
+ * lora-metrics, from the engine's publish socket and this frontend's own requests). */
 #ifndef LORA_FRONTEND_H
 #define LORA_FRONTEND_H
 
@@ -202,9 +202,7 @@ void metrics_serve(struct fe_metrics *fm, struct lora_http_request *req);
 /* routes.c */
 void routes_handle(void *ctx, struct lora_http_request *req);
 
-/* generate.c */
-void generate_completions(struct frontend *fe, struct lora_http_request *req, json_t *body);
-void generate_chat(struct frontend *fe, struct lora_http_request *req, json_t *body);
+/* completions.c and sse.c: see completions.h and sse.h. */
 
 /* adapters.c */
 void adapters_load(struct frontend *fe, struct lora_http_request *req, json_t *body);
