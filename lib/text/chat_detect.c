@@ -690,30 +690,50 @@ static const char *read_space(struct det *d, const char *p, const char **out)
     return read_choice(d, p, spaces, N_OF(spaces), out);
 }
 
+/* A way a turn writes its content: the message's (message.content), or, in a template with a
+ * <<SYS>> block, the variable that holds it with the block (content); stripped or not. */
+struct content_form {
+    const char *jinja;
+    bool own_var, strip;
+};
+
+/* The position after the first of forms at p that the template's system slot allows, or NULL;
+ * *strip tells whether it strips. */
+static const char *match_content(struct det *d, const char *p, const struct lora_chat_template *t,
+                                 const struct content_form *forms, size_t n, bool *strip)
+{
+    bool sys_block = t->inst.system_slot == LORA_CHAT_SYSTEM_SYS_BLOCK;
+    const char *q = NULL;
+
+    for (size_t i = 0; p && !q && i < n; i++) {
+        if (forms[i].own_var != sys_block)
+            continue;
+        q = match_at(d, p, forms[i].jinja);
+        *strip = forms[i].strip;
+    }
+    return q;
+}
+
 /* [bos_token] OPEN content CLOSE. The content is the <<SYS>> block's own variable or the
  * message's, possibly stripped. */
 static const char *detect_inst_turn(struct det *d, struct lora_chat_template *t, const char *p,
                                     const char **open, const char **close)
 {
-    static const char *const contents[] = {"{{ message.content }}", "{{ content }}",
-                                           "{{ content.strip() }}", "{{ message.content.strip() }}",
-                                           "{{ message.content | trim }}"};
-    bool sys_block = t->inst.system_slot == LORA_CHAT_SYSTEM_SYS_BLOCK;
-    const char *q = NULL;
+    static const struct content_form forms[] = {
+        {"{{ message.content }}", false, false},
+        {"{{ content }}", true, false},
+        {"{{ content.strip() }}", true, true},
+        {"{{ message.content.strip() }}", false, true},
+        {"{{ message.content | trim }}", false, true},
+    };
+    const char *q;
 
     if (match_at(d, p, "{{ bos_token }}")) {
         t->inst.bos_per_user = true;
         p = match_at(d, p, "{{ bos_token }}");
     }
     p = read_choice(d, p, inst_opens, N_OF(inst_opens), open);
-    for (size_t i = 0; p && !q && i < N_OF(contents); i++) {
-        bool own_var = i == 1 || i == 2;
-
-        if (own_var != sys_block)
-            continue;
-        q = match_at(d, p, contents[i]);
-        t->inst.user_strip = i >= 2;
-    }
+    q = match_content(d, p, t, forms, N_OF(forms), &t->inst.user_strip);
     return read_choice(d, q, inst_closes, N_OF(inst_closes), close);
 }
 
@@ -747,21 +767,17 @@ static const char *detect_inst_user(struct det *d, struct lora_chat_template *t,
 /* [LEAD] content [MID] eos_token [TAIL], then the next branch. */
 static const char *detect_inst_assistant(struct det *d, struct lora_chat_template *t, const char *p)
 {
-    static const char *const contents[] = {
-        "{{ message.content }}", "{{ content }}", "{{ message.content | trim }}",
-        "{{ message.content.strip() }}", "{{ content.strip() }}"};
-    bool sys_block = t->inst.system_slot == LORA_CHAT_SYSTEM_SYS_BLOCK;
-    const char *q = NULL;
+    static const struct content_form forms[] = {
+        {"{{ message.content }}", false, false},
+        {"{{ content }}", true, false},
+        {"{{ message.content | trim }}", false, true},
+        {"{{ message.content.strip() }}", false, true},
+        {"{{ content.strip() }}", true, true},
+    };
+    const char *q;
 
     p = read_space(d, p, &t->inst.asst_lead);
-    for (size_t i = 0; p && !q && i < N_OF(contents); i++) {
-        bool own_var = i == 1 || i == 4;
-
-        if (own_var != sys_block)
-            continue;
-        q = match_at(d, p, contents[i]);
-        t->inst.asst_strip = i >= 2;
-    }
+    q = match_content(d, p, t, forms, N_OF(forms), &t->inst.asst_strip);
     q = read_space(d, q, &t->inst.asst_mid);
     q = match_at(d, q, "{{ eos_token }}");
     q = read_space(d, q, &t->inst.asst_tail);

@@ -639,11 +639,8 @@ static int parse_post_into(struct tk_ctx *c, const json_t *v, const struct lora_
 {
     static const char *const byte_level[] = {"type", "add_prefix_space", "trim_offsets",
                                              "use_regex", NULL};
-    const char *type;
+    const char *type = tk_get_type(c, v);
 
-    if (!json_is_object(v))
-        return tk_fail(c, "must be an object");
-    type = tk_get_type(c, v);
     if (!type)
         return -1;
     if (strcmp(type, "Sequence") == 0) {

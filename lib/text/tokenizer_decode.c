@@ -45,18 +45,6 @@ void tk_dec_free(struct lora_tokenizer *t)
     t->n_dec = 0;
 }
 
-static int parse_into(struct tk_ctx *c, const json_t *v, struct lora_tokenizer *t);
-
-static int parse_element(struct tk_ctx *c, const json_t *item, void *arg)
-{
-    return parse_into(c, item, arg);
-}
-
-static int parse_sequence(struct tk_ctx *c, const json_t *v, struct lora_tokenizer *t)
-{
-    return tk_parse_sequence(c, v, "decoders", parse_element, t);
-}
-
 static int parse_replace(struct tk_ctx *c, const json_t *v, struct tk_dec *d)
 {
     static const char *const keys[] = {"type", "pattern", "content", NULL};
@@ -124,28 +112,19 @@ static int parse_strip(struct tk_ctx *c, const json_t *v, struct tk_dec *d)
     return 0;
 }
 
-/* Appends v (a decoder, or a Sequence flattened) to t's chain. */
-static int parse_into(struct tk_ctx *c, const json_t *v, struct lora_tokenizer *t)
+/* Appends the decoder v to the chain of the tokenizer arg. */
+static int add_leaf(struct tk_ctx *c, const json_t *v, const char *type, void *arg)
 {
     static const char *const only_type[] = {"type", NULL};
     static const char *const byte_level[] = {"type", "add_prefix_space", "trim_offsets",
                                              "use_regex", NULL};
-    const char *type;
-    struct tk_dec *dec, *d;
+    struct lora_tokenizer *t = arg;
+    struct tk_dec *dec = tk_array_append(c, t->dec, &t->n_dec, sizeof(*dec)), *d;
 
-    if (!json_is_object(v))
-        return tk_fail(c, "must be an object");
-    type = tk_get_type(c, v);
-    if (!type)
-        return -1;
-    if (strcmp(type, "Sequence") == 0)
-        return parse_sequence(c, v, t);
-    dec = realloc(t->dec, (t->n_dec + 1) * sizeof(*dec));
     if (!dec)
-        return tk_fail(c, "out of memory");
+        return -1;
     t->dec = dec;
-    d = &dec[t->n_dec++];
-    memset(d, 0, sizeof(*d));
+    d = &dec[t->n_dec - 1];
     if (strcmp(type, "ByteLevel") == 0) {
         /* Its options only matter to offsets and encoding. */
         d->kind = TK_DEC_BYTE_LEVEL;
@@ -176,7 +155,7 @@ int tk_dec_parse(struct tk_ctx *c, const json_t *v, struct lora_tokenizer *t)
     t->has_decoder = v && !json_is_null(v);
     if (!t->has_decoder)
         return 0;
-    return parse_into(c, v, t);
+    return tk_parse_flat(c, v, "decoders", add_leaf, t);
 }
 
 /* ---- the streaming chain ------------------------------------------------------------------- */

@@ -156,8 +156,16 @@ int tk_check_object(struct tk_ctx *c, const json_t *v, const char *const *known)
  * it, goes to each(c, element, arg); the first failure stops. */
 int tk_parse_sequence(struct tk_ctx *c, const json_t *v, const char *key,
                       int (*each)(struct tk_ctx *c, const json_t *item, void *arg), void *arg);
-/* The "type" member of the object v (which tk_check_object has vetted), or NULL after failing. */
+/* The "type" member of v, which must be an object, or NULL after failing. */
 const char *tk_get_type(struct tk_ctx *c, const json_t *v);
+/* A component that may be a Sequence of components (normalizers, pre-tokenizers, decoders)
+ * read flattened: leaf(c, component, its type, arg) for every component that is not a Sequence,
+ * in order, with the path set to it; key names a Sequence's list ("normalizers"). */
+typedef int (*tk_leaf_fn)(struct tk_ctx *c, const json_t *v, const char *type, void *arg);
+int tk_parse_flat(struct tk_ctx *c, const json_t *v, const char *key, tk_leaf_fn leaf, void *arg);
+/* The array v of *n elements of size bytes with one more at its end, zeroed, counted in *n; NULL
+ * after failing (out of memory), v as it was. */
+void *tk_array_append(struct tk_ctx *c, void *v, size_t *n, size_t size);
 /* Optional members: absent (or null where said) leaves *out at def. */
 int tk_get_bool(struct tk_ctx *c, const json_t *obj, const char *key, bool def, bool *out);
 int tk_get_int(struct tk_ctx *c, const json_t *obj, const char *key, long long lo, long long hi,

@@ -28,32 +28,6 @@ void tk_norm_free(struct tk_norm *n)
     free(n);
 }
 
-/* Room for one more leaf in seq. */
-static struct tk_norm *add_leaf(struct tk_ctx *c, struct tk_norm *seq)
-{
-    struct tk_norm *sub = realloc(seq->sub, (seq->n_sub + 1) * sizeof(*sub));
-
-    if (!sub) {
-        tk_fail(c, "out of memory");
-        return NULL;
-    }
-    seq->sub = sub;
-    memset(&sub[seq->n_sub], 0, sizeof(*sub));
-    return &sub[seq->n_sub++];
-}
-
-static int parse_into(struct tk_ctx *c, const json_t *v, struct tk_norm *seq);
-
-static int parse_element(struct tk_ctx *c, const json_t *item, void *arg)
-{
-    return parse_into(c, item, arg);
-}
-
-static int parse_sequence(struct tk_ctx *c, const json_t *v, struct tk_norm *seq)
-{
-    return tk_parse_sequence(c, v, "normalizers", parse_element, seq);
-}
-
 static int parse_leaf(struct tk_ctx *c, const json_t *v, const char *type, struct tk_norm *n)
 {
     static const char *const only_type[] = {"type", NULL};
@@ -111,21 +85,15 @@ static int parse_leaf(struct tk_ctx *c, const json_t *v, const char *type, struc
     return n->text ? 0 : -1;
 }
 
-/* Appends v (a leaf or a Sequence, flattened) to seq. */
-static int parse_into(struct tk_ctx *c, const json_t *v, struct tk_norm *seq)
+/* Appends the leaf v to the Sequence arg. */
+static int add_leaf(struct tk_ctx *c, const json_t *v, const char *type, void *arg)
 {
-    const char *type;
-    struct tk_norm *leaf;
+    struct tk_norm *seq = arg, *sub = tk_array_append(c, seq->sub, &seq->n_sub, sizeof(*sub));
 
-    if (!json_is_object(v))
-        return tk_fail(c, "must be an object");
-    type = tk_get_type(c, v);
-    if (!type)
+    if (!sub)
         return -1;
-    if (strcmp(type, "Sequence") == 0)
-        return parse_sequence(c, v, seq);
-    leaf = add_leaf(c, seq);
-    return leaf ? parse_leaf(c, v, type, leaf) : -1;
+    seq->sub = sub;
+    return parse_leaf(c, v, type, &sub[seq->n_sub - 1]);
 }
 
 int tk_norm_parse(struct tk_ctx *c, const json_t *v, struct tk_norm **out)
@@ -139,7 +107,7 @@ int tk_norm_parse(struct tk_ctx *c, const json_t *v, struct tk_norm **out)
     if (!seq)
         return tk_fail(c, "out of memory");
     seq->kind = TK_NORM_SEQUENCE;
-    if (parse_into(c, v, seq) < 0) {
+    if (tk_parse_flat(c, v, "normalizers", add_leaf, seq) < 0) {
         tk_norm_free(seq);
         return -1;
     }

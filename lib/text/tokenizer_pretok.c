@@ -381,8 +381,6 @@ void tk_pre_free(struct tk_pre *p)
     free(p);
 }
 
-static int parse_into(struct tk_ctx *c, const json_t *v, struct tk_pre *seq);
-
 static int parse_split(struct tk_ctx *c, const json_t *v, struct tk_pre *p)
 {
     static const char *const keys[] = {"type", "pattern", "behavior", "invert", NULL};
@@ -465,36 +463,16 @@ static int parse_metaspace(struct tk_ctx *c, const json_t *v, struct tk_pre *p)
     return 0;
 }
 
-static int parse_element(struct tk_ctx *c, const json_t *item, void *arg)
-{
-    return parse_into(c, item, arg);
-}
-
-static int parse_sequence(struct tk_ctx *c, const json_t *v, struct tk_pre *seq)
-{
-    return tk_parse_sequence(c, v, "pretokenizers", parse_element, seq);
-}
-
-/* Appends v (a leaf, or a Sequence flattened) to seq. */
-static int parse_into(struct tk_ctx *c, const json_t *v, struct tk_pre *seq)
+/* Appends the leaf v to the Sequence arg. */
+static int add_leaf(struct tk_ctx *c, const json_t *v, const char *type, void *arg)
 {
     static const char *const digits_keys[] = {"type", "individual_digits", NULL};
-    const char *type;
-    struct tk_pre *sub, *p;
+    struct tk_pre *seq = arg, *sub = tk_array_append(c, seq->sub, &seq->n_sub, sizeof(*sub)), *p;
 
-    if (!json_is_object(v))
-        return tk_fail(c, "must be an object");
-    type = tk_get_type(c, v);
-    if (!type)
-        return -1;
-    if (strcmp(type, "Sequence") == 0)
-        return parse_sequence(c, v, seq);
-    sub = realloc(seq->sub, (seq->n_sub + 1) * sizeof(*sub));
     if (!sub)
-        return tk_fail(c, "out of memory");
+        return -1;
     seq->sub = sub;
-    p = &sub[seq->n_sub++];
-    memset(p, 0, sizeof(*p));
+    p = &sub[seq->n_sub - 1];
     if (strcmp(type, "Split") == 0) {
         p->kind = TK_PRE_SPLIT;
         return parse_split(c, v, p);
@@ -528,7 +506,7 @@ int tk_pre_parse(struct tk_ctx *c, const json_t *v, struct tk_pre **out)
     if (!seq)
         return tk_fail(c, "out of memory");
     seq->kind = TK_PRE_SEQUENCE;
-    if (parse_into(c, v, seq) < 0) {
+    if (tk_parse_flat(c, v, "pretokenizers", add_leaf, seq) < 0) {
         tk_pre_free(seq);
         return -1;
     }

@@ -364,15 +364,10 @@ int tk_lossy_feed(struct tk_lossy *l, const void *data, size_t n, struct lora_bu
     while (i < n) {
         int need, k;
 
-        if (p[i] < 0x80) {
-            i++;
-            continue;
-        }
-        k = valid_run(p + i, n - i, &need);
-        if (need >= 0 && k == need + 1) {
-            i += (size_t)k;
-            continue;
-        }
+        i += tk_utf8_check((const char *)p + i, n - i);
+        if (i == n)
+            break;
+        k = valid_run(p + i, n - i, &need); /* an invalid or a cut sequence */
         if (lora_buf_add(out, p + run, i - run) < 0)
             return -1;
         if (k > 0 && i + (size_t)k == n) {
