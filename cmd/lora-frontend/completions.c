@@ -386,35 +386,6 @@ static int submit(struct completion *g, unsigned *status, const char **param, ch
 
 /* ---- consuming outputs ------------------------------------------------------------------ */
 
-static int grow_choice(struct choice *c, size_t need, int top_n)
-{
-    if (need <= c->cap && (top_n == 0 || c->top_ids))
-        return 0;
-    size_t cap = c->cap ? c->cap : 32;
-    while (cap < need)
-        cap *= 2;
-    int32_t *ids = realloc(c->ids, cap * sizeof(*ids));
-    if (ids)
-        c->ids = ids;
-    float *lps = realloc(c->lps, cap * sizeof(*lps));
-    if (lps)
-        c->lps = lps;
-    if (!ids || !lps)
-        return -1;
-    if (top_n) {
-        int32_t *ti = realloc(c->top_ids, cap * (size_t)top_n * sizeof(*ti));
-        if (ti)
-            c->top_ids = ti;
-        float *tl = realloc(c->top_lps, cap * (size_t)top_n * sizeof(*tl));
-        if (tl)
-            c->top_lps = tl;
-        if (!ti || !tl)
-            return -1;
-    }
-    c->cap = cap;
-    return 0;
-}
-
 void completions_finish_choice(struct choice *c, const char *reason)
 {
     c->done = true;
@@ -487,7 +458,7 @@ static void advance(struct completion *g, struct choice *c)
     size_t upto = s->n;
     if (upto > c->n || s->finished)
         c->heard = true;
-    if (grow_choice(c, upto, s->top_n) < 0) {
+    if (seq_grow_tokens(&c->ids, &c->lps, &c->top_ids, &c->top_lps, &c->cap, upto, s->top_n) < 0) {
         pthread_mutex_unlock(&l->mu);
         snprintf(c->error, sizeof(c->error), "out of memory");
         snprintf(c->error_code, sizeof(c->error_code), "unavailable");

@@ -167,6 +167,11 @@ int link_submit(struct fe_link *l, struct fe_seq *seq, const struct lora_msg_req
 /* Forgets seq (aborting it in the engine when it has not finished) and frees it. */
 void link_forget(struct fe_link *l, struct fe_seq **seq);
 struct fe_seq *seq_new(const char *id);
+/* Grows the token arrays of a sequence (or of a copy of one) to hold need tokens: ids and lps,
+ * and top_ids and top_lps (top_n per token) when top_n > 0; doubling from 64. Returns 0, or -1
+ * (out of memory) with *cap as it was and the arrays that grew kept. */
+int seq_grow_tokens(int32_t **ids, float **lps, int32_t **top_ids, float **top_lps, size_t *cap,
+                    size_t need, int top_n);
 /* Waits on cond under l->mu (held by the caller) for a change, at most timeout_ms. */
 void link_wait_locked(struct fe_link *l, pthread_cond_t *cond, int timeout_ms);
 /* One control command; blocks for the reply up to timeout_ms. Returns 0 ok, -1 failed with

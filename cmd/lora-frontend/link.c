@@ -68,6 +68,36 @@ struct fe_seq *seq_new(const char *id)
     return s;
 }
 
+int seq_grow_tokens(int32_t **ids, float **lps, int32_t **top_ids, float **top_lps, size_t *cap,
+                    size_t need, int top_n)
+{
+    if (need <= *cap && (top_n == 0 || *top_ids))
+        return 0;
+    size_t n = *cap ? *cap : 64;
+    while (n < need)
+        n *= 2;
+    int32_t *i = realloc(*ids, n * sizeof(*i));
+    if (i)
+        *ids = i;
+    float *l = realloc(*lps, n * sizeof(*l));
+    if (l)
+        *lps = l;
+    if (!i || !l)
+        return -1;
+    if (top_n) {
+        int32_t *ti = realloc(*top_ids, n * (size_t)top_n * sizeof(*ti));
+        if (ti)
+            *top_ids = ti;
+        float *tl = realloc(*top_lps, n * (size_t)top_n * sizeof(*tl));
+        if (tl)
+            *top_lps = tl;
+        if (!ti || !tl)
+            return -1;
+    }
+    *cap = n;
+    return 0;
+}
+
 static void seq_free(struct fe_seq *s)
 {
     free(s->tokens);
@@ -507,34 +537,13 @@ static void append_output_locked(struct fe_seq *s, const struct lora_msg_output 
 {
     s->last_recv = lora_clock_unix();
     size_t need = s->n + (size_t)m->n_tokens;
-    if (m->n_tokens > 0 && (need > s->cap || (m->top_n && !s->top_ids))) {
-        size_t cap = s->cap ? s->cap : 64;
-        while (cap < need)
-            cap *= 2;
-        int32_t *t = realloc(s->tokens, cap * sizeof(*t));
-        if (t)
-            s->tokens = t;
-        float *lp = realloc(s->lps, cap * sizeof(*lp));
-        if (lp)
-            s->lps = lp;
-        if (m->top_n) {
-            int32_t *ti = realloc(s->top_ids, cap * (size_t)m->top_n * sizeof(*ti));
-            if (ti)
-                s->top_ids = ti;
-            float *tl = realloc(s->top_lps, cap * (size_t)m->top_n * sizeof(*tl));
-            if (tl)
-                s->top_lps = tl;
-            if (!ti || !tl)
-                t = NULL;
-        }
-        if (!t || !lp) {
-            s->finished = true;
-            snprintf(s->finish_reason, sizeof(s->finish_reason), "error");
-            snprintf(s->error, sizeof(s->error), "out of memory");
-            snprintf(s->error_code, sizeof(s->error_code), "unavailable");
-            return;
-        }
-        s->cap = cap;
+    if (m->n_tokens > 0 && seq_grow_tokens(&s->tokens, &s->lps, &s->top_ids, &s->top_lps,
+                                           &s->cap, need, m->top_n) < 0) {
+        s->finished = true;
+        snprintf(s->finish_reason, sizeof(s->finish_reason), "error");
+        snprintf(s->error, sizeof(s->error), "out of memory");
+        snprintf(s->error_code, sizeof(s->error_code), "unavailable");
+        return;
     }
     if (m->n_tokens > 0) {
         if (s->n == 0)
