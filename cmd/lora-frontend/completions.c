@@ -36,10 +36,7 @@ void completions_free(struct completion *g)
         free(c->lps);
         free(c->top_ids);
         free(c->top_lps);
-        free(c->prompt_lps);
-        free(c->prompt_ranks);
-        free(c->prompt_top_ids);
-        free(c->prompt_top_lps);
+        seq_free_prompt_lps(&c->prompt);
     }
     for (int i = 0; i < g->n_prompts; i++) {
         free(g->prompts[i]);
@@ -466,23 +463,8 @@ static void advance(struct completion *g, struct choice *c)
         return;
     }
     c->top_n = s->top_n;
-    if (s->n_prompt_lps && !c->prompt_lps) {
-        c->prompt_lps = malloc(sizeof(float) * (size_t)s->n_prompt_lps);
-        if (c->prompt_lps) {
-            memcpy(c->prompt_lps, s->prompt_lps, sizeof(float) * (size_t)s->n_prompt_lps);
-            c->n_prompt_lps = s->n_prompt_lps;
-        }
-        if (c->prompt_lps && s->prompt_ranks &&
-            (c->prompt_ranks = malloc(sizeof(int32_t) * (size_t)s->n_prompt_lps)))
-            memcpy(c->prompt_ranks, s->prompt_ranks, sizeof(int32_t) * (size_t)s->n_prompt_lps);
-        size_t n_top = (size_t)s->n_prompt_lps * (size_t)s->prompt_top_n;
-        if (c->prompt_lps && n_top && (c->prompt_top_ids = malloc(sizeof(int32_t) * n_top)) &&
-            (c->prompt_top_lps = malloc(sizeof(float) * n_top))) {
-            memcpy(c->prompt_top_ids, s->prompt_top_ids, sizeof(int32_t) * n_top);
-            memcpy(c->prompt_top_lps, s->prompt_top_lps, sizeof(float) * n_top);
-            c->prompt_top_n = s->prompt_top_n;
-        }
-    }
+    seq_copy_prompt_lps(&c->prompt, s->prompt.n, s->prompt.lps, s->prompt.ranks, s->prompt.top_n,
+                        s->prompt.top_ids, s->prompt.top_lps);
     size_t from = c->n;
     for (size_t i = from; i < upto && !stopped; i++) {
         c->ids[i] = s->tokens[i];
@@ -660,19 +642,19 @@ json_t *completions_text_logprobs(struct completion *g, const struct choice *c, 
 
     for (size_t i = 0; with_prompt && i < np; i++) {
         json_t *t = token_json(g, prompt[i]);
-        bool known = i > 0 && (int)i < c->n_prompt_lps && !isnan(c->prompt_lps[i]);
+        bool known = i > 0 && (int)i < c->prompt.n && !isnan(c->prompt.lps[i]);
         json_array_append(tokens, t);
-        json_array_append_new(lps, known ? json_real(lp_value(c->prompt_lps[i])) : json_null());
+        json_array_append_new(lps, known ? json_real(lp_value(c->prompt.lps[i])) : json_null());
         json_t *top = known ? json_object() : json_null();
-        for (int k = 0; known && k < g->p.logprobs && k < c->prompt_top_n; k++) {
-            size_t at = i * (size_t)c->prompt_top_n + (size_t)k;
-            json_t *tt = token_json(g, c->prompt_top_ids[at]);
+        for (int k = 0; known && k < g->p.logprobs && k < c->prompt.top_n; k++) {
+            size_t at = i * (size_t)c->prompt.top_n + (size_t)k;
+            json_t *tt = token_json(g, c->prompt.top_ids[at]);
             json_object_set_new(top, json_string_value(tt),
-                                json_real(lp_value(c->prompt_top_lps[at])));
+                                json_real(lp_value(c->prompt.top_lps[at])));
             json_decref(tt);
         }
         if (known) /* the prompt token itself is always there */
-            json_object_set_new(top, json_string_value(t), json_real(lp_value(c->prompt_lps[i])));
+            json_object_set_new(top, json_string_value(t), json_real(lp_value(c->prompt.lps[i])));
         json_array_append_new(tops, top);
         json_array_append_new(offs, json_integer((json_int_t)offset));
         offset += json_string_length(t);
@@ -732,16 +714,16 @@ static json_t *prompt_logprobs_json(struct completion *g, const struct choice *c
     json_t *a = json_array();
 
     for (size_t i = 0; i < np; i++) {
-        if (i == 0 || (int)i >= c->n_prompt_lps || isnan(c->prompt_lps[i])) {
+        if (i == 0 || (int)i >= c->prompt.n || isnan(c->prompt.lps[i])) {
             json_array_append_new(a, json_null());
             continue;
         }
         json_t *pos = json_object();
-        prompt_entry(g, pos, prompt[i], c->prompt_lps[i],
-                     c->prompt_ranks ? c->prompt_ranks[i] : -1);
-        for (int k = 0; k < g->p.prompt_logprobs && k < c->prompt_top_n; k++) {
-            size_t at = i * (size_t)c->prompt_top_n + (size_t)k;
-            prompt_entry(g, pos, c->prompt_top_ids[at], c->prompt_top_lps[at], k + 1);
+        prompt_entry(g, pos, prompt[i], c->prompt.lps[i],
+                     c->prompt.ranks ? c->prompt.ranks[i] : -1);
+        for (int k = 0; k < g->p.prompt_logprobs && k < c->prompt.top_n; k++) {
+            size_t at = i * (size_t)c->prompt.top_n + (size_t)k;
+            prompt_entry(g, pos, c->prompt.top_ids[at], c->prompt.top_lps[at], k + 1);
         }
         json_array_append_new(a, pos);
     }

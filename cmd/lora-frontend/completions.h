@@ -36,12 +36,7 @@ struct choice {
     int top_n;
     size_t n, cap;
     size_t lp_streamed; /* tokens whose log-probabilities were sent */
-    float *prompt_lps;
-    int32_t *prompt_ranks; /* NULL when the engine sent none */
-    int n_prompt_lps;
-    int prompt_top_n;        /* the top tokens of each prompt position, or 0 */
-    int32_t *prompt_top_ids; /* (n_prompt_lps * prompt_top_n) */
-    float *prompt_top_lps;
+    struct fe_prompt_lps prompt; /* the prompt's log-probabilities, copied */
     bool heard; /* the engine said something about it */
     bool done;
     bool final_sent; /* streaming: the chunk with the finish reason went out */

@@ -35,6 +35,17 @@
 #define FE_MAX_LOGPROBS 20 /* top log-probabilities per token */
 #define FE_PROMPT_TEXT_FACTOR 4 /* see prompt_max_bytes in main.c */
 
+/* A prompt's log-probabilities as the engine sent them: n positions, [0] NaN (nothing predicts
+ * the first token). */
+struct fe_prompt_lps {
+    float *lps;       /* (n) */
+    int32_t *ranks;   /* (n) or NULL; [0] is 0 */
+    int n;
+    int top_n;        /* the top tokens of each position, or 0 */
+    int32_t *top_ids; /* (n * top_n) */
+    float *top_lps;   /* (n * top_n) */
+};
+
 /* One engine request (one choice). The link thread appends to it under link->mu; the HTTP
  * thread that made it reads it under the same lock. */
 struct fe_seq {
@@ -47,12 +58,7 @@ struct fe_seq {
     float *top_lps;      /* (n * top_n) */
     int top_n;
     size_t n, cap;
-    float *prompt_lps; /* (n_prompt_lps), [0] NaN */
-    int32_t *prompt_ranks; /* (n_prompt_lps) or NULL; [0] is 0 */
-    int n_prompt_lps;
-    int prompt_top_n;        /* the top tokens of each prompt position, or 0 */
-    int32_t *prompt_top_ids; /* (n_prompt_lps * prompt_top_n) */
-    float *prompt_top_lps;
+    struct fe_prompt_lps prompt;
     bool finished;
     char finish_reason[16];
     char error[512];
@@ -172,6 +178,12 @@ struct fe_seq *seq_new(const char *id);
  * (out of memory) with *cap as it was and the arrays that grew kept. */
 int seq_grow_tokens(int32_t **ids, float **lps, int32_t **top_ids, float **top_lps, size_t *cap,
                     size_t need, int top_n);
+/* Copies a prompt's log-probabilities (n of them, ranks NULL when there are none, top_n per
+ * position) into dst once, when dst has none and n > 0: what memory does not allow is left out
+ * (no ranks, no top tokens, or nothing at all). */
+void seq_copy_prompt_lps(struct fe_prompt_lps *dst, int n, const float *lps, const int32_t *ranks,
+                         int top_n, const int32_t *top_ids, const float *top_lps);
+void seq_free_prompt_lps(struct fe_prompt_lps *p);
 /* Waits on cond under l->mu (held by the caller) for a change, at most timeout_ms. */
 void link_wait_locked(struct fe_link *l, pthread_cond_t *cond, int timeout_ms);
 /* One control command; blocks for the reply up to timeout_ms. Returns 0 ok, -1 failed with

@@ -98,16 +98,40 @@ int seq_grow_tokens(int32_t **ids, float **lps, int32_t **top_ids, float **top_l
     return 0;
 }
 
+void seq_copy_prompt_lps(struct fe_prompt_lps *dst, int n, const float *lps, const int32_t *ranks,
+                         int top_n, const int32_t *top_ids, const float *top_lps)
+{
+    if (n <= 0 || dst->lps || !(dst->lps = malloc(sizeof(float) * (size_t)n)))
+        return;
+    memcpy(dst->lps, lps, sizeof(float) * (size_t)n);
+    dst->n = n;
+    if (ranks && (dst->ranks = malloc(sizeof(int32_t) * (size_t)n)))
+        memcpy(dst->ranks, ranks, sizeof(int32_t) * (size_t)n);
+    size_t n_top = (size_t)n * (size_t)top_n;
+    if (n_top && (dst->top_ids = malloc(sizeof(int32_t) * n_top)) &&
+        (dst->top_lps = malloc(sizeof(float) * n_top))) {
+        memcpy(dst->top_ids, top_ids, sizeof(int32_t) * n_top);
+        memcpy(dst->top_lps, top_lps, sizeof(float) * n_top);
+        dst->top_n = top_n;
+    }
+}
+
+void seq_free_prompt_lps(struct fe_prompt_lps *p)
+{
+    free(p->lps);
+    free(p->ranks);
+    free(p->top_ids);
+    free(p->top_lps);
+    *p = (struct fe_prompt_lps){0};
+}
+
 static void seq_free(struct fe_seq *s)
 {
     free(s->tokens);
     free(s->lps);
     free(s->top_ids);
     free(s->top_lps);
-    free(s->prompt_lps);
-    free(s->prompt_ranks);
-    free(s->prompt_top_ids);
-    free(s->prompt_top_lps);
+    seq_free_prompt_lps(&s->prompt);
     free(s);
 }
 
@@ -559,24 +583,8 @@ static void append_output_locked(struct fe_seq *s, const struct lora_msg_output 
         }
         s->n = need;
     }
-    if (m->n_prompt_logprobs > 0 && !s->prompt_lps) {
-        s->prompt_lps = malloc(sizeof(float) * (size_t)m->n_prompt_logprobs);
-        if (s->prompt_lps) {
-            memcpy(s->prompt_lps, m->prompt_logprobs, sizeof(float) * (size_t)m->n_prompt_logprobs);
-            s->n_prompt_lps = m->n_prompt_logprobs;
-        }
-        if (s->prompt_lps && m->prompt_ranks &&
-            (s->prompt_ranks = malloc(sizeof(int32_t) * (size_t)m->n_prompt_logprobs)))
-            memcpy(s->prompt_ranks, m->prompt_ranks,
-                   sizeof(int32_t) * (size_t)m->n_prompt_logprobs);
-        size_t n_top = (size_t)m->n_prompt_logprobs * (size_t)m->prompt_top_n;
-        if (s->prompt_lps && n_top && (s->prompt_top_ids = malloc(sizeof(int32_t) * n_top)) &&
-            (s->prompt_top_lps = malloc(sizeof(float) * n_top))) {
-            memcpy(s->prompt_top_ids, m->prompt_top_ids, sizeof(int32_t) * n_top);
-            memcpy(s->prompt_top_lps, m->prompt_top_logprobs, sizeof(float) * n_top);
-            s->prompt_top_n = m->prompt_top_n;
-        }
-    }
+    seq_copy_prompt_lps(&s->prompt, m->n_prompt_logprobs, m->prompt_logprobs, m->prompt_ranks,
+                        m->prompt_top_n, m->prompt_top_ids, m->prompt_top_logprobs);
     s->num_prompt_tokens = m->num_prompt_tokens;
     if (m->finished) {
         s->finished = true;
