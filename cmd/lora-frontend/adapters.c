@@ -17,19 +17,18 @@
 #define LOAD_TIMEOUT_MS   120000 /* reading an adapter from a slow disk on every rank */
 #define UNLOAD_TIMEOUT_MS 600000 /* waits for the requests that still run on it */
 
-static bool runtime_allowed(struct frontend *fe, struct lora_http_request *req)
-{
-    if (fe->runtime_lora)
-        return true;
-    reply_error(req, 404, NULL,
-                "runtime adapter loading is off: start lora-frontend with "
-                "--enable-runtime-lora (or VLLM_ALLOW_RUNTIME_LORA_UPDATING=true)");
-    return false;
-}
-
-static const char *name_field(struct lora_http_request *req, json_t *body)
+/* The adapter a load or unload names, once runtime changes are allowed; NULL when the request
+ * was answered (refused). */
+static const char *name_field(struct frontend *fe, struct lora_http_request *req, json_t *body)
 {
     json_t *n = json_object_get(body, "lora_name");
+
+    if (!fe->runtime_lora) {
+        reply_error(req, 404, NULL,
+                    "runtime adapter loading is off: start lora-frontend with "
+                    "--enable-runtime-lora (or VLLM_ALLOW_RUNTIME_LORA_UPDATING=true)");
+        return NULL;
+    }
     if (!json_is_string(n) || json_string_length(n) == 0 ||
         json_string_length(n) > FE_NAME_MAX) {
         reply_error(req, 400, "lora_name", "'lora_name' must be a string of 1 to %d bytes",
@@ -57,26 +56,33 @@ static unsigned control_status(const char *err, bool unload)
     return 400;
 }
 
-/* vLLM's answer to a load or unload. The engine broadcast the registry before it answered the
- * control command: wait until ours follows, so /v1/models right after this answer agrees. */
-static void answer_success(struct frontend *fe, struct lora_http_request *req, const char *name,
-                           bool added)
+/* Loads (path set) or unloads the adapter in the engine and answers as vLLM does. The engine
+ * broadcast the registry before it answered the control command: the answer waits until ours
+ * follows, so /v1/models right after it agrees. */
+static void control(struct frontend *fe, struct lora_http_request *req, const char *name,
+                    const char *path)
 {
-    char msg[512];
+    bool load = path != NULL;
+    char err[2048], msg[512];
 
-    link_registry_wait(&fe->link, name, added, 2000);
+    if (link_control(&fe->link, load ? LORA_CTL_LOAD : LORA_CTL_UNLOAD, name, path,
+                     load ? LOAD_TIMEOUT_MS : UNLOAD_TIMEOUT_MS, NULL, NULL, err,
+                     sizeof(err)) < 0) {
+        reply_error(req, control_status(err, !load), load ? "lora_path" : "lora_name",
+                    "unable to %s adapter '%s': %s", load ? "load" : "unload", name, err);
+        return;
+    }
+    link_registry_wait(&fe->link, name, load, 2000);
     snprintf(msg, sizeof(msg), "Success: LoRA adapter '%s' %s successfully.", name,
-             added ? "added" : "removed");
+             load ? "added" : "removed");
     lora_http_respond(req, 200, "text/plain; charset=utf-8", msg, strlen(msg));
 }
 
 void adapters_load(struct frontend *fe, struct lora_http_request *req, json_t *body)
 {
     char err[2048];
+    const char *name = name_field(fe, req, body);
 
-    if (!runtime_allowed(fe, req))
-        return;
-    const char *name = name_field(req, body);
     if (!name)
         return;
     json_t *p = json_object_get(body, "lora_path");
@@ -100,33 +106,16 @@ void adapters_load(struct frontend *fe, struct lora_http_request *req, json_t *b
         reply_error(req, why == LORA_CONFINE_MISSING ? 404 : 400, "lora_path", "%s", err);
         return;
     }
-    int rc = link_control(&fe->link, LORA_CTL_LOAD, name, real, LOAD_TIMEOUT_MS, NULL, NULL, err,
-                          sizeof(err));
+    control(fe, req, name, real);
     free(real);
-    if (rc < 0) {
-        reply_error(req, control_status(err, false), "lora_path", "unable to load adapter '%s': %s",
-                    name, err);
-        return;
-    }
-    answer_success(fe, req, name, true);
 }
 
 void adapters_unload(struct frontend *fe, struct lora_http_request *req, json_t *body)
 {
-    char err[2048];
+    const char *name = name_field(fe, req, body);
 
-    if (!runtime_allowed(fe, req))
-        return;
-    const char *name = name_field(req, body);
-    if (!name)
-        return;
-    if (link_control(&fe->link, LORA_CTL_UNLOAD, name, NULL, UNLOAD_TIMEOUT_MS, NULL, NULL, err,
-                     sizeof(err)) < 0) {
-        reply_error(req, control_status(err, true), "lora_name", "unable to unload adapter '%s': %s",
-                    name, err);
-        return;
-    }
-    answer_success(fe, req, name, false);
+    if (name)
+        control(fe, req, name, NULL);
 }
 
 int adapters_load_modules(struct frontend *fe, const struct lora_cli_opt_list *mods, char *err,

@@ -1,11 +1,12 @@
 /* The state of lora-frontend, shared by its files: main.c (options, start-up, the loop),
  * link.c (the engine connection: one thread owns every ZeroMQ socket; HTTP threads hand it
- * messages and wait on condition variables), routes.c (HTTP dispatch, authentication, models,
- * tokenize, health, version), generate.c (completions and chat: validation, choices, stop
- * strings, responses and server-sent events), adapters.c (runtime load and unload under
- * --lora-root), reply.c (JSON responses and OpenAI-style errors), stats.c (per-request stats),
- * metrics.c (GET /metrics: the exposition of lora-metrics, from the engine's publish socket and
- * this frontend's own requests). */
+ * messages and wait on condition variables), seq.c (what the engine sent for one request),
+ * routes.c (HTTP dispatch, authentication, models, tokenize, health, version), completions.c
+ * (completions and chat: validation, choices, stop strings, whole responses), sse.c (the same
+ * streamed as server-sent events), adapters.c (runtime load and unload under --lora-root),
+ * reply.c (JSON responses and OpenAI-style errors), stats.c (per-request stats), metrics.c
+ * (GET /metrics: the exposition of lora-metrics, from the engine's publish socket and this
+ * frontend's own requests). */
 #ifndef LORA_FRONTEND_H
 #define LORA_FRONTEND_H
 
@@ -35,6 +36,17 @@
 #define FE_MAX_LOGPROBS 20 /* top log-probabilities per token */
 #define FE_PROMPT_TEXT_FACTOR 4 /* see prompt_max_bytes in main.c */
 
+/* A prompt's log-probabilities as the engine sent them: n positions, [0] NaN (nothing predicts
+ * the first token). */
+struct fe_prompt_lps {
+    float *lps;       /* (n) */
+    int32_t *ranks;   /* (n) or NULL; [0] is 0 */
+    int n;
+    int top_n;        /* the top tokens of each position, or 0 */
+    int32_t *top_ids; /* (n * top_n) */
+    float *top_lps;   /* (n * top_n) */
+};
+
 /* One engine request (one choice). The link thread appends to it under link->mu; the HTTP
  * thread that made it reads it under the same lock. */
 struct fe_seq {
@@ -47,12 +59,7 @@ struct fe_seq {
     float *top_lps;      /* (n * top_n) */
     int top_n;
     size_t n, cap;
-    float *prompt_lps; /* (n_prompt_lps), [0] NaN */
-    int32_t *prompt_ranks; /* (n_prompt_lps) or NULL; [0] is 0 */
-    int n_prompt_lps;
-    int prompt_top_n;        /* the top tokens of each prompt position, or 0 */
-    int32_t *prompt_top_ids; /* (n_prompt_lps * prompt_top_n) */
-    float *prompt_top_lps;
+    struct fe_prompt_lps prompt;
     bool finished;
     char finish_reason[16];
     char error[512];
@@ -166,7 +173,6 @@ int link_submit(struct fe_link *l, struct fe_seq *seq, const struct lora_msg_req
                 int max_pending, char *err, size_t err_len);
 /* Forgets seq (aborting it in the engine when it has not finished) and frees it. */
 void link_forget(struct fe_link *l, struct fe_seq **seq);
-struct fe_seq *seq_new(const char *id);
 /* Waits on cond under l->mu (held by the caller) for a change, at most timeout_ms. */
 void link_wait_locked(struct fe_link *l, pthread_cond_t *cond, int timeout_ms);
 /* One control command; blocks for the reply up to timeout_ms. Returns 0 ok, -1 failed with
@@ -180,6 +186,21 @@ void link_publish(struct fe_link *l, const char *topic, const void *body, size_t
 bool link_registry_has_locked(struct fe_link *l, const char *name);
 /* Waits until the registry has (or has not) name, at most timeout_ms. */
 bool link_registry_wait(struct fe_link *l, const char *name, bool present, int timeout_ms);
+
+/* seq.c */
+struct fe_seq *seq_new(const char *id);
+void seq_free(struct fe_seq *s);
+/* Grows the token arrays of a sequence (or of a copy of one) to hold need tokens: ids and lps,
+ * and top_ids and top_lps (top_n per token) when top_n > 0; doubling from 64. Returns 0, or -1
+ * (out of memory) with *cap as it was and the arrays that grew kept. */
+int seq_grow_tokens(int32_t **ids, float **lps, int32_t **top_ids, float **top_lps, size_t *cap,
+                    size_t need, int top_n);
+/* Copies a prompt's log-probabilities (n of them, ranks NULL when there are none, top_n per
+ * position) into dst once, when dst has none and n > 0: what memory does not allow is left out
+ * (no ranks, no top tokens, or nothing at all). */
+void seq_copy_prompt_lps(struct fe_prompt_lps *dst, int n, const float *lps, const int32_t *ranks,
+                         int top_n, const int32_t *top_ids, const float *top_lps);
+void seq_free_prompt_lps(struct fe_prompt_lps *p);
 
 /* metrics.c */
 int metrics_init(struct fe_metrics *fm, bool inflight, char *err, size_t err_len);
@@ -202,9 +223,7 @@ void metrics_serve(struct fe_metrics *fm, struct lora_http_request *req);
 /* routes.c */
 void routes_handle(void *ctx, struct lora_http_request *req);
 
-/* generate.c */
-void generate_completions(struct frontend *fe, struct lora_http_request *req, json_t *body);
-void generate_chat(struct frontend *fe, struct lora_http_request *req, json_t *body);
+/* completions.c and sse.c: see completions.h and sse.h. */
 
 /* adapters.c */
 void adapters_load(struct frontend *fe, struct lora_http_request *req, json_t *body);

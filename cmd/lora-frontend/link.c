@@ -59,28 +59,6 @@ static unsigned hash_id(const char *s)
     return h % TABLE_SIZE;
 }
 
-struct fe_seq *seq_new(const char *id)
-{
-    struct fe_seq *s = calloc(1, sizeof(*s));
-    if (!s)
-        return NULL;
-    snprintf(s->id, sizeof(s->id), "%s", id);
-    return s;
-}
-
-static void seq_free(struct fe_seq *s)
-{
-    free(s->tokens);
-    free(s->lps);
-    free(s->top_ids);
-    free(s->top_lps);
-    free(s->prompt_lps);
-    free(s->prompt_ranks);
-    free(s->prompt_top_ids);
-    free(s->prompt_top_lps);
-    free(s);
-}
-
 static struct fe_seq *find_locked(struct fe_link *l, const char *id)
 {
     for (struct fe_seq *s = l->table[hash_id(id)]; s; s = s->next)
@@ -507,34 +485,13 @@ static void append_output_locked(struct fe_seq *s, const struct lora_msg_output 
 {
     s->last_recv = lora_clock_unix();
     size_t need = s->n + (size_t)m->n_tokens;
-    if (m->n_tokens > 0 && (need > s->cap || (m->top_n && !s->top_ids))) {
-        size_t cap = s->cap ? s->cap : 64;
-        while (cap < need)
-            cap *= 2;
-        int32_t *t = realloc(s->tokens, cap * sizeof(*t));
-        if (t)
-            s->tokens = t;
-        float *lp = realloc(s->lps, cap * sizeof(*lp));
-        if (lp)
-            s->lps = lp;
-        if (m->top_n) {
-            int32_t *ti = realloc(s->top_ids, cap * (size_t)m->top_n * sizeof(*ti));
-            if (ti)
-                s->top_ids = ti;
-            float *tl = realloc(s->top_lps, cap * (size_t)m->top_n * sizeof(*tl));
-            if (tl)
-                s->top_lps = tl;
-            if (!ti || !tl)
-                t = NULL;
-        }
-        if (!t || !lp) {
-            s->finished = true;
-            snprintf(s->finish_reason, sizeof(s->finish_reason), "error");
-            snprintf(s->error, sizeof(s->error), "out of memory");
-            snprintf(s->error_code, sizeof(s->error_code), "unavailable");
-            return;
-        }
-        s->cap = cap;
+    if (m->n_tokens > 0 && seq_grow_tokens(&s->tokens, &s->lps, &s->top_ids, &s->top_lps,
+                                           &s->cap, need, m->top_n) < 0) {
+        s->finished = true;
+        snprintf(s->finish_reason, sizeof(s->finish_reason), "error");
+        snprintf(s->error, sizeof(s->error), "out of memory");
+        snprintf(s->error_code, sizeof(s->error_code), "unavailable");
+        return;
     }
     if (m->n_tokens > 0) {
         if (s->n == 0)
@@ -550,24 +507,8 @@ static void append_output_locked(struct fe_seq *s, const struct lora_msg_output 
         }
         s->n = need;
     }
-    if (m->n_prompt_logprobs > 0 && !s->prompt_lps) {
-        s->prompt_lps = malloc(sizeof(float) * (size_t)m->n_prompt_logprobs);
-        if (s->prompt_lps) {
-            memcpy(s->prompt_lps, m->prompt_logprobs, sizeof(float) * (size_t)m->n_prompt_logprobs);
-            s->n_prompt_lps = m->n_prompt_logprobs;
-        }
-        if (s->prompt_lps && m->prompt_ranks &&
-            (s->prompt_ranks = malloc(sizeof(int32_t) * (size_t)m->n_prompt_logprobs)))
-            memcpy(s->prompt_ranks, m->prompt_ranks,
-                   sizeof(int32_t) * (size_t)m->n_prompt_logprobs);
-        size_t n_top = (size_t)m->n_prompt_logprobs * (size_t)m->prompt_top_n;
-        if (s->prompt_lps && n_top && (s->prompt_top_ids = malloc(sizeof(int32_t) * n_top)) &&
-            (s->prompt_top_lps = malloc(sizeof(float) * n_top))) {
-            memcpy(s->prompt_top_ids, m->prompt_top_ids, sizeof(int32_t) * n_top);
-            memcpy(s->prompt_top_lps, m->prompt_top_logprobs, sizeof(float) * n_top);
-            s->prompt_top_n = m->prompt_top_n;
-        }
-    }
+    seq_copy_prompt_lps(&s->prompt, m->n_prompt_logprobs, m->prompt_logprobs, m->prompt_ranks,
+                        m->prompt_top_n, m->prompt_top_ids, m->prompt_top_logprobs);
     s->num_prompt_tokens = m->num_prompt_tokens;
     if (m->finished) {
         s->finished = true;

@@ -10,8 +10,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "completions.h"
 #include "frontend.h"
 #include "params.h"
+#include "sse.h"
 
 static bool same_secret(const char *a, const char *b)
 {
@@ -134,7 +136,8 @@ static void tokenize(struct frontend *fe, struct lora_http_request *req, json_t 
         }
         if (bad)
             snprintf(err, sizeof(err), "'messages' must be a list of {role, content} strings");
-        else if (lora_chat_render(&fe->chat, cm, cnt, add_gen, &text, &len, err, sizeof(err)) < 0)
+        else if (lora_chat_template_render(&fe->chat, cm, cnt, add_gen, &text, &len, err,
+                                           sizeof(err)) < 0)
             bad = -1;
         free(cm);
         if (bad) {
@@ -243,9 +246,35 @@ static void metrics(struct frontend *fe, struct lora_http_request *req)
     metrics_serve(&fe->metrics, req);
 }
 
+/* POST /v1/completions and /v1/chat/completions: the request (completions.c), answered whole
+ * or streamed as server-sent events (sse.c). */
+static void completions(struct frontend *fe, struct lora_http_request *req, json_t *body,
+                        bool chat)
+{
+    struct completion *g = completions_start(fe, req, body, chat);
+
+    if (!g)
+        return;
+    if (g->p.stream)
+        sse_respond(g, req);
+    else
+        completions_respond(g, req);
+}
+
+static void post_completions(struct frontend *fe, struct lora_http_request *req, json_t *body)
+{
+    completions(fe, req, body, false);
+}
+
+static void post_chat_completions(struct frontend *fe, struct lora_http_request *req,
+                                  json_t *body)
+{
+    completions(fe, req, body, true);
+}
+
 static const struct route routes[] = {
-    {"POST", "/v1/completions", NULL, generate_completions},
-    {"POST", "/v1/chat/completions", NULL, generate_chat},
+    {"POST", "/v1/completions", NULL, post_completions},
+    {"POST", "/v1/chat/completions", NULL, post_chat_completions},
     {"GET", "/v1/models", models, NULL},
     {"POST", "/v1/load_lora_adapter", NULL, adapters_load},
     {"POST", "/v1/unload_lora_adapter", NULL, adapters_unload},

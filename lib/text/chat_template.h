@@ -28,7 +28,7 @@
  * Invariants a caller can rely on:
  * - struct lora_chat_template is plain data: no heap memory, copyable, nothing to release.
  *   Its const char * members point to static strings. After detection it is read-only, and
- *   lora_chat_render may be called on one template from any number of threads at once.
+ *   lora_chat_template_render may be called on one template from any number of threads at once.
  * - Every function returns 0 or -1; on -1 err holds a message (see errbuf.h) and *out is
  *   NULL. Nothing here logs or exits.
  * - The returned prompt is the caller's (free()); it is NUL-terminated, *out_len bytes long.
@@ -129,12 +129,13 @@ int lora_chat_template_set_tokens(struct lora_chat_template *t, const char *bos,
  * unknown or unsupported roles (tool, developer), invalid UTF-8, the family's alternation
  * rules; each error names the message index. [INST] templates end a user turn with [/INST]
  * and ignore add_generation_prompt, as theirs do. Thread-safe; t is only read. */
-int lora_chat_render(const struct lora_chat_template *t, const struct lora_chat_message *msgs,
-                     size_t n, bool add_generation_prompt, char **out, size_t *out_len, char *err,
-                     size_t err_len);
+int lora_chat_template_render(const struct lora_chat_template *t,
+                              const struct lora_chat_message *msgs, size_t n,
+                              bool add_generation_prompt, char **out, size_t *out_len, char *err,
+                              size_t err_len);
 
 /* "chatml", "llama3", "llama2", "mistral"; NULL for a value outside the enum. */
-const char *lora_chat_family_name(enum lora_chat_family family);
+const char *lora_chat_template_family_name(enum lora_chat_family family);
 
 /* The canonical form detection matches against, for diagnosing a template that is not
  * recognised: *out is malloc'd, the caller's. */

@@ -160,7 +160,7 @@ static bool single_word_ok(const struct tk_added *a, const char *s, size_t n, si
 struct enc {
     const struct lora_tokenizer *t;
     struct tk_ids ids;
-    struct tk_str norm, norm_tmp;
+    struct lora_buf norm, norm_tmp;
     struct tk_pieces pieces;
     struct tk_pre_scratch pre;
     struct tk_bpe_scratch bpe;
@@ -225,7 +225,7 @@ static int encode_pieces(struct enc *e, const char *s, size_t n, bool at_origin)
     for (size_t i = 0; i < e->pieces.n; i++) {
         const struct tk_piece *p = &e->pieces.v[i];
 
-        if (tk_bpe_encode(t, e->pieces.text.p + p->off, p->len, &e->ids, &e->bpe) < 0)
+        if (tk_bpe_encode(t, e->pieces.text.data + p->off, p->len, &e->ids, &e->bpe) < 0)
             return enc_oom(e);
     }
     return 0;
@@ -239,7 +239,7 @@ static int encode_segment(struct enc *e, const char *s, size_t n, bool at_origin
     if (t->norm) {
         if (tk_norm_apply(t->norm, s, n, &e->norm, &e->norm_tmp, e->md, e->err, e->err_len) < 0)
             return -1;
-        s = e->norm.p;
+        s = e->norm.data;
         n = e->norm.len;
     }
     if (n == 0)
@@ -286,8 +286,8 @@ oom:
 static void enc_release(struct enc *e)
 {
     tk_ids_free(&e->ids);
-    tk_str_free(&e->norm);
-    tk_str_free(&e->norm_tmp);
+    lora_buf_release(&e->norm);
+    lora_buf_release(&e->norm_tmp);
     tk_pieces_free(&e->pieces);
     tk_pre_scratch_free(&e->pre);
     tk_bpe_scratch_free(&e->bpe);
@@ -452,7 +452,7 @@ static int place_added(struct tk_ctx *c, const json_t *arr, struct lora_tokenize
  * trie that place_added filled to find duplicates is rebuilt to hold only the first kind. */
 static int build_tries(struct tk_ctx *c, struct lora_tokenizer *t)
 {
-    struct tk_str norm = {0}, tmp = {0};
+    struct lora_buf norm = {0}, tmp = {0};
     pcre2_match_data *md = tk_match_data_new();
     int rc = -1;
 
@@ -475,7 +475,7 @@ static int build_tries(struct tk_ctx *c, struct lora_tokenizer *t)
         if (a->normalized && t->norm) {
             if (tk_norm_apply(t->norm, s, len, &norm, &tmp, md, c->err, c->err_len) < 0)
                 goto out;
-            s = norm.p;
+            s = norm.data;
             len = norm.len;
             if (len == 0) {
                 size_t at = tk_path_index(c, i);
@@ -493,8 +493,8 @@ static int build_tries(struct tk_ctx *c, struct lora_tokenizer *t)
 oom:
     tk_fail(c, "out of memory");
 out:
-    tk_str_free(&norm);
-    tk_str_free(&tmp);
+    lora_buf_release(&norm);
+    lora_buf_release(&tmp);
     pcre2_match_data_free(md);
     return rc;
 }
@@ -639,11 +639,8 @@ static int parse_post_into(struct tk_ctx *c, const json_t *v, const struct lora_
 {
     static const char *const byte_level[] = {"type", "add_prefix_space", "trim_offsets",
                                              "use_regex", NULL};
-    const char *type;
+    const char *type = tk_get_type(c, v);
 
-    if (!json_is_object(v))
-        return tk_fail(c, "must be an object");
-    type = tk_get_type(c, v);
     if (!type)
         return -1;
     if (strcmp(type, "Sequence") == 0) {

@@ -117,7 +117,7 @@ static int find_token(struct tk_ctx *c, const struct tk_vocab *v, const char *s,
 static int load_merges(struct tk_ctx *c, const json_t *merges, struct lora_tokenizer *t)
 {
     struct tk_bpe *bpe = &t->bpe;
-    struct tk_str joined = {0};
+    struct lora_buf joined = {0};
     size_t saved = tk_path_key(c, "merges"), i;
     int32_t rank = 0;
     json_t *m;
@@ -147,11 +147,11 @@ static int load_merges(struct tk_ctx *c, const json_t *merges, struct lora_token
             b_len -= bpe->prefix_len;
         }
         joined.len = 0;
-        if (tk_str_add(&joined, a, a_len) < 0 || tk_str_add(&joined, b, b_len) < 0) {
+        if (lora_buf_add(&joined, a, a_len) < 0 || lora_buf_add(&joined, b, b_len) < 0) {
             tk_fail(c, "out of memory");
             goto out;
         }
-        if (find_token(c, &t->vocab, joined.p, joined.len, &new_id) < 0)
+        if (find_token(c, &t->vocab, joined.data, joined.len, &new_id) < 0)
             goto out;
         tk_merges_put(&bpe->merges, a_id, b_id, rank++, new_id);
         tk_path_pop(c, at);
@@ -159,7 +159,7 @@ static int load_merges(struct tk_ctx *c, const json_t *merges, struct lora_token
     tk_path_pop(c, saved);
     rc = 0;
 out:
-    tk_str_free(&joined);
+    lora_buf_release(&joined);
     return rc;
 }
 
@@ -281,7 +281,7 @@ void tk_bpe_scratch_free(struct tk_bpe_scratch *s)
 {
     free(s->sym);
     free(s->heap);
-    tk_str_free(&s->word);
+    lora_buf_release(&s->word);
     memset(s, 0, sizeof(*s));
 }
 
@@ -409,13 +409,13 @@ static int32_t char_id(const struct lora_tokenizer *t, const char *w, size_t at,
     if (!with_prefix && !with_suffix)
         return cp < TK_CP_FAST ? b->cp_id[cp] : tk_vocab_find(&t->vocab, w + at, k);
     s->word.len = 0;
-    if ((with_prefix && tk_str_add(&s->word, b->prefix, b->prefix_len) < 0) ||
-        tk_str_add(&s->word, w + at, k) < 0 ||
-        (with_suffix && tk_str_add(&s->word, b->suffix, b->suffix_len) < 0))
+    if ((with_prefix && lora_buf_add(&s->word, b->prefix, b->prefix_len) < 0) ||
+        lora_buf_add(&s->word, w + at, k) < 0 ||
+        (with_suffix && lora_buf_add(&s->word, b->suffix, b->suffix_len) < 0))
         return -2;
-    *str = s->word.p;
+    *str = s->word.data;
     *str_len = s->word.len;
-    return tk_vocab_find(&t->vocab, s->word.p, s->word.len);
+    return tk_vocab_find(&t->vocab, s->word.data, s->word.len);
 }
 
 /* Whether every byte of str has a "<0xNN>" token. */

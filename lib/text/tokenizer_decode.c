@@ -45,18 +45,6 @@ void tk_dec_free(struct lora_tokenizer *t)
     t->n_dec = 0;
 }
 
-static int parse_into(struct tk_ctx *c, const json_t *v, struct lora_tokenizer *t);
-
-static int parse_element(struct tk_ctx *c, const json_t *item, void *arg)
-{
-    return parse_into(c, item, arg);
-}
-
-static int parse_sequence(struct tk_ctx *c, const json_t *v, struct lora_tokenizer *t)
-{
-    return tk_parse_sequence(c, v, "decoders", parse_element, t);
-}
-
 static int parse_replace(struct tk_ctx *c, const json_t *v, struct tk_dec *d)
 {
     static const char *const keys[] = {"type", "pattern", "content", NULL};
@@ -124,28 +112,19 @@ static int parse_strip(struct tk_ctx *c, const json_t *v, struct tk_dec *d)
     return 0;
 }
 
-/* Appends v (a decoder, or a Sequence flattened) to t's chain. */
-static int parse_into(struct tk_ctx *c, const json_t *v, struct lora_tokenizer *t)
+/* Appends the decoder v to the chain of the tokenizer arg. */
+static int add_leaf(struct tk_ctx *c, const json_t *v, const char *type, void *arg)
 {
     static const char *const only_type[] = {"type", NULL};
     static const char *const byte_level[] = {"type", "add_prefix_space", "trim_offsets",
                                              "use_regex", NULL};
-    const char *type;
-    struct tk_dec *dec, *d;
+    struct lora_tokenizer *t = arg;
+    struct tk_dec *dec = tk_array_append(c, t->dec, &t->n_dec, sizeof(*dec)), *d;
 
-    if (!json_is_object(v))
-        return tk_fail(c, "must be an object");
-    type = tk_get_type(c, v);
-    if (!type)
-        return -1;
-    if (strcmp(type, "Sequence") == 0)
-        return parse_sequence(c, v, t);
-    dec = realloc(t->dec, (t->n_dec + 1) * sizeof(*dec));
     if (!dec)
-        return tk_fail(c, "out of memory");
+        return -1;
     t->dec = dec;
-    d = &dec[t->n_dec++];
-    memset(d, 0, sizeof(*d));
+    d = &dec[t->n_dec - 1];
     if (strcmp(type, "ByteLevel") == 0) {
         /* Its options only matter to offsets and encoding. */
         d->kind = TK_DEC_BYTE_LEVEL;
@@ -176,7 +155,7 @@ int tk_dec_parse(struct tk_ctx *c, const json_t *v, struct lora_tokenizer *t)
     t->has_decoder = v && !json_is_null(v);
     if (!t->has_decoder)
         return 0;
-    return parse_into(c, v, t);
+    return tk_parse_flat(c, v, "decoders", add_leaf, t);
 }
 
 /* ---- the streaming chain ------------------------------------------------------------------- */
@@ -192,16 +171,16 @@ struct stage {
     size_t start_left;     /* frag Strip: leading characters still to test */
     size_t held;           /* frag Strip: trailing content characters held back */
     struct tk_lossy lossy; /* ByteLevel */
-    struct tk_str buf;     /* ByteFallback's run; a frag stage's whole token */
-    struct tk_str out;     /* what this stage passes on */
+    struct lora_buf buf;   /* ByteFallback's run; a frag stage's whole token */
+    struct lora_buf out;   /* what this stage passes on */
 };
 
 struct lora_detok {
     const struct lora_tokenizer *t;
     bool skip_special;
-    size_t n_tokens;   /* tokens that reached the end (joined by spaces without a decoder) */
-    struct stage *st;  /* (t->n_dec) */
-    struct tk_str out; /* final text not yet handed out */
+    size_t n_tokens;     /* tokens that reached the end (joined by spaces without a decoder) */
+    struct stage *st;    /* (t->n_dec) */
+    struct lora_buf out; /* final text not yet handed out */
     pcre2_match_data *md;
     char *err;
     size_t err_len;
@@ -230,7 +209,7 @@ static int pass_on(struct lora_detok *d, size_t k, bool new_tok)
 {
     struct stage *st = &d->st[k];
 
-    return push(d, k + 1, st->out.p ? st->out.p : "", st->out.len, new_tok);
+    return push(d, k + 1, st->out.data ? st->out.data : "", st->out.len, new_tok);
 }
 
 /* Sends st->out on as the next fragment of the one token this stage makes (nothing when empty:
@@ -256,8 +235,8 @@ static int replace_token(struct lora_detok *d, size_t k, const char *s, size_t n
     st->out.len = 0;
     while ((rc = tk_pattern_next(&dec->pat, s, n, from, d->md, &ms, &me, d->err, d->err_len)) ==
            1) {
-        if (tk_str_add(&st->out, s + at, ms - at) < 0 ||
-            tk_str_add(&st->out, dec->content, dec->content_len) < 0)
+        if (lora_buf_add(&st->out, s + at, ms - at) < 0 ||
+            lora_buf_add(&st->out, dec->content, dec->content_len) < 0)
             return oom(d);
         at = from = me;
         if (me == ms) {
@@ -270,7 +249,7 @@ static int replace_token(struct lora_detok *d, size_t k, const char *s, size_t n
     }
     if (rc < 0)
         return -1;
-    if (tk_str_add(&st->out, s + at, n - at) < 0)
+    if (lora_buf_add(&st->out, s + at, n - at) < 0)
         return oom(d);
     return pass_on(d, k, true);
 }
@@ -309,9 +288,9 @@ static int byte_run_flush(struct lora_detok *d, size_t k)
     if (n == 0)
         return 0;
     st->buf.len = 0;
-    if (tk_utf8_check(st->buf.p, n) == n) {
+    if (tk_utf8_check(st->buf.data, n) == n) {
         st->out.len = 0;
-        if (tk_str_add(&st->out, st->buf.p, n) < 0)
+        if (lora_buf_add(&st->out, st->buf.data, n) < 0)
             return oom(d);
         return pass_on(d, k, true);
     }
@@ -328,7 +307,7 @@ static int byte_fallback_token(struct lora_detok *d, size_t k, const char *s, si
     unsigned char byte = (unsigned char)b;
 
     if (b >= 0)
-        return tk_str_add(&st->buf, &byte, 1) < 0 ? oom(d) : 0;
+        return lora_buf_add(&st->buf, &byte, 1) < 0 ? oom(d) : 0;
     if (byte_run_flush(d, k) < 0)
         return -1;
     return push(d, k + 1, s, n, true);
@@ -386,15 +365,15 @@ static int strip_fragment(struct lora_detok *d, size_t k, const char *s, size_t 
         if (is_content && dec->stop) {
             if (st->held < dec->stop)
                 st->held++;
-            else if (tk_str_add(&st->out, ch, ch_len) < 0) /* the oldest held one is safe */
+            else if (lora_buf_add(&st->out, ch, ch_len) < 0) /* the oldest held one is safe */
                 return oom(d);
             i += len;
             continue;
         }
         for (; st->held; st->held--)
-            if (tk_str_add(&st->out, ch, ch_len) < 0)
+            if (lora_buf_add(&st->out, ch, ch_len) < 0)
                 return oom(d);
-        if (tk_str_add(&st->out, s + i, len) < 0)
+        if (lora_buf_add(&st->out, s + i, len) < 0)
             return oom(d);
         i += len;
     }
@@ -416,9 +395,9 @@ static int metaspace_token(struct lora_detok *d, size_t k, const char *s, size_t
         size_t len = (size_t)tk_utf8_get(s + i, &cp);
 
         if (cp != dec->ch) {
-            if (tk_str_add(&st->out, s + i, len) < 0)
+            if (lora_buf_add(&st->out, s + i, len) < 0)
                 return oom(d);
-        } else if (!(st->index == 0 && dec->prepend) && tk_str_add(&st->out, " ", 1) < 0) {
+        } else if (!(st->index == 0 && dec->prepend) && lora_buf_add(&st->out, " ", 1) < 0) {
             return oom(d);
         }
         i += len;
@@ -434,7 +413,7 @@ static int byte_level_token(struct lora_detok *d, size_t k, const char *s, size_
     bool all_bytes = true;
     size_t m = 0;
 
-    if (tk_str_reserve(&st->buf, n) < 0)
+    if (lora_buf_reserve(&st->buf, n) < 0)
         return oom(d);
     for (size_t i = 0; i < n && all_bytes;) {
         uint32_t cp;
@@ -443,10 +422,10 @@ static int byte_level_token(struct lora_detok *d, size_t k, const char *s, size_
         i += (size_t)tk_utf8_get(s + i, &cp);
         b = tk_char_byte(cp);
         all_bytes = b >= 0;
-        st->buf.p[m++] = (char)b;
+        st->buf.data[m++] = (char)b;
     }
     st->out.len = 0;
-    if (tk_lossy_feed(&st->lossy, all_bytes ? st->buf.p : s, all_bytes ? m : n, &st->out) < 0)
+    if (tk_lossy_feed(&st->lossy, all_bytes ? st->buf.data : s, all_bytes ? m : n, &st->out) < 0)
         return oom(d);
     return send_fragment(d, k);
 }
@@ -482,9 +461,9 @@ static int push(struct lora_detok *d, size_t k, const char *s, size_t n, bool ne
     struct stage *st;
 
     if (k == d->t->n_dec) {
-        if (!d->t->has_decoder && new_tok && d->n_tokens++ > 0 && tk_str_add(&d->out, " ", 1) < 0)
+        if (!d->t->has_decoder && new_tok && d->n_tokens++ > 0 && lora_buf_add(&d->out, " ", 1) < 0)
             return oom(d);
-        return tk_str_add(&d->out, s, n) < 0 ? oom(d) : 0;
+        return lora_buf_add(&d->out, s, n) < 0 ? oom(d) : 0;
     }
     st = &d->st[k];
     if (!st->frag)
@@ -499,7 +478,7 @@ static int push(struct lora_detok *d, size_t k, const char *s, size_t n, bool ne
     default:
         /* Held whole until finish (see the header comment). */
         st->got = true;
-        return tk_str_add(&st->buf, s, n) < 0 ? oom(d) : 0;
+        return lora_buf_add(&st->buf, s, n) < 0 ? oom(d) : 0;
     }
 }
 
@@ -515,12 +494,12 @@ static int finish(struct lora_detok *d, size_t k)
     st = &d->st[k];
     if (st->frag && st->got) {
         /* The whole token, held: decode it as a token now. */
-        struct tk_str whole = st->buf;
+        struct lora_buf whole = st->buf;
         int rc;
 
-        st->buf = (struct tk_str){0};
-        rc = stage_token(d, k, whole.p ? whole.p : "", whole.len, true);
-        tk_str_free(&whole);
+        st->buf = (struct lora_buf){0};
+        rc = stage_token(d, k, whole.data ? whole.data : "", whole.len, true);
+        lora_buf_release(&whole);
         if (rc < 0)
             return -1;
     }
@@ -560,11 +539,11 @@ static int detok_init(struct lora_detok *d, const struct lora_tokenizer *t, bool
 static void detok_release(struct lora_detok *d)
 {
     for (size_t k = 0; d->st && k < d->t->n_dec; k++) {
-        tk_str_free(&d->st[k].buf);
-        tk_str_free(&d->st[k].out);
+        lora_buf_release(&d->st[k].buf);
+        lora_buf_release(&d->st[k].out);
     }
     free(d->st);
-    tk_str_free(&d->out);
+    lora_buf_release(&d->out);
     pcre2_match_data_free(d->md);
     memset(d, 0, sizeof(*d));
 }
@@ -596,9 +575,9 @@ static int push_ids(struct lora_detok *d, const int32_t *ids, size_t n)
 static int take_out(struct lora_detok *d, char **piece, size_t *len)
 {
     *len = d->out.len;
-    if (d->out.p) {
-        *piece = d->out.p;
-        d->out = (struct tk_str){0};
+    if (d->out.data) {
+        *piece = d->out.data;
+        d->out = (struct lora_buf){0};
         return 0;
     }
     *piece = calloc(1, 1);

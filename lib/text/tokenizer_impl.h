@@ -1,8 +1,8 @@
-/* tokenizer_impl: what the files of the tokenizer module (lib/text/tokenizer*.c) share; not a public
- * API. The module's contract is in tokenizer.h.
+/* tokenizer_impl: what the files of the tokenizer module (lib/text/tokenizer*.c) share; not a
+ * public API. The module's contract is in tokenizer.h.
  *
  * Layout, in the order data flows:
- *   tokenizer_util.c       growable buffers, hashing, the vocabulary and merge tables, UTF-8
+ *   tokenizer_util.c       id arrays, hashing, the vocabulary and merge tables, UTF-8
  *   tokenizer_json.c       reading tokenizer.json fields with errors that name the JSON path
  *   tokenizer_pattern.c    the String / Regex patterns of Split and Replace (PCRE2)
  *   tokenizer_normalize.c  normalizers
@@ -12,8 +12,8 @@
  *   tokenizer.c            load, added tokens, post-processors, encode, lookups
  *
  * Everything reachable from struct lora_tokenizer is built by lora_tokenizer_load and only read
- * afterwards. The scratch types (tk_str, tk_ids, tk_pieces, tk_pre_scratch, tk_bpe_scratch)
- * belong to one call on one thread.
+ * afterwards. The scratch types (tk_ids, tk_pieces, tk_pre_scratch, tk_bpe_scratch) and the
+ * byte strings (struct lora_buf, base/buf.h) belong to one call on one thread.
  */
 #ifndef LORA_TOKENIZER_IMPL_H
 #define LORA_TOKENIZER_IMPL_H
@@ -26,6 +26,7 @@
 #include <jansson.h>
 #include <pcre2.h>
 
+#include "base/buf.h"
 #include "text/tokenizer.h"
 
 #define TK_MAX_ID   ((1 << 24) - 1) /* ids above this are "out of range" */
@@ -35,17 +36,6 @@
 #define TK_MAX_TEXT (1 << 30)       /* bytes of text one encode call takes */
 
 /* ---- tokenizer_util.c ---------------------------------------------------------------------- */
-
-/* A growable byte string; p is NUL-terminated whenever cap > 0. */
-struct tk_str {
-    char *p;
-    size_t len, cap;
-};
-
-/* Makes room for extra more bytes (plus the NUL). Returns 0 or -1 (out of memory). */
-int tk_str_reserve(struct tk_str *s, size_t extra);
-int tk_str_add(struct tk_str *s, const void *p, size_t n);
-void tk_str_free(struct tk_str *s);
 
 /* A growable array of ids. */
 struct tk_ids {
@@ -128,8 +118,8 @@ struct tk_lossy {
     int n_pending;
 };
 
-int tk_lossy_feed(struct tk_lossy *l, const void *p, size_t n, struct tk_str *out);
-int tk_lossy_flush(struct tk_lossy *l, struct tk_str *out);
+int tk_lossy_feed(struct tk_lossy *l, const void *p, size_t n, struct lora_buf *out);
+int tk_lossy_flush(struct tk_lossy *l, struct lora_buf *out);
 
 /* Rust's char::is_whitespace (the White_Space property). */
 bool tk_is_whitespace(uint32_t cp);
@@ -166,8 +156,16 @@ int tk_check_object(struct tk_ctx *c, const json_t *v, const char *const *known)
  * it, goes to each(c, element, arg); the first failure stops. */
 int tk_parse_sequence(struct tk_ctx *c, const json_t *v, const char *key,
                       int (*each)(struct tk_ctx *c, const json_t *item, void *arg), void *arg);
-/* The "type" member of the object v (which tk_check_object has vetted), or NULL after failing. */
+/* The "type" member of v, which must be an object, or NULL after failing. */
 const char *tk_get_type(struct tk_ctx *c, const json_t *v);
+/* A component that may be a Sequence of components (normalizers, pre-tokenizers, decoders)
+ * read flattened: leaf(c, component, its type, arg) for every component that is not a Sequence,
+ * in order, with the path set to it; key names a Sequence's list ("normalizers"). */
+typedef int (*tk_leaf_fn)(struct tk_ctx *c, const json_t *v, const char *type, void *arg);
+int tk_parse_flat(struct tk_ctx *c, const json_t *v, const char *key, tk_leaf_fn leaf, void *arg);
+/* The array v of *n elements of size bytes with one more at its end, zeroed, counted in *n; NULL
+ * after failing (out of memory), v as it was. */
+void *tk_array_append(struct tk_ctx *c, void *v, size_t *n, size_t size);
 /* Optional members: absent (or null where said) leaves *out at def. */
 int tk_get_bool(struct tk_ctx *c, const json_t *obj, const char *key, bool def, bool *out);
 int tk_get_int(struct tk_ctx *c, const json_t *obj, const char *key, long long lo, long long hi,
@@ -230,8 +228,8 @@ struct tk_norm {
 int tk_norm_parse(struct tk_ctx *c, const json_t *v, struct tk_norm **out);
 void tk_norm_free(struct tk_norm *n);
 /* Replaces out's contents with the normalized form of s (valid UTF-8); tmp is scratch. */
-int tk_norm_apply(const struct tk_norm *n, const char *s, size_t len, struct tk_str *out,
-                  struct tk_str *tmp, pcre2_match_data *md, char *err, size_t err_len);
+int tk_norm_apply(const struct tk_norm *n, const char *s, size_t len, struct lora_buf *out,
+                  struct lora_buf *tmp, pcre2_match_data *md, char *err, size_t err_len);
 
 /* ---- tokenizer_pretok.c -------------------------------------------------------------------- */
 
@@ -279,7 +277,7 @@ struct tk_piece {
 };
 
 struct tk_pieces {
-    struct tk_str text;
+    struct lora_buf text;
     struct tk_piece *v;
     size_t n, cap;
 };
@@ -291,7 +289,7 @@ void tk_pieces_free(struct tk_pieces *l);
 struct tk_pre_scratch {
     struct tk_pieces tmp; /* the other half of each step's in-place swap */
     struct tk_pieces sub; /* ByteLevel's regex pieces */
-    struct tk_str str;    /* one piece rewritten (Metaspace, ByteLevel's prefix space) */
+    struct lora_buf str;  /* one piece rewritten (Metaspace, ByteLevel's prefix space) */
 };
 
 void tk_pre_scratch_free(struct tk_pre_scratch *s);
@@ -329,7 +327,7 @@ struct tk_bpe_scratch {
     size_t sym_cap;
     struct tk_cand *heap; /* candidate merges: a min-heap on (rank, position) */
     size_t heap_cap;
-    struct tk_str word; /* a character with its prefix / suffix */
+    struct lora_buf word; /* a character with its prefix / suffix */
 };
 
 void tk_bpe_scratch_free(struct tk_bpe_scratch *s);

@@ -102,6 +102,10 @@ const char *tk_get_type(struct tk_ctx *c, const json_t *v)
 {
     json_t *t = json_object_get(v, "type");
 
+    if (!json_is_object(v)) {
+        tk_fail(c, "must be an object");
+        return NULL;
+    }
     if (!json_is_string(t)) {
         tk_fail_key(c, "type", t ? "must be a string" : "is missing");
         return NULL;
@@ -204,4 +208,42 @@ int tk_parse_sequence(struct tk_ctx *c, const json_t *v, const char *key,
     }
     tk_path_pop(c, saved);
     return 0;
+}
+
+struct flat {
+    const char *key;
+    tk_leaf_fn leaf;
+    void *arg;
+};
+
+static int flat_element(struct tk_ctx *c, const json_t *item, void *arg)
+{
+    struct flat *f = arg;
+    const char *type = tk_get_type(c, item);
+
+    if (!type)
+        return -1;
+    if (strcmp(type, "Sequence") == 0)
+        return tk_parse_sequence(c, item, f->key, flat_element, f);
+    return f->leaf(c, item, type, f->arg);
+}
+
+int tk_parse_flat(struct tk_ctx *c, const json_t *v, const char *key, tk_leaf_fn leaf, void *arg)
+{
+    struct flat f = {key, leaf, arg};
+
+    return flat_element(c, v, &f);
+}
+
+void *tk_array_append(struct tk_ctx *c, void *v, size_t *n, size_t size)
+{
+    char *p = realloc(v, (*n + 1) * size);
+
+    if (!p) {
+        tk_fail(c, "out of memory");
+        return NULL;
+    }
+    memset(p + *n * size, 0, size);
+    (*n)++;
+    return p;
 }

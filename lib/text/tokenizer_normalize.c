@@ -28,32 +28,6 @@ void tk_norm_free(struct tk_norm *n)
     free(n);
 }
 
-/* Room for one more leaf in seq. */
-static struct tk_norm *add_leaf(struct tk_ctx *c, struct tk_norm *seq)
-{
-    struct tk_norm *sub = realloc(seq->sub, (seq->n_sub + 1) * sizeof(*sub));
-
-    if (!sub) {
-        tk_fail(c, "out of memory");
-        return NULL;
-    }
-    seq->sub = sub;
-    memset(&sub[seq->n_sub], 0, sizeof(*sub));
-    return &sub[seq->n_sub++];
-}
-
-static int parse_into(struct tk_ctx *c, const json_t *v, struct tk_norm *seq);
-
-static int parse_element(struct tk_ctx *c, const json_t *item, void *arg)
-{
-    return parse_into(c, item, arg);
-}
-
-static int parse_sequence(struct tk_ctx *c, const json_t *v, struct tk_norm *seq)
-{
-    return tk_parse_sequence(c, v, "normalizers", parse_element, seq);
-}
-
 static int parse_leaf(struct tk_ctx *c, const json_t *v, const char *type, struct tk_norm *n)
 {
     static const char *const only_type[] = {"type", NULL};
@@ -111,21 +85,15 @@ static int parse_leaf(struct tk_ctx *c, const json_t *v, const char *type, struc
     return n->text ? 0 : -1;
 }
 
-/* Appends v (a leaf or a Sequence, flattened) to seq. */
-static int parse_into(struct tk_ctx *c, const json_t *v, struct tk_norm *seq)
+/* Appends the leaf v to the Sequence arg. */
+static int add_leaf(struct tk_ctx *c, const json_t *v, const char *type, void *arg)
 {
-    const char *type;
-    struct tk_norm *leaf;
+    struct tk_norm *seq = arg, *sub = tk_array_append(c, seq->sub, &seq->n_sub, sizeof(*sub));
 
-    if (!json_is_object(v))
-        return tk_fail(c, "must be an object");
-    type = tk_get_type(c, v);
-    if (!type)
+    if (!sub)
         return -1;
-    if (strcmp(type, "Sequence") == 0)
-        return parse_sequence(c, v, seq);
-    leaf = add_leaf(c, seq);
-    return leaf ? parse_leaf(c, v, type, leaf) : -1;
+    seq->sub = sub;
+    return parse_leaf(c, v, type, &sub[seq->n_sub - 1]);
 }
 
 int tk_norm_parse(struct tk_ctx *c, const json_t *v, struct tk_norm **out)
@@ -139,7 +107,7 @@ int tk_norm_parse(struct tk_ctx *c, const json_t *v, struct tk_norm **out)
     if (!seq)
         return tk_fail(c, "out of memory");
     seq->kind = TK_NORM_SEQUENCE;
-    if (parse_into(c, v, seq) < 0) {
+    if (tk_parse_flat(c, v, "normalizers", add_leaf, seq) < 0) {
         tk_norm_free(seq);
         return -1;
     }
@@ -167,7 +135,7 @@ static bool normal_already(enum tk_norm_kind kind, const char *s, size_t len)
     return true;
 }
 
-static int unicode_form(enum tk_norm_kind kind, const char *s, size_t len, struct tk_str *dst,
+static int unicode_form(enum tk_norm_kind kind, const char *s, size_t len, struct lora_buf *dst,
                         char *err, size_t err_len)
 {
     utf8proc_option_t opt = UTF8PROC_STABLE;
@@ -176,7 +144,7 @@ static int unicode_form(enum tk_norm_kind kind, const char *s, size_t len, struc
     int rc;
 
     if (normal_already(kind, s, len))
-        return tk_str_add(dst, s, len) < 0 ? oom(err, err_len) : 0;
+        return lora_buf_add(dst, s, len) < 0 ? oom(err, err_len) : 0;
     opt |= kind == TK_NORM_NFC || kind == TK_NORM_NFKC ? UTF8PROC_COMPOSE : UTF8PROC_DECOMPOSE;
     if (kind == TK_NORM_NFKC || kind == TK_NORM_NFKD)
         opt |= UTF8PROC_COMPAT;
@@ -185,20 +153,20 @@ static int unicode_form(enum tk_norm_kind kind, const char *s, size_t len, struc
         lora_errf(err, err_len, "unicode normalization failed: %s", utf8proc_errmsg(n));
         return -1;
     }
-    rc = tk_str_add(dst, res, (size_t)n);
+    rc = lora_buf_add(dst, res, (size_t)n);
     free(res);
     return rc < 0 ? oom(err, err_len) : 0;
 }
 
 /* Hugging Face replaces every match, an empty one by inserting the content there. */
-static int replace(const struct tk_norm *n, const char *s, size_t len, struct tk_str *dst,
+static int replace(const struct tk_norm *n, const char *s, size_t len, struct lora_buf *dst,
                    pcre2_match_data *md, char *err, size_t err_len)
 {
     size_t at = 0, from = 0, ms, me;
     int rc;
 
     while ((rc = tk_pattern_next(&n->pat, s, len, from, md, &ms, &me, err, err_len)) == 1) {
-        if (tk_str_add(dst, s + at, ms - at) < 0 || tk_str_add(dst, n->text, n->text_len) < 0)
+        if (lora_buf_add(dst, s + at, ms - at) < 0 || lora_buf_add(dst, n->text, n->text_len) < 0)
             return oom(err, err_len);
         at = me;
         from = me;
@@ -212,10 +180,10 @@ static int replace(const struct tk_norm *n, const char *s, size_t len, struct tk
     }
     if (rc < 0)
         return -1;
-    return tk_str_add(dst, s + at, len - at) < 0 ? oom(err, err_len) : 0;
+    return lora_buf_add(dst, s + at, len - at) < 0 ? oom(err, err_len) : 0;
 }
 
-static int strip(const struct tk_norm *n, const char *s, size_t len, struct tk_str *dst)
+static int strip(const struct tk_norm *n, const char *s, size_t len, struct lora_buf *dst)
 {
     size_t start = 0, end = len;
     uint32_t cp;
@@ -237,14 +205,14 @@ static int strip(const struct tk_norm *n, const char *s, size_t len, struct tk_s
             break;
         end = k;
     }
-    return tk_str_add(dst, s + start, end - start);
+    return lora_buf_add(dst, s + start, end - start);
 }
 
 /* Rust's char::to_lowercase, one character at a time (no final-sigma context, as Hugging Face
  * applies it). U+0130 is the one unconditional lowercase mapping to two characters. */
-static int lowercase(const char *s, size_t len, struct tk_str *dst)
+static int lowercase(const char *s, size_t len, struct lora_buf *dst)
 {
-    if (tk_str_reserve(dst, len + 16) < 0)
+    if (lora_buf_reserve(dst, len + 16) < 0)
         return -1;
     for (size_t i = 0; i < len;) {
         uint32_t cp;
@@ -254,32 +222,32 @@ static int lowercase(const char *s, size_t len, struct tk_str *dst)
         i += (size_t)k;
         if (cp < 0x80) {
             buf[0] = (char)(cp >= 'A' && cp <= 'Z' ? cp + 32 : cp);
-            if (tk_str_add(dst, buf, 1) < 0)
+            if (lora_buf_add(dst, buf, 1) < 0)
                 return -1;
             continue;
         }
         if (cp == 0x130) {
-            if (tk_str_add(dst, "i\xcc\x87", 3) < 0)
+            if (lora_buf_add(dst, "i\xcc\x87", 3) < 0)
                 return -1;
             continue;
         }
         cp = (uint32_t)utf8proc_tolower((utf8proc_int32_t)cp);
-        if (tk_str_add(dst, buf, (size_t)tk_utf8_put(cp, buf)) < 0)
+        if (lora_buf_add(dst, buf, (size_t)tk_utf8_put(cp, buf)) < 0)
             return -1;
     }
     return 0;
 }
 
-static int prepend(const struct tk_norm *n, const char *s, size_t len, struct tk_str *dst)
+static int prepend(const struct tk_norm *n, const char *s, size_t len, struct lora_buf *dst)
 {
     if (len == 0) /* Hugging Face prepends to non-empty text only */
-        return tk_str_add(dst, "", 0);
-    if (tk_str_add(dst, n->text, n->text_len) < 0)
+        return lora_buf_add(dst, "", 0);
+    if (lora_buf_add(dst, n->text, n->text_len) < 0)
         return -1;
-    return tk_str_add(dst, s, len);
+    return lora_buf_add(dst, s, len);
 }
 
-static int apply_leaf(const struct tk_norm *n, const char *s, size_t len, struct tk_str *dst,
+static int apply_leaf(const struct tk_norm *n, const char *s, size_t len, struct lora_buf *dst,
                       pcre2_match_data *md, char *err, size_t err_len)
 {
     int rc;
@@ -303,21 +271,21 @@ static int apply_leaf(const struct tk_norm *n, const char *s, size_t len, struct
         rc = lowercase(s, len, dst);
         break;
     default:
-        rc = tk_str_add(dst, s, len); /* TK_NORM_SEQUENCE never nests after parsing */
+        rc = lora_buf_add(dst, s, len); /* TK_NORM_SEQUENCE never nests after parsing */
         break;
     }
     return rc < 0 ? oom(err, err_len) : 0;
 }
 
-int tk_norm_apply(const struct tk_norm *n, const char *s, size_t len, struct tk_str *out,
-                  struct tk_str *tmp, pcre2_match_data *md, char *err, size_t err_len)
+int tk_norm_apply(const struct tk_norm *n, const char *s, size_t len, struct lora_buf *out,
+                  struct lora_buf *tmp, pcre2_match_data *md, char *err, size_t err_len)
 {
     out->len = 0;
     if (n->n_sub == 0)
-        return tk_str_add(out, s, len) < 0 ? oom(err, err_len) : 0;
+        return lora_buf_add(out, s, len) < 0 ? oom(err, err_len) : 0;
     /* Leaf i reads what leaf i - 1 wrote; the two buffers trade places after each. */
     for (size_t i = 0; i < n->n_sub; i++) {
-        struct tk_str swap;
+        struct lora_buf swap;
 
         if (i == 0) {
             if (apply_leaf(&n->sub[0], s, len, out, md, err, err_len) < 0)
@@ -327,7 +295,7 @@ int tk_norm_apply(const struct tk_norm *n, const char *s, size_t len, struct tk_
         swap = *tmp;
         *tmp = *out;
         *out = swap;
-        if (apply_leaf(&n->sub[i], tmp->p, tmp->len, out, md, err, err_len) < 0)
+        if (apply_leaf(&n->sub[i], tmp->data, tmp->len, out, md, err, err_len) < 0)
             return -1;
     }
     return 0;

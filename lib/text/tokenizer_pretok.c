@@ -70,14 +70,14 @@ int tk_pieces_add(struct tk_pieces *l, const char *s, size_t n, bool at_origin)
 {
     size_t off = l->text.len;
 
-    if (tk_str_add(&l->text, s, n) < 0)
+    if (lora_buf_add(&l->text, s, n) < 0)
         return -1;
     return piece_close(l, off, at_origin);
 }
 
 void tk_pieces_free(struct tk_pieces *l)
 {
-    tk_str_free(&l->text);
+    lora_buf_release(&l->text);
     free(l->v);
     memset(l, 0, sizeof(*l));
 }
@@ -86,7 +86,7 @@ void tk_pre_scratch_free(struct tk_pre_scratch *s)
 {
     tk_pieces_free(&s->tmp);
     tk_pieces_free(&s->sub);
-    tk_str_free(&s->str);
+    lora_buf_release(&s->str);
 }
 
 /* ---- split behaviours ---------------------------------------------------------------------- */
@@ -234,14 +234,14 @@ static int byte_map(struct tk_pieces *out, const char *s, size_t n, bool at_orig
 {
     size_t off = out->text.len;
 
-    if (tk_str_reserve(&out->text, 2 * n) < 0)
+    if (lora_buf_reserve(&out->text, 2 * n) < 0)
         return -1;
     for (size_t i = 0; i < n; i++) {
-        char *d = out->text.p + out->text.len;
+        char *d = out->text.data + out->text.len;
 
         out->text.len += (size_t)tk_utf8_put(tk_byte_char((unsigned char)s[i]), d);
     }
-    out->text.p[out->text.len] = '\0';
+    out->text.data[out->text.len] = '\0';
     return piece_close(out, off, at_origin);
 }
 
@@ -249,31 +249,31 @@ static int byte_level(const struct tk_pre *p, const char *s, size_t n, bool at_o
                       struct tk_pieces *out, struct tk_pre_scratch *ps, pcre2_match_data *md,
                       char *err, size_t err_len)
 {
-    struct tk_str *str = &ps->str;
+    struct lora_buf *str = &ps->str;
     struct tk_pieces *sub = &ps->sub;
     struct splitter sp;
 
     /* Hugging Face adds the space to every piece that reaches it, not only the first. */
     str->len = 0;
-    if (p->add_prefix_space && (n == 0 || s[0] != ' ') && tk_str_add(str, " ", 1) < 0)
+    if (p->add_prefix_space && (n == 0 || s[0] != ' ') && lora_buf_add(str, " ", 1) < 0)
         return -1;
-    if (tk_str_add(str, s, n) < 0)
+    if (lora_buf_add(str, s, n) < 0)
         return -1;
     if (!p->pat.re)
-        return byte_map(out, str->p, str->len, at_origin);
+        return byte_map(out, str->data, str->len, at_origin);
     sub->n = 0;
     sub->text.len = 0;
-    sp_init(&sp, NULL, TK_SPLIT_ISOLATED, str->p, at_origin, sub);
+    sp_init(&sp, NULL, TK_SPLIT_ISOLATED, str->data, at_origin, sub);
     if (split_pattern(&sp, &p->pat, str->len, md, err, err_len) < 0)
         return -1;
     for (size_t i = 0; i < sub->n; i++)
-        if (byte_map(out, sub->text.p + sub->v[i].off, sub->v[i].len, sub->v[i].at_origin) < 0)
+        if (byte_map(out, sub->text.data + sub->v[i].off, sub->v[i].len, sub->v[i].at_origin) < 0)
             return -1;
     return 0;
 }
 
 static int metaspace(const struct tk_pre *p, const char *s, size_t n, bool at_origin,
-                     struct tk_pieces *out, struct tk_str *scratch)
+                     struct tk_pieces *out, struct lora_buf *scratch)
 {
     char rep[4];
     size_t rep_len = (size_t)tk_utf8_put(p->replacement, rep), skip = rep_len;
@@ -282,26 +282,26 @@ static int metaspace(const struct tk_pre *p, const char *s, size_t n, bool at_or
 
     /* Spaces become the replacement first, then the replacement may be prepended. */
     scratch->len = 0;
-    if (tk_str_add(scratch, rep, rep_len) < 0)
+    if (lora_buf_add(scratch, rep, rep_len) < 0)
         return -1;
     for (size_t i = 0; i < n;) {
         const char *space = memchr(s + i, ' ', n - i);
         size_t end = space ? (size_t)(space - s) : n;
 
-        if (tk_str_add(scratch, s + i, end - i) < 0 ||
-            (space && tk_str_add(scratch, rep, rep_len) < 0))
+        if (lora_buf_add(scratch, s + i, end - i) < 0 ||
+            (space && lora_buf_add(scratch, rep, rep_len) < 0))
             return -1;
         i = end + 1;
     }
     /* scratch holds the replacement, then the text: skip the first unless it is wanted. */
     starts_with_rep =
-        scratch->len >= 2 * rep_len && memcmp(scratch->p + rep_len, rep, rep_len) == 0;
+        scratch->len >= 2 * rep_len && memcmp(scratch->data + rep_len, rep, rep_len) == 0;
     if (!starts_with_rep &&
         (p->prepend == TK_PREPEND_ALWAYS || (p->prepend == TK_PREPEND_FIRST && at_origin)))
         skip = 0;
     if (!p->split)
-        return tk_pieces_add(out, scratch->p + skip, scratch->len - skip, at_origin);
-    sp_init(&sp, p, TK_SPLIT_MERGED_WITH_NEXT, scratch->p + skip, at_origin, out);
+        return tk_pieces_add(out, scratch->data + skip, scratch->len - skip, at_origin);
+    sp_init(&sp, p, TK_SPLIT_MERGED_WITH_NEXT, scratch->data + skip, at_origin, out);
     return split_chars(&sp, scratch->len - skip, is_cp, p->replacement);
 }
 
@@ -311,7 +311,7 @@ static int apply_leaf(const struct tk_pre *p, const struct tk_pieces *in, struct
     out->n = 0;
     out->text.len = 0;
     for (size_t i = 0; i < in->n; i++) {
-        const char *s = in->text.p + in->v[i].off;
+        const char *s = in->text.data + in->v[i].off;
         size_t n = in->v[i].len;
         bool origin = in->v[i].at_origin;
         struct splitter sp;
@@ -380,8 +380,6 @@ void tk_pre_free(struct tk_pre *p)
     pre_free_inner(p);
     free(p);
 }
-
-static int parse_into(struct tk_ctx *c, const json_t *v, struct tk_pre *seq);
 
 static int parse_split(struct tk_ctx *c, const json_t *v, struct tk_pre *p)
 {
@@ -465,36 +463,16 @@ static int parse_metaspace(struct tk_ctx *c, const json_t *v, struct tk_pre *p)
     return 0;
 }
 
-static int parse_element(struct tk_ctx *c, const json_t *item, void *arg)
-{
-    return parse_into(c, item, arg);
-}
-
-static int parse_sequence(struct tk_ctx *c, const json_t *v, struct tk_pre *seq)
-{
-    return tk_parse_sequence(c, v, "pretokenizers", parse_element, seq);
-}
-
-/* Appends v (a leaf, or a Sequence flattened) to seq. */
-static int parse_into(struct tk_ctx *c, const json_t *v, struct tk_pre *seq)
+/* Appends the leaf v to the Sequence arg. */
+static int add_leaf(struct tk_ctx *c, const json_t *v, const char *type, void *arg)
 {
     static const char *const digits_keys[] = {"type", "individual_digits", NULL};
-    const char *type;
-    struct tk_pre *sub, *p;
+    struct tk_pre *seq = arg, *sub = tk_array_append(c, seq->sub, &seq->n_sub, sizeof(*sub)), *p;
 
-    if (!json_is_object(v))
-        return tk_fail(c, "must be an object");
-    type = tk_get_type(c, v);
-    if (!type)
-        return -1;
-    if (strcmp(type, "Sequence") == 0)
-        return parse_sequence(c, v, seq);
-    sub = realloc(seq->sub, (seq->n_sub + 1) * sizeof(*sub));
     if (!sub)
-        return tk_fail(c, "out of memory");
+        return -1;
     seq->sub = sub;
-    p = &sub[seq->n_sub++];
-    memset(p, 0, sizeof(*p));
+    p = &sub[seq->n_sub - 1];
     if (strcmp(type, "Split") == 0) {
         p->kind = TK_PRE_SPLIT;
         return parse_split(c, v, p);
@@ -528,7 +506,7 @@ int tk_pre_parse(struct tk_ctx *c, const json_t *v, struct tk_pre **out)
     if (!seq)
         return tk_fail(c, "out of memory");
     seq->kind = TK_PRE_SEQUENCE;
-    if (parse_into(c, v, seq) < 0) {
+    if (tk_parse_flat(c, v, "pretokenizers", add_leaf, seq) < 0) {
         tk_pre_free(seq);
         return -1;
     }

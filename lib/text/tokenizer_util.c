@@ -1,4 +1,4 @@
-/* tokenizer_util: the tokenizer's building blocks: growable buffers, hashing, the vocabulary
+/* tokenizer_util: the tokenizer's building blocks: id arrays, hashing, the vocabulary
  * and merge tables, UTF-8 checking and lossy decoding, and the character classes that
  * Hugging Face's Rust code takes from the standard library (see tokenizer_impl.h). */
 #include "text/tokenizer_impl.h"
@@ -8,47 +8,7 @@
 
 #include <utf8proc.h>
 
-/* ---- buffers ------------------------------------------------------------------------------- */
-
-int tk_str_reserve(struct tk_str *s, size_t extra)
-{
-    size_t need = s->len + extra + 1, cap = s->cap ? s->cap : 64;
-    char *p;
-
-    if (need < s->len)
-        return -1;
-    if (need <= s->cap)
-        return 0;
-    while (cap < need) {
-        if (cap > SIZE_MAX / 2)
-            return -1;
-        cap *= 2;
-    }
-    p = realloc(s->p, cap);
-    if (!p)
-        return -1;
-    s->p = p;
-    s->cap = cap;
-    return 0;
-}
-
-int tk_str_add(struct tk_str *s, const void *p, size_t n)
-{
-    if (tk_str_reserve(s, n) < 0)
-        return -1;
-    if (n)
-        memcpy(s->p + s->len, p, n);
-    s->len += n;
-    s->p[s->len] = '\0';
-    return 0;
-}
-
-void tk_str_free(struct tk_str *s)
-{
-    free(s->p);
-    s->p = NULL;
-    s->len = s->cap = 0;
-}
+/* ---- id arrays ----------------------------------------------------------------------------- */
 
 int tk_ids_add(struct tk_ids *a, int32_t id)
 {
@@ -373,7 +333,7 @@ int tk_utf8_put(uint32_t cp, char out[4])
 
 static const char replacement_char[] = "\xef\xbf\xbd"; /* U+FFFD */
 
-int tk_lossy_feed(struct tk_lossy *l, const void *data, size_t n, struct tk_str *out)
+int tk_lossy_feed(struct tk_lossy *l, const void *data, size_t n, struct lora_buf *out)
 {
     const unsigned char *p = data;
     size_t i = 0, run = 0; /* p[run, i) is valid text not yet copied */
@@ -389,13 +349,13 @@ int tk_lossy_feed(struct tk_lossy *l, const void *data, size_t n, struct tk_str 
         if (k == l->n_pending + 1) {
             l->pending[l->n_pending++] = p[i++];
             if (l->n_pending == need + 1) {
-                if (tk_str_add(out, l->pending, (size_t)l->n_pending) < 0)
+                if (lora_buf_add(out, l->pending, (size_t)l->n_pending) < 0)
                     return -1;
                 l->n_pending = 0;
             }
         } else {
             /* The open sequence is a maximal invalid subpart; p[i] starts afresh. */
-            if (tk_str_add(out, replacement_char, 3) < 0)
+            if (lora_buf_add(out, replacement_char, 3) < 0)
                 return -1;
             l->n_pending = 0;
         }
@@ -404,16 +364,11 @@ int tk_lossy_feed(struct tk_lossy *l, const void *data, size_t n, struct tk_str 
     while (i < n) {
         int need, k;
 
-        if (p[i] < 0x80) {
-            i++;
-            continue;
-        }
-        k = valid_run(p + i, n - i, &need);
-        if (need >= 0 && k == need + 1) {
-            i += (size_t)k;
-            continue;
-        }
-        if (tk_str_add(out, p + run, i - run) < 0)
+        i += tk_utf8_check((const char *)p + i, n - i);
+        if (i == n)
+            break;
+        k = valid_run(p + i, n - i, &need); /* an invalid or a cut sequence */
+        if (lora_buf_add(out, p + run, i - run) < 0)
             return -1;
         if (k > 0 && i + (size_t)k == n) {
             /* Valid so far and cut by the end of the input: wait for more. */
@@ -421,20 +376,20 @@ int tk_lossy_feed(struct tk_lossy *l, const void *data, size_t n, struct tk_str 
             l->n_pending = k;
             return 0;
         }
-        if (tk_str_add(out, replacement_char, 3) < 0)
+        if (lora_buf_add(out, replacement_char, 3) < 0)
             return -1;
         i += k > 0 ? (size_t)k : 1;
         run = i;
     }
-    return tk_str_add(out, p + run, i - run);
+    return lora_buf_add(out, p + run, i - run);
 }
 
-int tk_lossy_flush(struct tk_lossy *l, struct tk_str *out)
+int tk_lossy_flush(struct tk_lossy *l, struct lora_buf *out)
 {
     if (!l->n_pending)
         return 0;
     l->n_pending = 0;
-    return tk_str_add(out, replacement_char, 3);
+    return lora_buf_add(out, replacement_char, 3);
 }
 
 /* ---- character classes --------------------------------------------------------------------- */

@@ -47,8 +47,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         msgs[n].content = content;
         n++;
     }
-    if (lora_chat_render(&templates[pick % N_NAMES], msgs, n, pick & 0x80, &out, &len, err,
-                         sizeof(err)) == 0)
+    if (lora_chat_template_render(&templates[pick % N_NAMES], msgs, n, pick & 0x80, &out, &len, err,
+                                  sizeof(err)) == 0)
         free(out);
     json_decref(a);
     return 0;

@@ -94,17 +94,10 @@ int lora_http_respond_stream(struct lora_http_request *r, unsigned status, const
 
 /* ---- the engine link of cmd/lora-frontend/link.c, never connected ---- */
 
-struct fe_seq *seq_new(const char *id)
-{
-    struct fe_seq *s = calloc(1, sizeof(*s));
-    if (s)
-        snprintf(s->id, sizeof(s->id), "%s", id);
-    return s;
-}
-
 void link_forget(struct fe_link *l, struct fe_seq **seq)
 {
-    free(*seq);
+    if (*seq)
+        seq_free(*seq);
     *seq = NULL;
 }
 

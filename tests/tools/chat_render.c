@@ -197,10 +197,10 @@ static int load_template(const struct args *a, struct lora_chat_template *t)
 
 static json_t *describe(const struct lora_chat_template *t)
 {
-    json_t *o =
-        json_pack("{s:s, s:s, s:s, s:s, s:b, s:b}", "family", lora_chat_family_name(t->family),
-                  "name", t->name, "bos_token", t->bos_token, "eos_token", t->eos_token,
-                  "emits_bos", t->emits_bos, "emits_eos", t->emits_eos);
+    json_t *o = json_pack("{s:s, s:s, s:s, s:s, s:b, s:b}", "family",
+                          lora_chat_template_family_name(t->family), "name", t->name, "bos_token",
+                          t->bos_token, "eos_token", t->eos_token, "emits_bos", t->emits_bos,
+                          "emits_eos", t->emits_eos);
 
     if (!o)
         return NULL;
@@ -297,8 +297,8 @@ static json_t *render_line(const struct lora_chat_template *t, const char *line,
             goto out_reply;
     }
     *bad = false;
-    if (lora_chat_render(t, m, n, gen && json_is_true(gen), &prompt, &len, reply, sizeof(reply)) <
-        0)
+    if (lora_chat_template_render(t, m, n, gen && json_is_true(gen), &prompt, &len, reply,
+                                  sizeof(reply)) < 0)
         goto out_reply;
     res = json_pack("{s:s%}", "prompt", prompt, len);
     free(prompt);

@@ -85,7 +85,7 @@ static void expect_render_at(int line, const struct lora_chat_template *t, bool 
     char err[512] = "", *out = NULL;
     size_t len = 0;
 
-    if (lora_chat_render(t, m, n, gen, &out, &len, err, sizeof(err)) < 0) {
+    if (lora_chat_template_render(t, m, n, gen, &out, &len, err, sizeof(err)) < 0) {
         printf("# line %d: render failed: %s\n", line, err);
         check_cur_failed = 1;
         return;
@@ -107,7 +107,7 @@ static void expect_refusal_at(int line, const struct lora_chat_template *t, cons
     char err[512] = "", *out = (char *)"unset";
     size_t len = 1;
 
-    if (lora_chat_render(t, m, n, true, &out, &len, err, sizeof(err)) == 0) {
+    if (lora_chat_template_render(t, m, n, true, &out, &len, err, sizeof(err)) == 0) {
         printf("# line %d: rendered [%s], expected an error with '%s'\n", line, out, phrase);
         free(out);
         check_cur_failed = 1;
@@ -519,11 +519,11 @@ static void test_by_name(void)
     CHECK(lora_chat_template_set_tokens(&t, "<B>", NULL, err, sizeof(err)) == 0);
     CHECK(strcmp(t.bos_token, "<B>") == 0 && strcmp(t.eos_token, "<|im_end|>") == 0);
 
-    CHECK(strcmp(lora_chat_family_name(LORA_CHAT_CHATML), "chatml") == 0);
-    CHECK(strcmp(lora_chat_family_name(LORA_CHAT_LLAMA3), "llama3") == 0);
-    CHECK(strcmp(lora_chat_family_name(LORA_CHAT_LLAMA2), "llama2") == 0);
-    CHECK(strcmp(lora_chat_family_name(LORA_CHAT_MISTRAL), "mistral") == 0);
-    CHECK(lora_chat_family_name((enum lora_chat_family)9) == NULL);
+    CHECK(strcmp(lora_chat_template_family_name(LORA_CHAT_CHATML), "chatml") == 0);
+    CHECK(strcmp(lora_chat_template_family_name(LORA_CHAT_LLAMA3), "llama3") == 0);
+    CHECK(strcmp(lora_chat_template_family_name(LORA_CHAT_LLAMA2), "llama2") == 0);
+    CHECK(strcmp(lora_chat_template_family_name(LORA_CHAT_MISTRAL), "mistral") == 0);
+    CHECK(lora_chat_template_family_name((enum lora_chat_family)9) == NULL);
 }
 
 /* ---- tokenizer_config.json ----------------------------------------------------------------- */
@@ -746,7 +746,7 @@ static void test_render_llama3(void)
     size_t len;
 
     today_prompt(before, sizeof(before));
-    CHECK(lora_chat_render(&t32, MSGS(SYS("")), false, &out, &len, err, sizeof(err)) == 0);
+    CHECK(lora_chat_template_render(&t32, MSGS(SYS("")), false, &out, &len, err, sizeof(err)) == 0);
     today_prompt(after, sizeof(after)); /* the day may turn meanwhile */
     CHECK(out && (strcmp(out, before) == 0 || strcmp(out, after) == 0));
     free(out);
@@ -790,7 +790,7 @@ static void test_render_errors(void)
     char err[256] = "", *out = (char *)"x";
     size_t len = 1;
 
-    CHECK(lora_chat_render(&t, NULL, 3, true, &out, &len, err, sizeof(err)) == -1);
+    CHECK(lora_chat_template_render(&t, NULL, 3, true, &out, &len, err, sizeof(err)) == -1);
     CHECK(out == NULL && len == 0);
     CHECK_CONTAINS(err, "no messages: a conversation needs at least one message");
     EXPECT_REFUSAL(&t, "message 1: no role", USER("a"), {NULL, "b"});
@@ -843,9 +843,10 @@ static void test_render_errors(void)
     /* a small or absent error buffer stays a string, or is left alone */
     char small[8];
     t = by_name("chatml");
-    CHECK(lora_chat_render(&t, MSGS({"bot", "x"}), true, &out, &len, small, sizeof(small)) == -1);
+    CHECK(lora_chat_template_render(&t, MSGS({"bot", "x"}), true, &out, &len, small,
+                                    sizeof(small)) == -1);
     CHECK(strlen(small) == sizeof(small) - 1);
-    CHECK(lora_chat_render(&t, MSGS({"bot", "x"}), true, &out, &len, NULL, 0) == -1);
+    CHECK(lora_chat_template_render(&t, MSGS({"bot", "x"}), true, &out, &len, NULL, 0) == -1);
     CHECK(lora_chat_template_by_name("nope", &t, NULL, 0) == -1);
     CHECK(lora_chat_template_detect("x", &t, small, sizeof(small)) == -1);
     CHECK(strlen(small) == sizeof(small) - 1);
@@ -867,9 +868,9 @@ static void *render_many(void *arg)
         char err[128], *out;
         size_t len;
 
-        if (lora_chat_render(j->t,
-                             MSGS(SYS(" s "), USER("q"), ASST("<think>r</think>a"), USER("q2 ")),
-                             true, &out, &len, err, sizeof(err)) < 0) {
+        if (lora_chat_template_render(
+                j->t, MSGS(SYS(" s "), USER("q"), ASST("<think>r</think>a"), USER("q2 ")), true,
+                &out, &len, err, sizeof(err)) < 0) {
             j->n_bad++;
             continue;
         }
@@ -890,9 +891,9 @@ static void test_threads(void)
         char err[128], *want;
         size_t len;
 
-        CHECK(lora_chat_render(&t,
-                               MSGS(SYS(" s "), USER("q"), ASST("<think>r</think>a"), USER("q2 ")),
-                               true, &want, &len, err, sizeof(err)) == 0);
+        CHECK(lora_chat_template_render(
+                  &t, MSGS(SYS(" s "), USER("q"), ASST("<think>r</think>a"), USER("q2 ")), true,
+                  &want, &len, err, sizeof(err)) == 0);
         for (int i = 0; i < 8; i++) {
             jobs[i] = (struct job){.t = &t, .want = want};
             CHECK(pthread_create(&th[i], NULL, render_many, &jobs[i]) == 0);

@@ -1,13 +1,15 @@
-/* lora-frontend: /v1/completions and /v1/chat/completions (DESIGN section 8).
+/* lora-frontend: /v1/completions and /v1/chat/completions (DESIGN section 8): the life of a
+ * request, and its answer when it is not streamed (sse.c streams it); see completions.h.
  *
  * A request becomes one engine request per prompt and choice (n). Each choice keeps its own
  * copy of what the engine sent, a streaming detokenizer and its text; stop strings are found in
  * that text (the text ends before the stop string, and the engine request is aborted), held
  * back while streaming so a stop string that arrives in pieces is never sent. Non-streaming
- * requests wait on the connection's thread; streaming ones hand a reader to the HTTP server
- * that produces server-sent events as outputs arrive. A client that goes away aborts its
- * engine requests.
+ * requests wait on the connection's thread. A client that goes away aborts its engine
+ * requests.
  */
+#include "completions.h"
+
 #include <inttypes.h>
 #include <math.h>
 #include <stdatomic.h>
@@ -16,94 +18,12 @@
 #include <string.h>
 
 #include "base/errbuf.h"
-#include "frontend.h"
-#include "params.h"
 
 #define WAIT_SLICE_MS 50 /* how often a waiting thread checks that its client is still there */
 
-struct sbuf {
-    char *s;
-    size_t len, cap;
-};
-
-static int sbuf_add(struct sbuf *b, const char *s, size_t n)
-{
-    if (b->len + n + 1 > b->cap) {
-        size_t cap = b->cap ? b->cap : 256;
-        while (cap < b->len + n + 1)
-            cap *= 2;
-        char *p = realloc(b->s, cap);
-        if (!p)
-            return -1;
-        b->s = p;
-        b->cap = cap;
-    }
-    memcpy(b->s + b->len, s, n);
-    b->len += n;
-    b->s[b->len] = 0;
-    return 0;
-}
-
-struct choice {
-    int index;
-    int prompt_index;
-    struct fe_seq *seq; /* NULL once forgotten */
-    struct lora_detok *detok;
-    struct sbuf text;   /* generated text, ending before a stop string */
-    size_t streamed;    /* bytes of text already sent */
-    /* What was consumed from the engine, copied. */
-    int32_t *ids;
-    float *lps;
-    int32_t *top_ids;
-    float *top_lps;
-    int top_n;
-    size_t n, cap;
-    size_t lp_streamed; /* tokens whose log-probabilities were sent */
-    float *prompt_lps;
-    int32_t *prompt_ranks; /* NULL when the engine sent none */
-    int n_prompt_lps;
-    int prompt_top_n;        /* the top tokens of each prompt position, or 0 */
-    int32_t *prompt_top_ids; /* (n_prompt_lps * prompt_top_n) */
-    float *prompt_top_lps;
-    bool heard;         /* the engine said something about it */
-    bool done;
-    bool final_sent;    /* streaming: the chunk with the finish reason went out */
-    char finish_reason[16];
-    const char *stop_reason; /* the stop string that ended it, borrowed from params */
-    char error[512];
-    char error_code[16];
-    double queued, scheduled, first_token, finished_at, first_seen, done_at;
-    double sent_at;      /* the request sent to the engine */
-    double pending_recv; /* when the engine's output not yet handed on was received, or 0 */
-};
-
-struct gen {
-    struct frontend *fe;
-    struct gen_params p;
-    json_t *body; /* owned: p's strings point into it */
-    char id[64];
-    long long created;
-    double arrival;
-    double submitted;
-    pthread_cond_t cond;
-    int n_prompts;
-    int32_t **prompts;
-    size_t *n_prompt;
-    char **prompt_text; /* for echo: the prompt as text */
-    int n_choices;
-    struct choice *choices;
-    /* Streaming. */
-    struct sbuf out;
-    size_t out_at;
-    double out_recv; /* the oldest engine output in out, for the overhead measure */
-    double delay_sum; /* engine output received -> bytes handed to the HTTP server */
-    int delay_n;
-    bool role_sent, finished, failed;
-};
-
 /* ---- set-up ----------------------------------------------------------------------------- */
 
-static void gen_free(struct gen *g)
+void completions_free(struct completion *g)
 {
     if (!g)
         return;
@@ -111,15 +31,12 @@ static void gen_free(struct gen *g)
         struct choice *c = &g->choices[i];
         link_forget(&g->fe->link, &c->seq);
         lora_detok_destroy(&c->detok);
-        free(c->text.s);
+        lora_buf_release(&c->text);
         free(c->ids);
         free(c->lps);
         free(c->top_ids);
         free(c->top_lps);
-        free(c->prompt_lps);
-        free(c->prompt_ranks);
-        free(c->prompt_top_ids);
-        free(c->prompt_top_lps);
+        seq_free_prompt_lps(&c->prompt);
     }
     for (int i = 0; i < g->n_prompts; i++) {
         free(g->prompts[i]);
@@ -129,13 +46,12 @@ static void gen_free(struct gen *g)
     free(g->n_prompt);
     free(g->prompt_text);
     free(g->choices);
-    free(g->out.s);
     json_decref(g->body);
     pthread_cond_destroy(&g->cond);
     free(g);
 }
 
-static int add_prompt(struct gen *g, int32_t *ids, size_t n, char *text)
+static int add_prompt(struct completion *g, int32_t *ids, size_t n, char *text)
 {
     int k = g->n_prompts;
     int32_t **p = realloc(g->prompts, sizeof(*p) * (size_t)(k + 1));
@@ -159,7 +75,7 @@ static int add_prompt(struct gen *g, int32_t *ids, size_t n, char *text)
     return 0;
 }
 
-static int encode_text(struct gen *g, const char *s, size_t len, bool add_special, char *err,
+static int encode_text(struct completion *g, const char *s, size_t len, bool add_special, char *err,
                        size_t err_len)
 {
     int32_t *ids = NULL;
@@ -177,7 +93,8 @@ static int encode_text(struct gen *g, const char *s, size_t len, bool add_specia
     return add_prompt(g, ids, n, text);
 }
 
-static int ids_from_json(struct gen *g, json_t *a, const char *field, char *err, size_t err_len)
+static int ids_from_json(struct completion *g, json_t *a, const char *field, char *err,
+                         size_t err_len)
 {
     size_t n = json_array_size(a), i;
     int vocab = g->fe->link.limits.vocab_size;
@@ -204,7 +121,7 @@ static int ids_from_json(struct gen *g, json_t *a, const char *field, char *err,
 }
 
 /* prompt: a string, a list of strings, a list of token ids or a list of such lists. */
-static int read_prompts(struct gen *g, char *err, size_t err_len)
+static int read_prompts(struct completion *g, char *err, size_t err_len)
 {
     json_t *pr = json_object_get(g->body, "prompt");
     bool add_special = true;
@@ -256,7 +173,7 @@ static int read_prompts(struct gen *g, char *err, size_t err_len)
 }
 
 /* The text of one message's content: a string or a list of {"type":"text","text":...} parts. */
-static const char *message_text(json_t *content, size_t i, struct sbuf *tmp, char *err,
+static const char *message_text(json_t *content, size_t i, struct lora_buf *tmp, char *err,
                                 size_t err_len)
 {
     if (json_is_string(content))
@@ -269,8 +186,8 @@ static const char *message_text(json_t *content, size_t i, struct sbuf *tmp, cha
     }
     size_t k;
     json_t *part;
-    tmp->len = 0;
-    sbuf_add(tmp, "", 0);
+    lora_buf_reset(tmp);
+    lora_buf_add(tmp, "", 0);
     json_array_foreach(content, k, part) {
         json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
         if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0 ||
@@ -279,13 +196,17 @@ static const char *message_text(json_t *content, size_t i, struct sbuf *tmp, cha
             return NULL;
         }
         if (k > 0)
-            sbuf_add(tmp, "\n", 1);
-        sbuf_add(tmp, json_string_value(text), json_string_length(text));
+            lora_buf_add_char(tmp, '\n');
+        lora_buf_add(tmp, json_string_value(text), json_string_length(text));
     }
-    return tmp->s;
+    if (tmp->failed) {
+        lora_errf(err, err_len, "out of memory");
+        return NULL;
+    }
+    return tmp->data;
 }
 
-static int read_messages(struct gen *g, char *err, size_t err_len)
+static int read_messages(struct completion *g, char *err, size_t err_len)
 {
     struct frontend *fe = g->fe;
     json_t *msgs = json_object_get(g->body, "messages");
@@ -307,7 +228,7 @@ static int read_messages(struct gen *g, char *err, size_t err_len)
     }
     size_t n = json_array_size(msgs), i;
     struct lora_chat_message *cm = calloc(n, sizeof(*cm));
-    struct sbuf *parts = calloc(n, sizeof(*parts));
+    struct lora_buf *parts = calloc(n, sizeof(*parts));
     json_t *m;
     int rc = cm && parts ? 0 : -1;
     if (rc)
@@ -329,9 +250,9 @@ static int read_messages(struct gen *g, char *err, size_t err_len)
     char *prompt = NULL;
     size_t len = 0;
     if (rc == 0)
-        rc = lora_chat_render(&fe->chat, cm, n, add_gen, &prompt, &len, err, err_len);
+        rc = lora_chat_template_render(&fe->chat, cm, n, add_gen, &prompt, &len, err, err_len);
     for (i = 0; parts && i < n; i++)
-        free(parts[i].s);
+        lora_buf_release(&parts[i]);
     free(parts);
     free(cm);
     if (rc < 0)
@@ -344,7 +265,7 @@ static int read_messages(struct gen *g, char *err, size_t err_len)
 
 /* truncate_prompt_tokens: each prompt keeps its last N tokens, as vLLM truncates on the left.
  * The prompt text of a truncated prompt is dropped, so echo shows the tokens that ran. */
-static void truncate_prompts(struct gen *g)
+static void truncate_prompts(struct completion *g)
 {
     size_t keep = (size_t)g->p.truncate_prompt_tokens;
 
@@ -365,7 +286,7 @@ static void new_id(struct frontend *fe, const char *prefix, char *out, size_t le
 }
 
 /* Checks lengths, makes the choices and submits them. 0, or -1 with status and err. */
-static int submit(struct gen *g, unsigned *status, const char **param, char *err, size_t len)
+static int submit(struct completion *g, unsigned *status, const char **param, char *err, size_t len)
 {
     struct frontend *fe = g->fe;
     int max_len = fe->link.limits.max_model_len;
@@ -462,36 +383,7 @@ static int submit(struct gen *g, unsigned *status, const char **param, char *err
 
 /* ---- consuming outputs ------------------------------------------------------------------ */
 
-static int grow_choice(struct choice *c, size_t need, int top_n)
-{
-    if (need <= c->cap && (top_n == 0 || c->top_ids))
-        return 0;
-    size_t cap = c->cap ? c->cap : 32;
-    while (cap < need)
-        cap *= 2;
-    int32_t *ids = realloc(c->ids, cap * sizeof(*ids));
-    if (ids)
-        c->ids = ids;
-    float *lps = realloc(c->lps, cap * sizeof(*lps));
-    if (lps)
-        c->lps = lps;
-    if (!ids || !lps)
-        return -1;
-    if (top_n) {
-        int32_t *ti = realloc(c->top_ids, cap * (size_t)top_n * sizeof(*ti));
-        if (ti)
-            c->top_ids = ti;
-        float *tl = realloc(c->top_lps, cap * (size_t)top_n * sizeof(*tl));
-        if (tl)
-            c->top_lps = tl;
-        if (!ti || !tl)
-            return -1;
-    }
-    c->cap = cap;
-    return 0;
-}
-
-static void finish_choice(struct choice *c, const char *reason)
+void completions_finish_choice(struct choice *c, const char *reason)
 {
     c->done = true;
     c->done_at = lora_clock_unix();
@@ -507,10 +399,10 @@ static bool find_stop(const struct gen_params *p, struct choice *c, size_t old_l
     const char *which = NULL;
 
     for (int i = 0; i < p->n_stop; i++) {
-        const char *hit = memmem(c->text.s + from, c->text.len - from, p->stop[i],
+        const char *hit = memmem(c->text.data + from, c->text.len - from, p->stop[i],
                                  strlen(p->stop[i]));
-        if (hit && (size_t)(hit - c->text.s) < best) {
-            best = (size_t)(hit - c->text.s);
+        if (hit && (size_t)(hit - c->text.data) < best) {
+            best = (size_t)(hit - c->text.data);
             which = p->stop[i];
         }
     }
@@ -519,7 +411,7 @@ static bool find_stop(const struct gen_params *p, struct choice *c, size_t old_l
     if (p->include_stop_str_in_output)
         best += strlen(which);
     c->text.len = best;
-    c->text.s[best] = 0;
+    c->text.data[best] = 0;
     c->stop_reason = which;
     return true;
 }
@@ -527,15 +419,15 @@ static bool find_stop(const struct gen_params *p, struct choice *c, size_t old_l
 static void add_text(struct choice *c, char *piece, size_t n)
 {
     if (piece && n)
-        sbuf_add(&c->text, piece, n);
-    else if (!c->text.s)
-        sbuf_add(&c->text, "", 0);
+        lora_buf_add(&c->text, piece, n);
+    else if (!c->text.data)
+        lora_buf_add(&c->text, "", 0);
     free(piece);
 }
 
 /* Takes one token into the choice: detokenizes it and checks the stop strings (after
  * min_tokens, as vLLM does). Returns true when a stop string ended the choice. */
-static bool take_token(struct gen *g, struct choice *c)
+static bool take_token(struct completion *g, struct choice *c)
 {
     char *piece = NULL;
     size_t n = 0, old = c->text.len;
@@ -544,14 +436,14 @@ static bool take_token(struct gen *g, struct choice *c)
         piece = NULL;
     add_text(c, piece, n);
     if (g->p.n_stop && (int)c->n > g->p.min_tokens && find_stop(&g->p, c, old)) {
-        finish_choice(c, "stop");
+        completions_finish_choice(c, "stop");
         return true;
     }
     return false;
 }
 
 /* Copies what the engine sent since last time into the choice, under the link's lock. */
-static void advance(struct gen *g, struct choice *c)
+static void advance(struct completion *g, struct choice *c)
 {
     struct fe_link *l = &g->fe->link;
     struct fe_seq *s = c->seq;
@@ -563,31 +455,16 @@ static void advance(struct gen *g, struct choice *c)
     size_t upto = s->n;
     if (upto > c->n || s->finished)
         c->heard = true;
-    if (grow_choice(c, upto, s->top_n) < 0) {
+    if (seq_grow_tokens(&c->ids, &c->lps, &c->top_ids, &c->top_lps, &c->cap, upto, s->top_n) < 0) {
         pthread_mutex_unlock(&l->mu);
         snprintf(c->error, sizeof(c->error), "out of memory");
         snprintf(c->error_code, sizeof(c->error_code), "unavailable");
-        finish_choice(c, "error");
+        completions_finish_choice(c, "error");
         return;
     }
     c->top_n = s->top_n;
-    if (s->n_prompt_lps && !c->prompt_lps) {
-        c->prompt_lps = malloc(sizeof(float) * (size_t)s->n_prompt_lps);
-        if (c->prompt_lps) {
-            memcpy(c->prompt_lps, s->prompt_lps, sizeof(float) * (size_t)s->n_prompt_lps);
-            c->n_prompt_lps = s->n_prompt_lps;
-        }
-        if (c->prompt_lps && s->prompt_ranks &&
-            (c->prompt_ranks = malloc(sizeof(int32_t) * (size_t)s->n_prompt_lps)))
-            memcpy(c->prompt_ranks, s->prompt_ranks, sizeof(int32_t) * (size_t)s->n_prompt_lps);
-        size_t n_top = (size_t)s->n_prompt_lps * (size_t)s->prompt_top_n;
-        if (c->prompt_lps && n_top && (c->prompt_top_ids = malloc(sizeof(int32_t) * n_top)) &&
-            (c->prompt_top_lps = malloc(sizeof(float) * n_top))) {
-            memcpy(c->prompt_top_ids, s->prompt_top_ids, sizeof(int32_t) * n_top);
-            memcpy(c->prompt_top_lps, s->prompt_top_lps, sizeof(float) * n_top);
-            c->prompt_top_n = s->prompt_top_n;
-        }
-    }
+    seq_copy_prompt_lps(&c->prompt, s->prompt.n, s->prompt.lps, s->prompt.ranks, s->prompt.top_n,
+                        s->prompt.top_ids, s->prompt.top_lps);
     size_t from = c->n;
     for (size_t i = from; i < upto && !stopped; i++) {
         c->ids[i] = s->tokens[i];
@@ -632,11 +509,11 @@ static void advance(struct gen *g, struct choice *c)
         snprintf(reason, sizeof(reason), "%s", c->finish_reason);
         if (g->p.n_stop && (int)c->n > g->p.min_tokens && find_stop(&g->p, c, old))
             snprintf(reason, sizeof(reason), "stop");
-        finish_choice(c, reason);
+        completions_finish_choice(c, reason);
     }
 }
 
-static bool all_done(const struct gen *g)
+bool completions_all_done(const struct completion *g)
 {
     for (int i = 0; i < g->n_choices; i++)
         if (!g->choices[i].done)
@@ -645,7 +522,7 @@ static bool all_done(const struct gen *g)
 }
 
 /* Whether a choice has something new to consume. Under the link's lock. */
-static bool news_locked(const struct gen *g)
+static bool news_locked(const struct completion *g)
 {
     for (int i = 0; i < g->n_choices; i++) {
         const struct choice *c = &g->choices[i];
@@ -655,7 +532,7 @@ static bool news_locked(const struct gen *g)
     return false;
 }
 
-static void wait_news(struct gen *g)
+void completions_wait(struct completion *g)
 {
     struct fe_link *l = &g->fe->link;
     pthread_mutex_lock(&l->mu);
@@ -664,20 +541,20 @@ static void wait_news(struct gen *g)
     pthread_mutex_unlock(&l->mu);
 }
 
-static void advance_all(struct gen *g)
+void completions_advance(struct completion *g)
 {
     for (int i = 0; i < g->n_choices; i++)
         advance(g, &g->choices[i]);
 }
 
-static void abort_all(struct gen *g)
+void completions_abort(struct completion *g)
 {
     for (int i = 0; i < g->n_choices; i++)
         link_forget(&g->fe->link, &g->choices[i].seq);
 }
 
 /* The first choice that failed with an engine error, or NULL. */
-static const struct choice *failed_choice(const struct gen *g)
+const struct choice *completions_failed_choice(const struct completion *g)
 {
     for (int i = 0; i < g->n_choices; i++)
         if (g->choices[i].done && strcmp(g->choices[i].finish_reason, "error") == 0)
@@ -687,7 +564,7 @@ static const struct choice *failed_choice(const struct gen *g)
 
 /* ---- JSON pieces ------------------------------------------------------------------------ */
 
-static json_t *jstr(const char *s, size_t n)
+json_t *completions_text_json(const char *s, size_t n)
 {
     json_t *j = json_stringn(s, n);
     return j ? j : json_string("\xef\xbf\xbd"); /* never reached: pieces are valid UTF-8 */
@@ -695,7 +572,7 @@ static json_t *jstr(const char *s, size_t n)
 
 /* The text of one token, as vLLM shows it in log-probabilities: "token_id:N" with
  * return_tokens_as_token_ids (or without a tokenizer). */
-static json_t *token_json(struct gen *g, int32_t id)
+static json_t *token_json(struct completion *g, int32_t id)
 {
     struct frontend *fe = g->fe;
     char buf[32];
@@ -709,7 +586,7 @@ static json_t *token_json(struct gen *g, int32_t id)
         snprintf(buf, sizeof(buf), "token_id:%d", id);
         return json_string(buf);
     }
-    json_t *j = jstr(s, n);
+    json_t *j = completions_text_json(s, n);
     free(s);
     return j;
 }
@@ -729,7 +606,8 @@ static double lp_value(float lp)
 }
 
 /* Chat log-probabilities of tokens [from, to) of a choice: {"content":[...]}. */
-static json_t *chat_logprobs(struct gen *g, const struct choice *c, size_t from, size_t to)
+json_t *completions_chat_logprobs(struct completion *g, const struct choice *c, size_t from,
+                                  size_t to)
 {
     json_t *content = json_array();
     for (size_t i = from; i < to; i++) {
@@ -754,7 +632,7 @@ static json_t *chat_logprobs(struct gen *g, const struct choice *c, size_t from,
 
 /* Completions log-probabilities (the legacy format) of tokens [from, to), with the prompt's
  * tokens first when echo is set; offset is the text offset of the first token. */
-static json_t *completion_logprobs(struct gen *g, const struct choice *c, bool with_prompt,
+json_t *completions_text_logprobs(struct completion *g, const struct choice *c, bool with_prompt,
                                    size_t from, size_t to, size_t offset)
 {
     json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(),
@@ -764,19 +642,19 @@ static json_t *completion_logprobs(struct gen *g, const struct choice *c, bool w
 
     for (size_t i = 0; with_prompt && i < np; i++) {
         json_t *t = token_json(g, prompt[i]);
-        bool known = i > 0 && (int)i < c->n_prompt_lps && !isnan(c->prompt_lps[i]);
+        bool known = i > 0 && (int)i < c->prompt.n && !isnan(c->prompt.lps[i]);
         json_array_append(tokens, t);
-        json_array_append_new(lps, known ? json_real(lp_value(c->prompt_lps[i])) : json_null());
+        json_array_append_new(lps, known ? json_real(lp_value(c->prompt.lps[i])) : json_null());
         json_t *top = known ? json_object() : json_null();
-        for (int k = 0; known && k < g->p.logprobs && k < c->prompt_top_n; k++) {
-            size_t at = i * (size_t)c->prompt_top_n + (size_t)k;
-            json_t *tt = token_json(g, c->prompt_top_ids[at]);
+        for (int k = 0; known && k < g->p.logprobs && k < c->prompt.top_n; k++) {
+            size_t at = i * (size_t)c->prompt.top_n + (size_t)k;
+            json_t *tt = token_json(g, c->prompt.top_ids[at]);
             json_object_set_new(top, json_string_value(tt),
-                                json_real(lp_value(c->prompt_top_lps[at])));
+                                json_real(lp_value(c->prompt.top_lps[at])));
             json_decref(tt);
         }
         if (known) /* the prompt token itself is always there */
-            json_object_set_new(top, json_string_value(t), json_real(lp_value(c->prompt_lps[i])));
+            json_object_set_new(top, json_string_value(t), json_real(lp_value(c->prompt.lps[i])));
         json_array_append_new(tops, top);
         json_array_append_new(offs, json_integer((json_int_t)offset));
         offset += json_string_length(t);
@@ -806,7 +684,7 @@ static json_t *completion_logprobs(struct gen *g, const struct choice *c, bool w
 
 /* One entry of vLLM's prompt_logprobs: "ID": {"logprob", "rank", "decoded_token"}, set in pos
  * unless the id is there already. rank < 0: unknown (null). */
-static void prompt_entry(struct gen *g, json_t *pos, int32_t id, float lp, int rank)
+static void prompt_entry(struct completion *g, json_t *pos, int32_t id, float lp, int rank)
 {
     char key[16], *s = NULL;
     size_t n = 0;
@@ -817,7 +695,7 @@ static void prompt_entry(struct gen *g, json_t *pos, int32_t id, float lp, int r
         return;
     if (g->fe->tok && lora_tokenizer_decode(g->fe->tok, &id, 1, false, &s, &n, NULL, 0) == 0) {
         json_decref(text);
-        text = jstr(s, n);
+        text = completions_text_json(s, n);
     }
     free(s);
     json_object_set_new(pos, key,
@@ -829,30 +707,30 @@ static void prompt_entry(struct gen *g, json_t *pos, int32_t id, float lp, int r
 /* vLLM's prompt_logprobs of one prompt: null for the first token (nothing predicts it), then
  * per token the prompt token's entry followed by its position's N most likely (ranks 1 to N),
  * -inf written as -9999.0. */
-static json_t *prompt_logprobs_json(struct gen *g, const struct choice *c)
+static json_t *prompt_logprobs_json(struct completion *g, const struct choice *c)
 {
     size_t np = g->n_prompt[c->prompt_index];
     const int32_t *prompt = g->prompts[c->prompt_index];
     json_t *a = json_array();
 
     for (size_t i = 0; i < np; i++) {
-        if (i == 0 || (int)i >= c->n_prompt_lps || isnan(c->prompt_lps[i])) {
+        if (i == 0 || (int)i >= c->prompt.n || isnan(c->prompt.lps[i])) {
             json_array_append_new(a, json_null());
             continue;
         }
         json_t *pos = json_object();
-        prompt_entry(g, pos, prompt[i], c->prompt_lps[i],
-                     c->prompt_ranks ? c->prompt_ranks[i] : -1);
-        for (int k = 0; k < g->p.prompt_logprobs && k < c->prompt_top_n; k++) {
-            size_t at = i * (size_t)c->prompt_top_n + (size_t)k;
-            prompt_entry(g, pos, c->prompt_top_ids[at], c->prompt_top_lps[at], k + 1);
+        prompt_entry(g, pos, prompt[i], c->prompt.lps[i],
+                     c->prompt.ranks ? c->prompt.ranks[i] : -1);
+        for (int k = 0; k < g->p.prompt_logprobs && k < c->prompt.top_n; k++) {
+            size_t at = i * (size_t)c->prompt.top_n + (size_t)k;
+            prompt_entry(g, pos, c->prompt.top_ids[at], c->prompt.top_lps[at], k + 1);
         }
         json_array_append_new(a, pos);
     }
     return a;
 }
 
-static json_t *ids_json(const int32_t *ids, size_t n)
+json_t *completions_ids_json(const int32_t *ids, size_t n)
 {
     json_t *a = json_array();
     for (size_t i = 0; i < n; i++)
@@ -860,7 +738,7 @@ static json_t *ids_json(const int32_t *ids, size_t n)
     return a;
 }
 
-static json_t *usage_json(const struct gen *g)
+json_t *completions_usage_json(const struct completion *g)
 {
     long long prompt = 0, completion = 0;
     for (int i = 0; i < g->n_prompts; i++)
@@ -871,12 +749,12 @@ static json_t *usage_json(const struct gen *g)
                      "total_tokens", prompt + completion);
 }
 
-static json_t *stop_reason_json(const struct choice *c)
+json_t *completions_stop_reason_json(const struct choice *c)
 {
     return c->stop_reason ? json_string(c->stop_reason) : json_null();
 }
 
-static json_t *head_json(const struct gen *g, const char *object)
+json_t *completions_head_json(const struct completion *g, const char *object)
 {
     return json_pack("{s:s, s:s, s:I, s:s}", "id", g->id, "object", object, "created",
                      g->created, "model", g->p.model);
@@ -884,7 +762,7 @@ static json_t *head_json(const struct gen *g, const char *object)
 
 /* ---- per-request stats ------------------------------------------------------------------ */
 
-static void publish_stats(struct gen *g)
+void completions_publish_stats(struct completion *g)
 {
     for (int i = 0; i < g->n_choices; i++) {
         const struct choice *c = &g->choices[i];
@@ -913,83 +791,89 @@ static void publish_stats(struct gen *g)
 
 /* ---- whole responses -------------------------------------------------------------------- */
 
-static void reply_engine_error(struct lora_http_request *req, const struct choice *c)
+void completions_reply_engine_error(struct lora_http_request *req, const struct choice *c)
 {
     reply_error(req, reply_status_of(c->error_code), c->error_code[0] == 'n' ? "model" : NULL,
                 "%s", c->error[0] ? c->error : "the request failed in the engine");
 }
 
-static json_t *completion_choice(struct gen *g, struct choice *c)
+const char *completions_prompt_text(struct completion *g, const struct choice *c, char **decoded)
 {
-    const char *echo = g->p.echo ? g->prompt_text[c->prompt_index] : NULL;
-    char *decoded = NULL;
-    size_t echo_len = 0;
+    const char *text = g->prompt_text[c->prompt_index];
+    size_t n = 0;
 
-    if (g->p.echo && !echo && g->fe->tok &&
+    *decoded = NULL;
+    if (!text && g->fe->tok &&
         lora_tokenizer_decode(g->fe->tok, g->prompts[c->prompt_index],
-                              g->n_prompt[c->prompt_index], false, &decoded, &echo_len, NULL,
-                              0) == 0)
-        echo = decoded;
-    if (echo)
-        echo_len = strlen(echo);
-    struct sbuf text = {0};
-    sbuf_add(&text, echo ? echo : "", echo_len);
-    sbuf_add(&text, c->text.s ? c->text.s : "", c->text.len);
-    json_t *ch = json_pack("{s:i, s:o, s:o, s:s, s:o}", "index", c->index, "text",
-                           jstr(text.s, text.len), "logprobs",
-                           g->p.logprobs >= 0 ? completion_logprobs(g, c, g->p.echo, 0, c->n, 0)
-                                              : json_null(),
-                           "finish_reason", c->finish_reason, "stop_reason",
-                           stop_reason_json(c));
+                              g->n_prompt[c->prompt_index], false, decoded, &n, NULL, 0) == 0)
+        text = *decoded;
+    return text;
+}
+
+static json_t *completion_choice(struct completion *g, struct choice *c)
+{
+    char *decoded = NULL;
+    const char *echo = g->p.echo ? completions_prompt_text(g, c, &decoded) : NULL;
+    size_t echo_len = echo ? strlen(echo) : 0;
+
+    struct lora_buf text = {0};
+    lora_buf_add(&text, echo ? echo : "", echo_len);
+    lora_buf_add(&text, c->text.data ? c->text.data : "", c->text.len);
+    json_t *ch = json_pack(
+        "{s:i, s:o, s:o, s:s, s:o}", "index", c->index, "text",
+        completions_text_json(text.data, text.len), "logprobs",
+        g->p.logprobs >= 0 ? completions_text_logprobs(g, c, g->p.echo, 0, c->n, 0) : json_null(),
+        "finish_reason", c->finish_reason, "stop_reason", completions_stop_reason_json(c));
     json_object_set_new(ch, "prompt_logprobs",
                         g->p.prompt_logprobs >= 0 ? prompt_logprobs_json(g, c) : json_null());
     if (g->p.return_token_ids || !g->fe->tok) {
-        json_object_set_new(ch, "prompt_token_ids",
-                            ids_json(g->prompts[c->prompt_index], g->n_prompt[c->prompt_index]));
-        json_object_set_new(ch, "token_ids", ids_json(c->ids, c->n));
+        json_object_set_new(
+            ch, "prompt_token_ids",
+            completions_ids_json(g->prompts[c->prompt_index], g->n_prompt[c->prompt_index]));
+        json_object_set_new(ch, "token_ids", completions_ids_json(c->ids, c->n));
     }
-    free(text.s);
+    lora_buf_release(&text);
     free(decoded);
     return ch;
 }
 
-static json_t *chat_choice(struct gen *g, struct choice *c)
+static json_t *chat_choice(struct completion *g, struct choice *c)
 {
     json_t *ch = json_pack(
         "{s:i, s:{s:s, s:o}, s:o, s:s, s:o}", "index", c->index, "message", "role", "assistant",
-        "content", jstr(c->text.s ? c->text.s : "", c->text.len), "logprobs",
-        g->p.logprobs >= 0 ? chat_logprobs(g, c, 0, c->n) : json_null(), "finish_reason",
-        c->finish_reason, "stop_reason", stop_reason_json(c));
+        "content", completions_text_json(c->text.data ? c->text.data : "", c->text.len), "logprobs",
+        g->p.logprobs >= 0 ? completions_chat_logprobs(g, c, 0, c->n) : json_null(),
+        "finish_reason", c->finish_reason, "stop_reason", completions_stop_reason_json(c));
     if (g->p.return_token_ids || !g->fe->tok)
-        json_object_set_new(ch, "token_ids", ids_json(c->ids, c->n));
+        json_object_set_new(ch, "token_ids", completions_ids_json(c->ids, c->n));
     return ch;
 }
 
-static void respond_whole(struct gen *g, struct lora_http_request *req)
+static void respond_whole(struct completion *g, struct lora_http_request *req)
 {
-    while (!all_done(g)) {
-        advance_all(g);
-        if (all_done(g))
+    while (!completions_all_done(g)) {
+        completions_advance(g);
+        if (completions_all_done(g))
             break;
         if (lora_http_client_gone(req)) {
-            abort_all(g);
+            completions_abort(g);
             reply_error(req, 499, NULL, "the client closed the connection");
             return;
         }
-        wait_news(g);
+        completions_wait(g);
     }
-    const struct choice *bad = failed_choice(g);
+    const struct choice *bad = completions_failed_choice(g);
     if (bad) {
-        reply_engine_error(req, bad);
+        completions_reply_engine_error(req, bad);
         return;
     }
     json_t *choices = json_array();
     for (int i = 0; i < g->n_choices; i++)
         json_array_append_new(choices, g->p.chat ? chat_choice(g, &g->choices[i])
                                                  : completion_choice(g, &g->choices[i]));
-    json_t *r = head_json(g, g->p.chat ? "chat.completion" : "text_completion");
+    json_t *r = completions_head_json(g, g->p.chat ? "chat.completion" : "text_completion");
     json_object_set_new(r, "choices", choices);
-    json_object_set_new(r, "usage", usage_json(g));
+    json_object_set_new(r, "usage", completions_usage_json(g));
     if (g->p.chat) /* one prompt: its log-probabilities sit beside the choices */
         json_object_set_new(r, "prompt_logprobs", g->p.prompt_logprobs >= 0
                                                       ? prompt_logprobs_json(g, &g->choices[0])
@@ -1005,189 +889,26 @@ static void respond_whole(struct gen *g, struct lora_http_request *req)
     }
 }
 
-/* ---- server-sent events ----------------------------------------------------------------- */
-
-static void sse_event(struct gen *g, json_t *chunk)
+void completions_respond(struct completion *g, struct lora_http_request *req)
 {
-    char *s = json_dumps(chunk, JSON_COMPACT | JSON_ENSURE_ASCII);
-    json_decref(chunk);
-    if (!s)
-        return;
-    sbuf_add(&g->out, "data: ", 6);
-    sbuf_add(&g->out, s, strlen(s));
-    sbuf_add(&g->out, "\n\n", 2);
-    free(s);
+    respond_whole(g, req);
+    completions_publish_stats(g);
+    completions_free(g);
 }
 
-static json_t *stream_chunk(struct gen *g, json_t *choice)
-{
-    json_t *r = head_json(g, g->p.chat ? "chat.completion.chunk" : "text_completion");
-    json_object_set_new(r, "choices", choice ? json_pack("[o]", choice) : json_array());
-    if (g->p.include_usage)
-        json_object_set_new(r, "usage", json_null());
-    return r;
-}
+/* ---- the start of a request ------------------------------------------------------------- */
 
-/* How much of the text may be sent: all of it once done, else all but what could still be
- * the start of a stop string, cut back to a UTF-8 character boundary. A stop string that stays
- * in the output needs no holding back: the text is cut after it as soon as it is complete, as
- * vLLM streams it. */
-static size_t sendable(const struct gen *g, const struct choice *c)
-{
-    if (c->done || !g->p.n_stop || g->p.include_stop_str_in_output)
-        return c->text.len;
-    size_t hold = g->p.max_stop_len - 1;
-    size_t n = c->text.len > hold ? c->text.len - hold : 0;
-    while (n > 0 && n < c->text.len && ((unsigned char)c->text.s[n] & 0xC0) == 0x80)
-        n--;
-    return n < c->streamed ? c->streamed : n;
-}
-
-/* Events for what changed in one choice since the last call. */
-static void stream_choice(struct gen *g, struct choice *c)
-{
-    size_t upto = sendable(g, c);
-    bool text_news = upto > c->streamed, lp_news = g->p.logprobs >= 0 && c->n > c->lp_streamed;
-    bool final = c->done && !c->final_sent;
-
-    if (!text_news && !lp_news && !final)
-        return;
-    json_t *text = jstr(c->text.s ? c->text.s + c->streamed : "", upto - c->streamed);
-    json_t *lps = json_null();
-    if (lp_news)
-        lps = g->p.chat ? chat_logprobs(g, c, c->lp_streamed, c->n)
-                        : completion_logprobs(g, c, false, c->lp_streamed, c->n, c->streamed);
-    json_t *fin = final ? json_string(c->finish_reason) : json_null();
-    json_t *ch;
-    if (g->p.chat)
-        ch = json_pack("{s:i, s:{s:o}, s:o, s:o}", "index", c->index, "delta", "content", text,
-                       "logprobs", lps, "finish_reason", fin);
-    else
-        ch = json_pack("{s:i, s:o, s:o, s:o}", "index", c->index, "text", text, "logprobs", lps,
-                       "finish_reason", fin);
-    if (final) {
-        json_object_set_new(ch, "stop_reason", stop_reason_json(c));
-        if (g->p.return_token_ids)
-            json_object_set_new(ch, "token_ids", ids_json(c->ids, c->n));
-    }
-    sse_event(g, stream_chunk(g, ch));
-    if (c->pending_recv && (!g->out_recv || c->pending_recv < g->out_recv))
-        g->out_recv = c->pending_recv;
-    c->pending_recv = 0;
-    c->streamed = upto;
-    c->lp_streamed = c->n;
-    c->final_sent = final || c->final_sent;
-}
-
-static void stream_step(struct gen *g)
-{
-    if (g->p.chat && !g->role_sent) {
-        for (int i = 0; i < g->n_choices; i++)
-            sse_event(g, stream_chunk(g, json_pack("{s:i, s:{s:s, s:s}, s:n, s:n}", "index", i,
-                                                   "delta", "role", "assistant", "content", "",
-                                                   "logprobs", "finish_reason")));
-        g->role_sent = true;
-    }
-    if (g->p.echo && !g->role_sent) {
-        for (int i = 0; i < g->n_choices; i++) {
-            struct choice *c = &g->choices[i];
-            const char *t = g->prompt_text[c->prompt_index];
-            char *dec = NULL;
-            size_t n = 0;
-            if (!t && g->fe->tok &&
-                lora_tokenizer_decode(g->fe->tok, g->prompts[c->prompt_index],
-                                      g->n_prompt[c->prompt_index], false, &dec, &n, NULL,
-                                      0) == 0)
-                t = dec;
-            sse_event(g, stream_chunk(g, json_pack("{s:i, s:o, s:n, s:n}", "index", i, "text",
-                                                   jstr(t ? t : "", t ? strlen(t) : 0),
-                                                   "logprobs", "finish_reason")));
-            free(dec);
-        }
-        g->role_sent = true;
-    }
-    advance_all(g);
-    const struct choice *bad = failed_choice(g);
-    if (bad && !g->failed) {
-        /* An error after the stream started: one error event, as vLLM sends it. */
-        unsigned status = reply_status_of(bad->error_code);
-        json_t *e = json_pack("{s:{s:s, s:s, s:n, s:i}}", "error", "message",
-                              bad->error[0] ? bad->error : "the request failed in the engine",
-                              "type", reply_type_of(status), "param", "code", (int)status);
-        sse_event(g, e);
-        g->failed = true;
-        abort_all(g);
-        for (int i = 0; i < g->n_choices; i++)
-            if (!g->choices[i].done)
-                finish_choice(&g->choices[i], "abort");
-    }
-    if (!g->failed)
-        for (int i = 0; i < g->n_choices; i++)
-            stream_choice(g, &g->choices[i]);
-    if (all_done(g) && !g->finished) {
-        if (g->p.include_usage && !g->failed) {
-            json_t *r = head_json(g, g->p.chat ? "chat.completion.chunk" : "text_completion");
-            json_object_set_new(r, "choices", json_array());
-            json_object_set_new(r, "usage", usage_json(g));
-            sse_event(g, r);
-        }
-        sbuf_add(&g->out, "data: [DONE]\n\n", 14);
-        g->finished = true;
-    }
-}
-
-static ssize_t stream_read(void *ctx, const struct lora_http_request *req, char *buf, size_t max)
-{
-    struct gen *g = ctx;
-
-    for (;;) {
-        if (g->out_at < g->out.len) {
-            if (g->out_recv) {
-                g->delay_sum += lora_clock_unix() - g->out_recv;
-                g->delay_n++;
-                g->out_recv = 0;
-            }
-            size_t n = g->out.len - g->out_at;
-            if (n > max)
-                n = max;
-            memcpy(buf, g->out.s + g->out_at, n);
-            g->out_at += n;
-            if (g->out_at == g->out.len)
-                g->out.len = g->out_at = 0;
-            return (ssize_t)n;
-        }
-        if (g->finished)
-            return LORA_HTTP_STREAM_END;
-        stream_step(g);
-        if (g->out.len)
-            continue;
-        if (lora_http_client_gone(req))
-            return LORA_HTTP_STREAM_ERROR;
-        wait_news(g);
-    }
-}
-
-static void stream_done(void *ctx, bool completed)
-{
-    struct gen *g = ctx;
-    abort_all(g); /* a client that went away: its requests end in the engine */
-    publish_stats(g);
-    gen_free(g);
-}
-
-/* ---- the endpoints ---------------------------------------------------------------------- */
-
-static void generate(struct frontend *fe, struct lora_http_request *req, json_t *body,
-                     bool chat)
+struct completion *completions_start(struct frontend *fe, struct lora_http_request *req,
+                                     json_t *body, bool chat)
 {
     char err[2048];
     const char *param = NULL;
     unsigned status = 400;
-    struct gen *g = calloc(1, sizeof(*g));
+    struct completion *g = calloc(1, sizeof(*g));
 
     if (!g) {
         reply_error(req, 503, NULL, "out of memory");
-        return;
+        return NULL;
     }
     g->fe = fe;
     g->body = json_incref(body);
@@ -1204,52 +925,10 @@ static void generate(struct frontend *fe, struct lora_http_request *req, json_t 
     param = NULL;
     if (submit(g, &status, &param, err, sizeof(err)) < 0)
         goto fail;
-    if (!g->p.stream) {
-        respond_whole(g, req);
-        publish_stats(g);
-        gen_free(g);
-        return;
-    }
-    /* The status goes out with the engine's first word on every choice, so that a request the
-     * engine refuses (unhealthy, full, an adapter it does not hold or that was unloaded while
-     * the request waited) gets its error status, never 200 and then an error event. The first
-     * word of an accepted request is its first token, which the client waits for anyway. */
-    for (;;) {
-        advance_all(g);
-        bool heard = true;
-        for (int i = 0; i < g->n_choices; i++)
-            heard &= g->choices[i].heard || g->choices[i].done;
-        if (heard || failed_choice(g) || lora_http_client_gone(req))
-            break;
-        wait_news(g);
-    }
-    const struct choice *bad = failed_choice(g);
-    if (bad && bad->n == 0) {
-        reply_engine_error(req, bad);
-        abort_all(g);
-        gen_free(g);
-        return;
-    }
-    lora_http_add_header(req, "Cache-Control", "no-cache");
-    if (lora_http_respond_stream(req, 200, "text/event-stream", stream_read, stream_done, g) <
-        0) {
-        reply_error(req, 503, NULL, "out of memory");
-        abort_all(g);
-        gen_free(g);
-    }
-    return;
+    return g;
 fail:
     reply_error(req, status, param, "%s", err);
-    abort_all(g);
-    gen_free(g);
-}
-
-void generate_completions(struct frontend *fe, struct lora_http_request *req, json_t *body)
-{
-    generate(fe, req, body, false);
-}
-
-void generate_chat(struct frontend *fe, struct lora_http_request *req, json_t *body)
-{
-    generate(fe, req, body, true);
+    completions_abort(g);
+    completions_free(g);
+    return NULL;
 }
