@@ -143,7 +143,8 @@ struct lora_str {
 int lora_msg_peek_type(const void *body, size_t len, char *err, size_t err_len);
 
 /* Where one msgpack value ends in a byte stream that arrives piece by piece (lora-metrics
- * --stdin). Allocates nothing and reads each byte once: it walks headers, skips payloads and
+ * --stdin, lora-inspect decode; lib/wire/msg_scan.c, the codec's one reader of msgpack headers).
+ * Allocates nothing and reads each byte once: it walks headers, skips payloads and
  * counts the values still owed. A container that declares more elements than the bytes left
  * under LORA_MSG_MAX_BODY could hold is LORA_MSG_SCAN_TOO_LARGE as soon as its header is read,
  * so the caller never buffers, and msgpack-c never reserves, more than that for one value. */
@@ -166,6 +167,9 @@ struct lora_msg_scan {
  * and more bytes) goes on from there. */
 enum lora_msg_scan_result lora_msg_scan(struct lora_msg_scan *st, const void *data, size_t avail,
                                         size_t *len);
+
+/* Whether b, the first byte of a value, starts a map (every message is one). */
+bool lora_msg_scan_is_map(unsigned char b);
 
 /* ---- messages ---------------------------------------------------------------------------- */
 
