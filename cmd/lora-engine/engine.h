@@ -139,7 +139,14 @@ struct engine {
     int engine_index;
     int world;
     int max_loras, max_cpu_loras, max_lora_rank;
-    int block_size, num_kv_blocks;
+    int block_size;
+    /* The KV budget of each rank (--kv-cache-bytes, or --kv-cache-fraction when above 0) and the
+     * cap on its blocks (--num-kv-blocks, 0: none); num_kv_blocks is the smallest count the ranks
+     * reported in setup_done (workers.c), the size of the scheduler's block manager. */
+    uint64_t kv_cache_bytes;
+    double kv_cache_fraction;
+    int kv_blocks_cap;
+    int num_kv_blocks;
     int max_num_batched_tokens, max_num_seqs, max_model_len;
     int max_requests;
     int idle_ms;

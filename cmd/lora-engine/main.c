@@ -28,7 +28,6 @@
 #include "loop.h"
 #include "publish.h"
 #include "registry.h"
-#include "runtime/kv_cache.h"
 #include "runtime/model_config.h"
 #include "workers.h"
 
@@ -99,9 +98,8 @@ static int check_options(const struct engine *e, const struct lora_model_config 
                  e->max_model_len, cfg->max_position_embeddings);
         return -1;
     }
-    if (e->max_model_len < 2 || e->num_kv_blocks < 1) {
-        snprintf(err, len, "the context (--max-model-len %d) must hold 2 tokens and the KV cache "
-                           "a block",
+    if (e->max_model_len < 2) {
+        snprintf(err, len, "the context (--max-model-len %d) must hold 2 tokens",
                  e->max_model_len);
         return -1;
     }
@@ -191,7 +189,28 @@ oom:
     return -1;
 }
 
+/* What does not depend on the KV cache, before the workers join. */
 static int setup_state(struct engine *e, char *err, size_t len)
+{
+    e->reqs = calloc((size_t)e->max_requests, sizeof(*e->reqs));
+    e->results = calloc((size_t)e->max_num_seqs, sizeof(*e->results));
+    e->step_seqs = calloc((size_t)e->max_num_seqs, sizeof(*e->step_seqs));
+    e->step_tokens = calloc((size_t)e->max_num_batched_tokens, sizeof(int32_t));
+    e->workers_arena = lora_msg_arena_new();
+    e->ops_arena = lora_msg_arena_new();
+    e->frontends_arena = lora_msg_arena_new();
+    e->control_arena = lora_msg_arena_new();
+    e->step_arena = lora_msg_arena_new();
+    if (!e->reqs || !e->results || !e->step_seqs || !e->step_tokens || !e->workers_arena ||
+        !e->ops_arena || !e->frontends_arena || !e->control_arena || !e->step_arena) {
+        snprintf(err, len, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* The scheduler and its block manager, once the ranks have said how many KV blocks they hold. */
+static int setup_scheduler(struct engine *e, char *err, size_t len)
 {
     struct lora_scheduler_config sc;
 
@@ -207,19 +226,8 @@ static int setup_state(struct engine *e, char *err, size_t len)
     e->sched = lora_scheduler_new(&sc, err, len);
     if (!e->sched || lora_scheduler_plan_init(e->sched, &e->plan) < 0)
         return -1;
-    e->reqs = calloc((size_t)e->max_requests, sizeof(*e->reqs));
-    e->results = calloc((size_t)e->max_num_seqs, sizeof(*e->results));
-    e->step_seqs = calloc((size_t)e->max_num_seqs, sizeof(*e->step_seqs));
-    e->step_tokens = calloc((size_t)e->max_num_batched_tokens, sizeof(int32_t));
     e->step_tables = calloc((size_t)e->num_kv_blocks + (size_t)e->max_num_seqs, sizeof(int32_t));
-    e->workers_arena = lora_msg_arena_new();
-    e->ops_arena = lora_msg_arena_new();
-    e->frontends_arena = lora_msg_arena_new();
-    e->control_arena = lora_msg_arena_new();
-    e->step_arena = lora_msg_arena_new();
-    if (!e->reqs || !e->results || !e->step_seqs || !e->step_tokens || !e->step_tables ||
-        !e->workers_arena || !e->ops_arena || !e->frontends_arena || !e->control_arena ||
-        !e->step_arena) {
+    if (!e->step_tables) {
         snprintf(err, len, "out of memory");
         return -1;
     }
@@ -273,7 +281,8 @@ int main(int argc, char **argv)
     struct lora_registry file = {0};
     struct lora_cli_opt_list mods = {0};
     long tp = 1, idx = 0, max_loras = 4, max_cpu = 0, max_rank = 64, bs = 16, blocks = 0;
-    long kv_bytes = 256L << 20, mbt = 512, mns = 64, mml = 0, idle = 100, startup = 120000, maxreq = 1024;
+    long kv_bytes = 256L << 20, mbt = 512, mns = 64, mml = 0, idle = 100, startup = 120000;
+    long maxreq = 1024;
     long publish_ms = 1000, seed = 0;
     const char *gen_source = "auto";
     double kv_fraction = 0;
@@ -299,11 +308,11 @@ int main(int argc, char **argv)
          "keep the adapter registry here (default RUN_DIR/adapters.json; '' for none)"},
         {"block-size", LORA_OPT_INT, &bs, "N", "KV cache block size (default 16)", 1, 1024},
         {"kv-cache-fraction", LORA_OPT_FLOAT, &kv_fraction, "F",
-         "size the KV cache as this fraction of available memory, over all ranks", 0, 0.95},
-        {"num-kv-blocks", LORA_OPT_INT, &blocks, "N", "KV blocks (default from --kv-cache-bytes)",
-         0, 1 << 24},
+         "each rank sizes its KV cache as this fraction of the memory available to it", 0, 0.95},
+        {"num-kv-blocks", LORA_OPT_INT, &blocks, "N",
+         "at most N KV blocks per rank (default: as many as the budget holds)", 0, 1 << 24},
         {"kv-cache-bytes", LORA_OPT_INT, &kv_bytes, "N",
-         "KV cache bytes per rank (default 268435456)", 1, 1e15},
+         "each rank's KV cache budget in bytes (default 268435456)", 1, 1e15},
         {"max-num-batched-tokens", LORA_OPT_INT, &mbt, "N", "token budget (default 512)", 1,
          1 << 20},
         {"max-num-seqs", LORA_OPT_INT, &mns, "N", "sequences per step (default 64)", 1, 4096},
@@ -378,16 +387,10 @@ int main(int argc, char **argv)
     e.max_model_len = mml ? (int)mml
                           : (cfg.max_position_embeddings < 4096 ? cfg.max_position_embeddings
                                                                 : 4096);
-    if (kv_fraction > 0) {
-        /* Available memory now, shared by the ranks of this host. */
-        double avail = (double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
-        kv_bytes = (long)(avail * kv_fraction / e.world);
-    }
-    if (cfg.n_kv_heads % e.world == 0) {
-        size_t block_bytes = lora_kv_cache_block_bytes(
-            cfg.n_layers, cfg.n_kv_heads / e.world * cfg.head_dim, e.block_size);
-        e.num_kv_blocks = blocks ? (int)blocks : (int)((size_t)kv_bytes / block_bytes);
-    }
+    /* The budget each rank sizes its KV cache from (workers.c sends it in setup). */
+    e.kv_cache_fraction = kv_fraction;
+    e.kv_cache_bytes = kv_fraction > 0 ? 0 : (uint64_t)kv_bytes;
+    e.kv_blocks_cap = (int)blocks;
     if (check_options(&e, &cfg, run_dir, eps, err, sizeof(err)) < 0 ||
         check_modules(&mods, err, sizeof(err)) < 0 ||
         (run_dir && lora_run_dir_check(run_dir, err, sizeof(err)) < 0)) {
@@ -429,6 +432,10 @@ int main(int argc, char **argv)
         }
         fprintf(stderr, "lora-engine: fatal: %s\n", err);
         rc = w == 2 ? 1 : EXIT_SYSTEM; /* 2: a rank refused the model */
+        goto out;
+    }
+    if (setup_scheduler(&e, err, sizeof(err)) < 0) {
+        fprintf(stderr, "lora-engine: fatal: %s\n", err);
         goto out;
     }
     if (restore_adapters(&e, &file, had_file, &mods, err, sizeof(err)) < 0) {

@@ -309,14 +309,18 @@ static void log_missing_ranks(const struct engine *e, uint64_t waited_ms)
             e->startup_timeout_ms / 1000);
 }
 
-static int send_setup(struct engine *e, int r, char *err, size_t err_len)
+/* Sends rank r its setup: the limits, and the KV budget with a cap on the blocks (0: none). */
+static int send_setup(struct engine *e, int r, int cap, char *err, size_t err_len)
 {
     struct lora_msg_setup s = {
         .model = {e->model, strlen(e->model)},
         .rank = r,
         .shm = {e->shm, strlen(e->shm)},
+        .kv_cache_bytes = e->kv_cache_bytes,
+        .kv_cache_fraction = e->kv_cache_fraction,
     };
     publish_limits(e, &s.limits);
+    s.limits.num_kv_blocks = cap;
     if (publish_setup(e, r, &s) < 0) {
         snprintf(err, err_len, "unable to send setup to rank %d", r);
         return -1;
@@ -339,8 +343,9 @@ static void refuse_hello(struct engine *e, const struct lora_msg_frames *f,
                  (long long)h->pid, why);
 }
 
-/* Gathers every rank's setup_done: 0, 1 stopped by a signal, 2 a rank refused, -1 failed. */
-static int gather_setup_done(struct engine *e, char *err, size_t err_len)
+/* Gathers every rank's setup_done: 0, 1 stopped by a signal, 2 a rank refused, -1 failed.
+ * blocks[r]: the KV blocks rank r allocated (a worker that does not say holds the cap). */
+static int gather_setup_done(struct engine *e, int cap, int *blocks, char *err, size_t err_len)
 {
     struct lora_msg_frames replies[ENGINE_MAX_WORLD];
     if (workers_gather(e, LORA_MSG_SETUP_DONE, replies, e->startup_timeout_ms, err, err_len) < 0)
@@ -357,10 +362,33 @@ static int gather_setup_done(struct engine *e, char *err, size_t err_len)
         } else if (!d.ok) {
             snprintf(err, err_len, "rank %d: %s", r, d.error.s ? d.error.s : "setup failed");
             rc = 2;
+        } else if ((blocks[r] = d.kv_blocks > 0 ? d.kv_blocks : cap) < 1) {
+            snprintf(err, err_len, "rank %d: its setup_done says no KV blocks", r);
+            rc = -1;
         }
     }
     workers_release(e, replies);
     return rc;
+}
+
+/* The engine's KV blocks: the smallest count of the ranks, said when they differ. */
+static void choose_kv_blocks(struct engine *e, const int *blocks)
+{
+    char list[ENGINE_MAX_WORLD * 12] = "";
+    size_t at = 0;
+    bool differ = false;
+
+    e->num_kv_blocks = blocks[0];
+    for (int r = 0; r < e->world; r++) {
+        differ |= blocks[r] != blocks[0];
+        if (blocks[r] < e->num_kv_blocks)
+            e->num_kv_blocks = blocks[r];
+        at += (size_t)snprintf(list + at, sizeof(list) - at, "%s%d", r ? ", " : "", blocks[r]);
+    }
+    if (differ)
+        fprintf(stderr, "lora-engine: note: the ranks have room for %s KV blocks; the engine "
+                        "uses %d, the smallest\n",
+                list, e->num_kv_blocks);
 }
 
 int workers_wait_setup(struct engine *e, char *err, size_t err_len)
@@ -406,10 +434,14 @@ int workers_wait_setup(struct engine *e, char *err, size_t err_len)
         }
         lora_msg_frames_release(&f);
     }
+    int blocks[ENGINE_MAX_WORLD];
     for (int r = 0; r < e->world; r++)
-        if (send_setup(e, r, err, err_len) < 0)
+        if (send_setup(e, r, e->kv_blocks_cap, err, err_len) < 0)
             return -1;
-    return gather_setup_done(e, err, err_len);
+    int rc = gather_setup_done(e, e->kv_blocks_cap, blocks, err, err_len);
+    if (rc == 0)
+        choose_kv_blocks(e, blocks);
+    return rc;
 }
 
 /* ---- notifications and the ranks' states -------------------------------------------------- */
@@ -669,13 +701,25 @@ static void readmit(struct engine *e)
     w->pid = pid;
     w->lost = false;
     lora_liveness_init(&w->live, lora_now_ms());
-    int rc = send_setup(e, r, err, sizeof(err));
+    /* The newcomer must hold as many KV blocks as the engine runs with: no more (the cap) and
+     * no fewer. */
+    int blocks[ENGINE_MAX_WORLD];
+    int rc = send_setup(e, r, e->num_kv_blocks, err, sizeof(err));
     if (rc == 0)
-        rc = gather_setup_done(e, err, sizeof(err));
+        rc = gather_setup_done(e, e->num_kv_blocks, blocks, err, sizeof(err));
     if (rc != 0) {
         if (!e->stopping)
             fprintf(stderr, "lora-engine: error: the new worker for rank %d (pid %lld) failed "
                             "its setup: %s\n", r, (long long)pid, err);
+        w->lost = true;
+        return;
+    }
+    if (blocks[r] != e->num_kv_blocks) {
+        fprintf(stderr, "lora-engine: error: the new worker for rank %d (pid %lld) has room for "
+                        "%d KV blocks, not the %d the engine runs with; it is refused and told "
+                        "to stop\n",
+                r, (long long)pid, blocks[r], e->num_kv_blocks);
+        publish_worker_empty(e, r, LORA_MSG_SHUTDOWN);
         w->lost = true;
         return;
     }

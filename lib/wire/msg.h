@@ -21,10 +21,16 @@
  *                                                  max_lora_rank block_size
  *                                                  num_kv_blocks world_size
  *                                                  max_model_len vocab_size
+ *                                                  startup_loads?
+ *                                                  (num_kv_blocks: the smallest
+ *                                                  kv_blocks of the ranks)
  *  heartbeat            any -> any                 -                               -
- *  setup                engine -> worker           model rank world_size limits    -
- *                                                  (as ready) shm?
+ *  setup                engine -> worker           model rank limits (as ready;    -
+ *                                                  num_kv_blocks: the cap, 0 none)
+ *                                                  shm? kv_cache_bytes?
+ *                                                  kv_cache_fraction?
  *  setup_done           worker -> engine           ok error? rank weight_bytes     -
+ *                                                  kv_blocks?
  *  step                 engine -> worker           step_id seqs[]                  tokens,
  *                                                                                  block_tables
  *  step_reply           worker -> engine           step_id rank ok error? doorbell -
@@ -225,11 +231,18 @@ struct lora_msg_ready {
     const struct lora_msg_startup_load *startup_loads;
 };
 
+/* The KV cache is sized by each rank, which alone knows its memory: setup carries the budget,
+ * and setup_done the blocks the rank allocated; the engine uses the smallest count of all ranks.
+ * The budget is kv_cache_fraction of the memory available to the rank when it is above 0, else
+ * kv_cache_bytes bytes, and limits.num_kv_blocks caps the blocks (0: no cap). Without either
+ * (both 0, absent on the wire) limits.num_kv_blocks is the count itself. */
 struct lora_msg_setup {
     struct lora_str model; /* model directory */
     int rank;
     struct lora_msg_limits limits;
-    struct lora_str shm; /* shared-memory name of the all-reduce, when world_size > 1 */
+    struct lora_str shm;       /* shared-memory name of the all-reduce, when world_size > 1 */
+    uint64_t kv_cache_bytes;   /* KV cache bytes of the rank, or 0 */
+    double kv_cache_fraction;  /* of the memory available to the rank, in [0, 1]; 0: none */
 };
 
 struct lora_msg_setup_done {
@@ -237,6 +250,7 @@ struct lora_msg_setup_done {
     struct lora_str error;
     int rank;
     uint64_t weight_bytes;
+    int kv_blocks; /* the KV blocks the rank allocated (ok only); 0 and absent: not said */
 };
 
 /* One sequence of a step: its tokens are the next n_tokens values of the tokens frame, its

@@ -11,29 +11,48 @@ static const char *const op_names[] = {"add", "activate", "remove", "pin", "unpi
 
 /* ---- setup, setup_done ----------------------------------------------------------------------- */
 
+static bool fraction_ok(double f)
+{
+    return f >= 0 && f <= 1; /* false for NaN too */
+}
+
 int lora_msg_encode_setup(struct lora_buf *b, const struct lora_msg_setup *m,
                           struct lora_msg_bin *bins, int *n_bins)
 {
     struct lora_msg_enc e;
+    bool has_bytes = m->kv_cache_bytes > 0, has_fraction = m->kv_cache_fraction > 0;
 
     if (n_bins)
         *n_bins = 0;
-    lora_msg_enc_begin(&e, b, LORA_MSG_SETUP, 3 + HAS(m->shm));
+    lora_msg_enc_begin(&e, b, LORA_MSG_SETUP, 3 + HAS(m->shm) + has_bytes + has_fraction);
+    if (!fraction_ok(m->kv_cache_fraction))
+        lora_msg_enc_invalid(&e);
     lora_msg_kv_str(&e, "model", m->model);
     lora_msg_kv_int(&e, "rank", m->rank);
     lora_msg_kv_limits(&e, &m->limits);
     lora_msg_kv_ostr(&e, "shm", m->shm);
+    if (has_bytes)
+        lora_msg_kv_u64(&e, "kv_cache_bytes", m->kv_cache_bytes);
+    if (has_fraction)
+        lora_msg_kv_f64(&e, "kv_cache_fraction", m->kv_cache_fraction);
     return lora_msg_enc_end(&e);
 }
 
 static int setup_fields(struct lora_msg_dec *d, const msgpack_object_map *m, void *p)
 {
     struct lora_msg_setup *o = p;
+    const msgpack_object *bytes;
 
     if (lora_msg_get_str(d, m, "model", &o->model) < 0 ||
         lora_msg_get_int(d, m, "rank", 0, INT_MAX, &o->rank) < 0 ||
-        lora_msg_limits_fields(d, m, &o->limits) < 0 || lora_msg_opt_str(d, m, "shm", &o->shm) < 0)
+        lora_msg_limits_fields(d, m, &o->limits) < 0 ||
+        lora_msg_opt_str(d, m, "shm", &o->shm) < 0 ||
+        lora_msg_find(d, m, "kv_cache_bytes", &bytes) < 0 ||
+        (bytes && lora_msg_as_u64(d, "kv_cache_bytes", bytes, &o->kv_cache_bytes) < 0) ||
+        lora_msg_opt_f64(d, m, "kv_cache_fraction", &o->kv_cache_fraction) < 0)
         return -1;
+    if (!fraction_ok(o->kv_cache_fraction))
+        return FAIL(d, "kv_cache_fraction", -1, "%g is out of range [0, 1]", o->kv_cache_fraction);
     return 0;
 }
 DEFINE_DECODER(setup, LORA_MSG_SETUP)
@@ -42,25 +61,32 @@ int lora_msg_encode_setup_done(struct lora_buf *b, const struct lora_msg_setup_d
                                struct lora_msg_bin *bins, int *n_bins)
 {
     struct lora_msg_enc e;
+    bool has_blocks = m->kv_blocks > 0;
 
     if (n_bins)
         *n_bins = 0;
-    lora_msg_enc_begin(&e, b, LORA_MSG_SETUP_DONE, 3 + HAS(m->error));
+    lora_msg_enc_begin(&e, b, LORA_MSG_SETUP_DONE, 3 + HAS(m->error) + has_blocks);
+    if (m->kv_blocks < 0)
+        lora_msg_enc_invalid(&e);
     lora_msg_kv_bool(&e, "ok", m->ok);
     lora_msg_kv_ostr(&e, "error", m->error);
     lora_msg_kv_int(&e, "rank", m->rank);
     lora_msg_kv_u64(&e, "weight_bytes", m->weight_bytes);
+    if (has_blocks)
+        lora_msg_kv_int(&e, "kv_blocks", m->kv_blocks);
     return lora_msg_enc_end(&e);
 }
 
 static int setup_done_fields(struct lora_msg_dec *d, const msgpack_object_map *m, void *p)
 {
     struct lora_msg_setup_done *o = p;
+    bool present;
 
     if (lora_msg_get_bool(d, m, "ok", &o->ok) < 0 ||
         lora_msg_opt_str(d, m, "error", &o->error) < 0 ||
         lora_msg_get_int(d, m, "rank", 0, INT_MAX, &o->rank) < 0 ||
-        lora_msg_get_u64(d, m, "weight_bytes", &o->weight_bytes) < 0)
+        lora_msg_get_u64(d, m, "weight_bytes", &o->weight_bytes) < 0 ||
+        lora_msg_opt_int(d, m, "kv_blocks", 0, INT_MAX, &o->kv_blocks, &present) < 0)
         return -1;
     return 0;
 }
