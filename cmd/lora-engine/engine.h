@@ -1,21 +1,27 @@
 /* The state of lora-engine, and nothing else: no file's functions are declared here. Each file has
- * one job and a header of its own, and calls flow one way, from the top down (a file includes
- * only the headers of the files below it; tests/layout/check_calls checks every call):
+ * one job and a header of its own, and calls flow one way, from each level to the levels below
+ * it, never up and never across (a file includes only its own header and those below it;
+ * tests/layout/check_calls checks every call and include):
  *
- *   main.c       options, start-up (setup of the ranks, the start-up adapters), teardown
- *   loop.c       the poll loop: reads every socket, runs a step when there is work, publishes
- *   step.c       one scheduled step          control.c  the control socket's commands
- *   loads.c      runtime adapter loads that finish while the engine steps
- *   adapters.c   adapter operations on every rank: load, register, unload, pin, reload
- *   frontends.c  frontend peers, requests and aborts, outputs
- *   workers.c    the worker group: hellos and setup, exchanges (broadcast and gather), liveness,
- *                notifications, asynchronous operations, a dead rank and its replacement
- *   publish.c    every encoding and send on the sockets (PUB, and the three ROUTERs)
- *   registry.c   the adapter table and the registry file      lograte.c  rate-limited warnings
+ *   0 main.c       options, start-up (setup of the ranks, the start-up adapters), teardown
+ *   1 loop.c       the poll loop: reads every socket, runs a step when there is work, publishes
+ *   2 step.c       one scheduled step
+ *   2 control.c    the control socket's commands
+ *   3 loads.c      runtime adapter loads that finish while the engine steps
+ *   4 adapters.c   adapter operations on every rank: load, register, unload, pin, reload
+ *   5 frontends.c  frontend peers, requests and aborts, outputs
+ *   5 workers.c    the worker group: hellos and setup, exchanges (broadcast and gather),
+ *                  liveness, notifications, asynchronous operations, a dead rank and its
+ *                  replacement
+ *   6 publish.c    every encoding and send on the sockets (PUB, and the three ROUTERs)
+ *   7 registry.c   the adapter table and the registry file
+ *   7 lograte.c    rate-limited warnings
  *
- * A lower file never calls a higher one: what it must report upward it leaves in this state for
- * the higher file to act on in its own next call (a dead rank: fail_due; a finished asynchronous
- * operation: workers' op table). Fields below are grouped by the file that owns them. */
+ * What a lower file must report upward it leaves in this state, for the higher file to act on
+ * in its own next call: a dead rank sets fail_due (loop.c fails every request and load in
+ * flight), an asynchronous operation's replies wait in workers' op table (loads.c asks), a new
+ * process for a dead rank waits in newcomer (the next workers_poll sets it up). Fields below are
+ * grouped by the file that owns them. */
 #ifndef LORA_ENGINE_H
 #define LORA_ENGINE_H
 
