@@ -85,8 +85,10 @@ DEB_PACKAGES := build-essential pkg-config libmsgpack-dev libzmq3-dev libjansson
 
 all: $(BINS) $(UNITS) $(BENCHES) $(TOOLS)
 
+# Made afresh each time: an object whose source was moved or removed must not linger in it.
 $(BUILD)/liblora.a: $(LIB_OBJ)
 	@mkdir -p $(@D)
+	rm -f $@
 	$(AR) rcs $@ $^
 
 $(BUILD)/%.o: %.c
@@ -185,6 +187,7 @@ $(FUZZ_BUILD)/%.o: %.c
 	$(FUZZ_CC) $(FUZZ_CFLAGS) -c $< -o $@
 
 $(FUZZ_BUILD)/liblora.a: $(FUZZ_LIB_OBJ)
+	rm -f $@
 	$(AR) rcs $@ $^
 
 $(FUZZ_BUILD)/fuzz_http: $(FUZZ_FRONTEND_OBJ)

@@ -1,17 +1,17 @@
-/* lora-engine: frontends (DESIGN sections 2, 4, 6): hello and ready, requests and aborts,
- * outputs routed back to the frontend that sent the request, the adapter registry, and the
- * publish socket's events. */
+/* lora-engine: frontends (DESIGN sections 2, 4, 6): hello (answered with ready and the registry),
+ * requests checked and queued in the scheduler, aborts, outputs routed back to the frontend that
+ * sent the request, frontends that went silent, and requests failed when a rank dies.
+ *
+ * Calls: publish.c (every send), registry.c (an adapter by name), lograte.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "engine.h"
-
-void publish_body(struct engine *e, const char *topic)
-{
-    lora_sock_send(e->pub, NULL, 0, topic, e->out.data, e->out.len, NULL, 0, ZMQ_DONTWAIT);
-}
+#include "frontends.h"
+#include "lograte.h"
+#include "publish.h"
+#include "registry.h"
 
 static int frontend_of(struct engine *e, const struct lora_msg_frames *f, bool add)
 {
@@ -31,67 +31,6 @@ static int frontend_of(struct engine *e, const struct lora_msg_frames *f, bool a
     p->present = true;
     lora_liveness_init(&p->live, lora_clock_mono_ms());
     return free_at;
-}
-
-static void send_to(struct engine *e, int fe)
-{
-    struct eng_peer *p = &e->frontends[fe];
-    if (lora_sock_send(e->front, p->rid, p->rid_len, NULL, e->out.data, e->out.len, NULL, 0,
-                       ZMQ_DONTWAIT) == 0)
-        lora_liveness_sent(&p->live, lora_clock_mono_ms());
-}
-
-void publish_event(struct engine *e, struct eng_request *r, enum lora_event_kind kind,
-                   const char *reason)
-{
-    const struct eng_adapter *ad = r->adapter_id ? &e->adapters[r->adapter_id - 1] : NULL;
-    double now = lora_clock_unix();
-    if (kind == LORA_EVENT_SCHEDULED && r->scheduled_at == 0)
-        r->scheduled_at = now;
-    struct lora_msg_event ev = {
-        .engine = e->engine_index,
-        .request_id = {r->request_id, strlen(r->request_id)},
-        .event = kind,
-        .time = now,
-        .num_prompt_tokens = r->n_prompt,
-        .num_generation_tokens = r->n_generated,
-    };
-    if (ad)
-        ev.lora = (struct lora_str){ad->name, strlen(ad->name)};
-    if (reason)
-        ev.finish_reason = (struct lora_str){reason, strlen(reason)};
-    lora_buf_reset(&e->out);
-    if (lora_msg_encode_event(&e->out, &ev, NULL, NULL) == 0)
-        publish_body(e, "event");
-}
-
-void registry_broadcast(struct engine *e)
-{
-    registry_broadcast_to(e, true);
-}
-
-void registry_broadcast_to(struct engine *e, bool to_frontends)
-{
-    struct lora_msg_registry_entry *list = calloc(ENGINE_MAX_ADAPTERS, sizeof(*list));
-    int n = 0;
-
-    if (!list)
-        return;
-    for (int i = 0; i < ENGINE_MAX_ADAPTERS; i++) {
-        const struct eng_adapter *ad = &e->adapters[i];
-        if (ad->used && !adapters_is_removing(e, ad))
-            list[n++] = (struct lora_msg_registry_entry){
-                {ad->name, strlen(ad->name)}, {ad->path, strlen(ad->path)}, (uint64_t)ad->id};
-    }
-    struct lora_msg_registry m = {.engine = e->engine_index, .n_adapters = n, .adapters = list};
-    lora_buf_reset(&e->out);
-    if (lora_msg_encode_registry(&e->out, &m, NULL, NULL) == 0) {
-        publish_body(e, "registry");
-        for (int i = 0; i < ENGINE_MAX_FRONTENDS && to_frontends; i++)
-            if (e->frontends[i].present)
-                send_to(e, i);
-    }
-    free(list);
 }
 
 int frontends_send_output(struct engine *e, struct eng_request *r, int n_new, const float *lps,
@@ -131,15 +70,10 @@ int frontends_send_output(struct engine *e, struct eng_request *r, int n_new, co
         o.finished_time = lora_clock_unix();
     }
     r->sent_first = true;
-    lora_buf_reset(&e->out);
-    if (lora_msg_encode_output(&e->out, &o, NULL, NULL) < 0)
-        return -1;
-    if (e->frontends[r->frontend].present)
-        send_to(e, r->frontend);
-    return 0;
+    return publish_output(e, r->frontend, &o);
 }
 
-void request_release(struct engine *e, struct eng_request *r)
+void frontends_release_request(struct engine *e, struct eng_request *r)
 {
     if (!r)
         return;
@@ -160,10 +94,10 @@ static void fail_request(struct engine *e, struct eng_request *r, const char *re
     frontends_send_output(e, r, 0, NULL, NULL, NULL, 0, true, reason, why);
     publish_event(e, r, LORA_EVENT_FINISHED, reason);
     lora_scheduler_abort(e->sched, r->id);
-    request_release(e, r);
+    frontends_release_request(e, r);
 }
 
-void requests_fail_all(struct engine *e, const char *why)
+void frontends_fail_all(struct engine *e, const char *why)
 {
     for (int i = 0; i < e->max_requests; i++)
         if (e->reqs[i].used)
@@ -201,8 +135,8 @@ static void handle_request(struct engine *e, int fe, const struct lora_msg_frame
 
     for (int i = 0; i < f->n_bins; i++)
         bins[i] = (struct lora_msg_bin){f->bins[i].data, f->bins[i].len};
-    lora_msg_arena_reset(e->arena);
-    if (lora_msg_decode_request(f->body, f->body_len, bins, f->n_bins, e->arena, &m, err,
+    lora_msg_arena_reset(e->frontends_arena);
+    if (lora_msg_decode_request(f->body, f->body_len, bins, f->n_bins, e->frontends_arena, &m, err,
                                 sizeof(err)) < 0) {
         lograte_warn(&e->log_front, "dropping a request: %s", err);
         return;
@@ -213,7 +147,7 @@ static void handle_request(struct engine *e, int fe, const struct lora_msg_frame
         return refuse(e, fe, &m, "unavailable", err);
     }
     if (m.lora.s) {
-        const struct eng_adapter *ad = adapters_find(e, m.lora.s);
+        const struct eng_adapter *ad = registry_find(e, m.lora.s);
         if (!ad) {
             snprintf(err, sizeof(err), "adapter '%s' not found", m.lora.s);
             return refuse(e, fe, &m, "not_found", err);
@@ -284,7 +218,7 @@ static void handle_request(struct engine *e, int fe, const struct lora_msg_frame
     if (!r->tokens || !r->prompt_lps || !r->prompt_ranks ||
         (r->prompt_top_n > 0 && (!r->prompt_top_ids || !r->prompt_top_lps)) ||
         (m.n_allowed_token_ids > 0 && !r->allowed)) {
-        request_release(e, r);
+        frontends_release_request(e, r);
         return refuse(e, fe, &m, "unavailable", "out of memory");
     }
     memcpy(r->tokens, m.prompt, sizeof(int32_t) * m.n_prompt);
@@ -292,7 +226,7 @@ static void handle_request(struct engine *e, int fe, const struct lora_msg_frame
         r->prompt_lps[i] = NAN;
     struct lora_scheduler_request sr = {r->id, r->n_prompt, r->max_tokens, adapter_id, r->arrival};
     if (lora_scheduler_add(e->sched, &sr, err, sizeof(err)) < 0) {
-        request_release(e, r);
+        frontends_release_request(e, r);
         return refuse(e, fe, &m, "invalid", err);
     }
     publish_event(e, r, LORA_EVENT_QUEUED, NULL);
@@ -303,8 +237,9 @@ static void handle_abort(struct engine *e, int fe, const struct lora_msg_frames 
     struct lora_msg_abort m;
     char err[256];
 
-    lora_msg_arena_reset(e->arena);
-    if (lora_msg_decode_abort(f->body, f->body_len, NULL, 0, e->arena, &m, err, sizeof(err)) < 0)
+    lora_msg_arena_reset(e->frontends_arena);
+    if (lora_msg_decode_abort(f->body, f->body_len, NULL, 0, e->frontends_arena, &m, err,
+                              sizeof(err)) < 0)
         return;
     for (int i = 0; i < e->max_requests; i++) {
         struct eng_request *r = &e->reqs[i];
@@ -313,39 +248,19 @@ static void handle_abort(struct engine *e, int fe, const struct lora_msg_frames 
     }
 }
 
-int encode_ready(struct engine *e)
-{
-    struct lora_msg_ready m = {
-        .version = LORA_PROTOCOL_VERSION,
-        .engine_index = e->engine_index,
-        .model = {e->model, strlen(e->model)},
-        .n_startup_loads = e->n_startup_loads,
-        .startup_loads = e->startup_loads,
-    };
-    engine_limits(e, &m.limits);
-    lora_buf_reset(&e->out);
-    return lora_msg_encode_ready(&e->out, &m, NULL, NULL);
-}
-
-static void send_ready(struct engine *e, int fe)
-{
-    if (encode_ready(e) == 0)
-        send_to(e, fe);
-}
-
-int frontends_handle(struct engine *e, const struct lora_msg_frames *f)
+void frontends_handle(struct engine *e, const struct lora_msg_frames *f)
 {
     char err[256];
     int type = lora_msg_peek_type(f->body, f->body_len, err, sizeof(err));
     int fe = frontend_of(e, f, type == LORA_MSG_HELLO);
 
     if (fe < 0)
-        return 0; /* unknown peer: it must say hello first */
+        return; /* unknown peer: it must say hello first */
     lora_liveness_heard(&e->frontends[fe].live, lora_clock_mono_ms());
     switch (type) {
     case LORA_MSG_HELLO:
-        send_ready(e, fe);
-        registry_broadcast(e);
+        publish_ready(e, fe);
+        publish_registry(e, true);
         break;
     case LORA_MSG_REQUEST:
         handle_request(e, fe, f);
@@ -356,24 +271,9 @@ int frontends_handle(struct engine *e, const struct lora_msg_frames *f)
     default:
         break;
     }
-    return 0;
 }
 
-void frontends_send_heartbeats(struct engine *e)
-{
-    uint64_t now = lora_clock_mono_ms();
-
-    for (int i = 0; i < ENGINE_MAX_FRONTENDS; i++) {
-        struct eng_peer *p = &e->frontends[i];
-        if (p->present && lora_liveness_should_send(&p->live, now)) {
-            lora_buf_reset(&e->out);
-            if (lora_msg_encode_empty(&e->out, LORA_MSG_HEARTBEAT) == 0)
-                send_to(e, i);
-        }
-    }
-}
-
-void frontends_heartbeat(struct engine *e)
+void frontends_expire(struct engine *e)
 {
     uint64_t now = lora_clock_mono_ms();
 
@@ -389,5 +289,5 @@ void frontends_heartbeat(struct engine *e)
             p->present = false;
         }
     }
-    frontends_send_heartbeats(e);
+    publish_frontend_heartbeats(e);
 }

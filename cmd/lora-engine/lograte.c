@@ -1,12 +1,12 @@
 /* lora-engine: repeated warnings, rate-limited. A peer that sends malformed messages in a loop
  * must not turn the engine's log into a copy of its traffic: each kind of warning is logged at
  * most LOGRATE_BURST times per LOGRATE_WINDOW_MS, and the lines held back are counted and said in
- * one summary line when the window is over. */
+ * one summary line when the window is over. Calls no other file of the engine. */
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "engine.h"
+#include "lograte.h"
 
 /* The window; LORA_ENGINE_TEST_LOG_WINDOW_MS shortens it for the tests. */
 static uint64_t window_ms(void)

@@ -1,18 +1,18 @@
-/* lora-engine: the engine core of lora-stack (DESIGN sections 2 to 7).
+/* lora-engine: the engine core of lora-stack (DESIGN sections 2 to 7): options and start-up.
  *
  * Binds four sockets: frontends (ROUTER), workers (ROUTER), control (ROUTER) and publish (PUB).
  * Start-up: read the registry file (a corrupt one stops the engine here), wait for every worker
  * rank's hello (saying which ranks it still waits for), send each its setup, load the registry
  * file's adapters and then the --lora-modules it has not taken in yet on every rank, write the
- * file, gather every rank's notifications, then report ready (a line on stderr). The loop: frontend
- * requests and aborts, control commands, worker heartbeats; one scheduled step at a time while
- * there is work; the notifications of every rank gathered after any adapter change, after a step
- * whose reply rang the doorbell, and every --idle-notify-ms while idle. A dead worker fails every
- * request in flight and marks the engine unhealthy; with one rank, a new worker process for the
- * rank is set up with the rank's adapters and the engine serves again (workers.c). A second
- * worker for a rank a live worker holds is refused. Exit codes: 0 on SIGTERM/SIGINT, 1 when the
- * model, the registry file or an adapter of --lora-modules is bad, 100 usage, 111 system failure.
- */
+ * file, gather every rank's notifications, then report ready (a line on stderr) and run the loop
+ * (loop.c). A dead worker fails every request in flight and marks the engine unhealthy; with one
+ * rank, a new worker process for the rank is set up with the rank's adapters and the engine
+ * serves again (workers.c). A second worker for a rank a live worker holds is refused. Exit
+ * codes: 0 on SIGTERM/SIGINT, 1 when the model, the registry file or an adapter of
+ * --lora-modules is bad, 100 usage, 111 system failure.
+ *
+ * The files of the engine and the direction of their calls are in engine.h.
+ * Calls: loop.c, adapters.c, frontends.c, workers.c, publish.c, registry.c. */
 #include <errno.h>
 #include <signal.h>
 #include <stdio.h>
@@ -20,28 +20,16 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "adapters.h"
 #include "base/cli.h"
-#include "engine.h"
-#include "runtime/kv_cache.h"
 #include "base/lora_module.h"
-#include "runtime/model_config.h"
 #include "base/run_dir.h"
-
-void engine_limits(const struct engine *e, struct lora_msg_limits *l)
-{
-    *l = (struct lora_msg_limits){
-        .max_loras = e->max_loras,
-        .max_cpu_loras = e->max_cpu_loras,
-        .max_lora_rank = e->max_lora_rank,
-        .block_size = e->block_size,
-        .num_kv_blocks = e->num_kv_blocks,
-        .world_size = e->world,
-        .max_model_len = e->max_model_len,
-        .max_num_batched_tokens = e->max_num_batched_tokens,
-        .max_num_seqs = e->max_num_seqs,
-        .vocab_size = e->vocab_size,
-    };
-}
+#include "frontends.h"
+#include "loop.h"
+#include "publish.h"
+#include "registry.h"
+#include "runtime/model_config.h"
+#include "workers.h"
 
 static int open_sockets(struct engine *e, const char *run_dir, const char **eps, char *err,
                         size_t len)
@@ -110,9 +98,8 @@ static int check_options(const struct engine *e, const struct lora_model_config 
                  e->max_model_len, cfg->max_position_embeddings);
         return -1;
     }
-    if (e->max_model_len < 2 || e->num_kv_blocks < 1) {
-        snprintf(err, len, "the context (--max-model-len %d) must hold 2 tokens and the KV cache "
-                           "a block",
+    if (e->max_model_len < 2) {
+        snprintf(err, len, "the context (--max-model-len %d) must hold 2 tokens",
                  e->max_model_len);
         return -1;
     }
@@ -202,7 +189,28 @@ oom:
     return -1;
 }
 
+/* What does not depend on the KV cache, before the workers join. */
 static int setup_state(struct engine *e, char *err, size_t len)
+{
+    e->reqs = calloc((size_t)e->max_requests, sizeof(*e->reqs));
+    e->results = calloc((size_t)e->max_num_seqs, sizeof(*e->results));
+    e->step_seqs = calloc((size_t)e->max_num_seqs, sizeof(*e->step_seqs));
+    e->step_tokens = calloc((size_t)e->max_num_batched_tokens, sizeof(int32_t));
+    e->workers_arena = lora_msg_arena_new();
+    e->ops_arena = lora_msg_arena_new();
+    e->frontends_arena = lora_msg_arena_new();
+    e->control_arena = lora_msg_arena_new();
+    e->step_arena = lora_msg_arena_new();
+    if (!e->reqs || !e->results || !e->step_seqs || !e->step_tokens || !e->workers_arena ||
+        !e->ops_arena || !e->frontends_arena || !e->control_arena || !e->step_arena) {
+        snprintf(err, len, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+/* The scheduler and its block manager, once the ranks have said how many KV blocks they hold. */
+static int setup_scheduler(struct engine *e, char *err, size_t len)
 {
     struct lora_scheduler_config sc;
 
@@ -218,14 +226,8 @@ static int setup_state(struct engine *e, char *err, size_t len)
     e->sched = lora_scheduler_new(&sc, err, len);
     if (!e->sched || lora_scheduler_plan_init(e->sched, &e->plan) < 0)
         return -1;
-    e->reqs = calloc((size_t)e->max_requests, sizeof(*e->reqs));
-    e->results = calloc((size_t)e->max_num_seqs, sizeof(*e->results));
-    e->step_seqs = calloc((size_t)e->max_num_seqs, sizeof(*e->step_seqs));
-    e->step_tokens = calloc((size_t)e->max_num_batched_tokens, sizeof(int32_t));
     e->step_tables = calloc((size_t)e->num_kv_blocks + (size_t)e->max_num_seqs, sizeof(int32_t));
-    e->arena = lora_msg_arena_new();
-    if (!e->reqs || !e->results || !e->step_seqs || !e->step_tokens || !e->step_tables ||
-        !e->arena) {
+    if (!e->step_tables) {
         snprintf(err, len, "out of memory");
         return -1;
     }
@@ -234,23 +236,9 @@ static int setup_state(struct engine *e, char *err, size_t len)
 
 static void teardown(struct engine *e)
 {
-    if (e->work && e->healthy) {
-        lora_buf_reset(&e->out);
-        if (lora_msg_encode_empty(&e->out, LORA_MSG_SHUTDOWN) == 0)
-            for (int r = 0; r < e->world; r++)
-                if (e->workers[r].present)
-                    if (lora_sock_send(e->work, e->workers[r].rid, e->workers[r].rid_len, NULL,
-                                       e->out.data, e->out.len, NULL, 0, ZMQ_DONTWAIT) < 0)
-                        fprintf(stderr, "lora-engine: warning: unable to tell rank %d to stop: %s\n",
-                                r, strerror(errno));
-        /* Give the shutdowns a bounded moment to leave before the socket closes: with LINGER
-         * alone, a message queued just before the close was seen lost now and then. */
-        int linger_ms = 500;
-        zmq_setsockopt(e->work->zsock, ZMQ_LINGER, &linger_ms, sizeof(linger_ms));
-        usleep(100 * 1000);
-    }
+    workers_stop(e);
     for (int i = 0; e->reqs && i < e->max_requests; i++)
-        request_release(e, &e->reqs[i]);
+        frontends_release_request(e, &e->reqs[i]);
     for (int r = 0; r < ENGINE_MAX_WORLD; r++)
         free(e->rank_state[r]);
     free(e->reqs);
@@ -260,9 +248,12 @@ static void teardown(struct engine *e)
     free(e->step_tables);
     lora_scheduler_plan_release(&e->plan);
     lora_scheduler_destroy(&e->sched);
-    lora_msg_arena_destroy(&e->arena);
-    lora_msg_arena_destroy(&e->load_arena);
-    lora_buf_release(&e->out);
+    lora_msg_arena_destroy(&e->workers_arena);
+    lora_msg_arena_destroy(&e->ops_arena);
+    lora_msg_arena_destroy(&e->frontends_arena);
+    lora_msg_arena_destroy(&e->control_arena);
+    lora_msg_arena_destroy(&e->step_arena);
+    publish_release();
     lora_registry_file_release(&e->startup_seen);
     for (int i = 0; i < e->n_startup_loads; i++)
         free((char *)e->startup_loads[i].name.s);
@@ -275,87 +266,6 @@ static void teardown(struct engine *e)
         zmq_ctx_term(e->zctx);
     if (e->sig_fd >= 0)
         lora_signal_pipe_close(e->sig_fd);
-}
-
-/* Worker traffic outside of an exchange: heartbeats, and hellos (a repeat, a second worker for
- * a rank that is taken, or a new process for a dead rank: see workers_hello). */
-static void drain_workers(struct engine *e)
-{
-    struct lora_msg_frames f;
-    char err[256];
-
-    while (lora_sock_recv(e->work, &f, 0, err, sizeof(err)) == 1) {
-        workers_heard(e, &f);
-        if (!workers_take_load_reply(e, &f) &&
-            lora_msg_peek_type(f.body, f.body_len, err, sizeof(err)) == LORA_MSG_HELLO)
-            workers_hello(e, &f, false);
-        lora_msg_frames_release(&f);
-    }
-    uint64_t now = lora_clock_mono_ms();
-    for (int r = 0; r < e->world && e->healthy; r++) {
-        struct eng_peer *w = &e->workers[r];
-        if (w->lost)
-            continue;
-        if (lora_liveness_is_dead(&w->live, now)) {
-            char why[128];
-            snprintf(why, sizeof(why), "worker rank %d (pid %lld) is dead (silent for %d ms)", r,
-                     (long long)w->pid, LORA_HEARTBEAT_DEAD_MS);
-            w->lost = true;
-            workers_mark_dead(e, why);
-        } else if (lora_liveness_should_send(&w->live, now)) {
-            lora_buf_reset(&e->out);
-            if (lora_msg_encode_empty(&e->out, LORA_MSG_HEARTBEAT) == 0 &&
-                lora_sock_send(e->work, w->rid, w->rid_len, NULL, e->out.data, e->out.len, NULL,
-                               0, ZMQ_DONTWAIT) == 0)
-                lora_liveness_sent(&w->live, now);
-        }
-    }
-}
-
-static int run(struct engine *e)
-{
-    for (;;) {
-        bool readable[4] = {false};
-        struct lora_sock *socks[3] = {e->front, e->ctl, e->work};
-        int timeout = step_has_work(e) ? 0 : 50;
-        if (lora_sock_poll(socks, 3, e->sig_fd, timeout, readable) < 0 && errno != EINTR) {
-            fprintf(stderr, "lora-engine: fatal: poll: %s\n", strerror(errno));
-            return EXIT_SYSTEM;
-        }
-        if (e->stopping || (readable[3] && lora_signal_pipe_drain(e->sig_fd) > 0))
-            return 0;
-        struct lora_msg_frames f;
-        char err[256];
-        while (lora_sock_recv(e->front, &f, 0, err, sizeof(err)) == 1) {
-            frontends_handle(e, &f);
-            lora_msg_frames_release(&f);
-        }
-        while (lora_sock_recv(e->ctl, &f, 0, err, sizeof(err)) == 1) {
-            control_handle(e, &f);
-            lora_msg_frames_release(&f);
-        }
-        drain_workers(e);
-        frontends_heartbeat(e);
-        uint64_t now = lora_clock_mono_ms();
-        loads_finish_ready(e, now);
-        lograte_flush(&e->log_ctl, now);
-        lograte_flush(&e->log_front, now);
-        lograte_flush(&e->log_hello, now);
-        if (step_has_work(e)) {
-            step_run(e);
-            e->was_busy = true;
-        } else if (e->healthy && lora_clock_mono_ms() - e->last_gather_ms >= (uint64_t)e->idle_ms) {
-            workers_gather_notifications(e);
-        }
-        bool idle = !step_has_work(e);
-        if ((idle && e->was_busy) ||
-            lora_clock_mono_ms() - e->last_publish_ms >= (uint64_t)e->publish_interval_ms) {
-            publish_state(e, idle);
-            e->was_busy = e->was_busy && !idle;
-        }
-        if (e->stopping)
-            return 0;
-    }
 }
 
 int main(int argc, char **argv)
@@ -371,7 +281,8 @@ int main(int argc, char **argv)
     struct lora_registry file = {0};
     struct lora_cli_opt_list mods = {0};
     long tp = 1, idx = 0, max_loras = 4, max_cpu = 0, max_rank = 64, bs = 16, blocks = 0;
-    long kv_bytes = 256L << 20, mbt = 512, mns = 64, mml = 0, idle = 100, startup = 120000, maxreq = 1024;
+    long kv_bytes = 256L << 20, mbt = 512, mns = 64, mml = 0, idle = 100, startup = 120000;
+    long maxreq = 1024;
     long publish_ms = 1000, seed = 0;
     const char *gen_source = "auto";
     double kv_fraction = 0;
@@ -397,11 +308,11 @@ int main(int argc, char **argv)
          "keep the adapter registry here (default RUN_DIR/adapters.json; '' for none)"},
         {"block-size", LORA_OPT_INT, &bs, "N", "KV cache block size (default 16)", 1, 1024},
         {"kv-cache-fraction", LORA_OPT_FLOAT, &kv_fraction, "F",
-         "size the KV cache as this fraction of available memory, over all ranks", 0, 0.95},
-        {"num-kv-blocks", LORA_OPT_INT, &blocks, "N", "KV blocks (default from --kv-cache-bytes)",
-         0, 1 << 24},
+         "each rank sizes its KV cache as this fraction of the memory available to it", 0, 0.95},
+        {"num-kv-blocks", LORA_OPT_INT, &blocks, "N",
+         "at most N KV blocks per rank (default: as many as the budget holds)", 0, 1 << 24},
         {"kv-cache-bytes", LORA_OPT_INT, &kv_bytes, "N",
-         "KV cache bytes per rank (default 268435456)", 1, 1e15},
+         "each rank's KV cache budget in bytes (default 268435456)", 1, 1e15},
         {"max-num-batched-tokens", LORA_OPT_INT, &mbt, "N", "token budget (default 512)", 1,
          1 << 20},
         {"max-num-seqs", LORA_OPT_INT, &mns, "N", "sequences per step (default 64)", 1, 4096},
@@ -476,16 +387,10 @@ int main(int argc, char **argv)
     e.max_model_len = mml ? (int)mml
                           : (cfg.max_position_embeddings < 4096 ? cfg.max_position_embeddings
                                                                 : 4096);
-    if (kv_fraction > 0) {
-        /* Available memory now, shared by the ranks of this host. */
-        double avail = (double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
-        kv_bytes = (long)(avail * kv_fraction / e.world);
-    }
-    if (cfg.n_kv_heads % e.world == 0) {
-        size_t block_bytes = lora_kv_cache_block_bytes(
-            cfg.n_layers, cfg.n_kv_heads / e.world * cfg.head_dim, e.block_size);
-        e.num_kv_blocks = blocks ? (int)blocks : (int)((size_t)kv_bytes / block_bytes);
-    }
+    /* The budget each rank sizes its KV cache from (workers.c sends it in setup). */
+    e.kv_cache_fraction = kv_fraction;
+    e.kv_cache_bytes = kv_fraction > 0 ? 0 : (uint64_t)kv_bytes;
+    e.kv_blocks_cap = (int)blocks;
     if (check_options(&e, &cfg, run_dir, eps, err, sizeof(err)) < 0 ||
         check_modules(&mods, err, sizeof(err)) < 0 ||
         (run_dir && lora_run_dir_check(run_dir, err, sizeof(err)) < 0)) {
@@ -529,6 +434,10 @@ int main(int argc, char **argv)
         rc = w == 2 ? 1 : EXIT_SYSTEM; /* 2: a rank refused the model */
         goto out;
     }
+    if (setup_scheduler(&e, err, sizeof(err)) < 0) {
+        fprintf(stderr, "lora-engine: fatal: %s\n", err);
+        goto out;
+    }
     if (restore_adapters(&e, &file, had_file, &mods, err, sizeof(err)) < 0) {
         if (e.stopping) {
             rc = 0;
@@ -540,10 +449,11 @@ int main(int argc, char **argv)
     }
     workers_gather_notifications(&e);
     e.ready = true;
+    e.last_publish_ms = lora_clock_mono_ms();
     publish_state(&e, true);
     fprintf(stderr, "lora-engine: ready: engine %d, %d rank%s, %d KV blocks of %d\n",
             e.engine_index, e.world, e.world == 1 ? "" : "s", e.num_kv_blocks, e.block_size);
-    rc = run(&e);
+    rc = loop_run(&e);
 out:
     lora_registry_file_release(&file);
     teardown(&e);

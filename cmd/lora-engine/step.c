@@ -1,13 +1,20 @@
-/* lora-engine: one scheduled step (DESIGN sections 4 to 7): the plan's adapter activations and
- * unloads on every rank, the step itself, the outputs to the frontends, lifecycle events,
- * per-step stats, and the notification gather when a rank rang the doorbell. */
+/* lora-engine: one scheduled step (DESIGN sections 4 to 7): the reload of adapters that requests
+ * wait for, the plan's adapter activations and unloads on every rank (answering an unload that
+ * waited for its running requests), the step itself, the outputs to the frontends, lifecycle
+ * events, per-step stats, and the notification gather when a rank rang the doorbell.
+ *
+ * Calls: adapters.c, frontends.c (outputs), workers.c, publish.c. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "engine.h"
+#include "adapters.h"
+#include "frontends.h"
+#include "publish.h"
+#include "step.h"
+#include "workers.h"
 
 bool step_has_work(const struct engine *e)
 {
@@ -62,7 +69,7 @@ static int apply_adapters(struct engine *e)
         if (rc < 0)
             fprintf(stderr, "lora-engine: warning: unloading '%s': %s\n", ad->name, err);
         if (ad->unload_reply_due)
-            control_reply_send(e, ad->unload_rid, ad->unload_rid_len, ad->unload_ctl_id,
+            publish_control_reply(e, ad->unload_rid, ad->unload_rid_len, ad->unload_ctl_id,
                                rc < 0 ? err : NULL, NULL, 0);
         ad->used = false;
         ad->unload_reply_due = false;
@@ -80,14 +87,14 @@ static int apply_adapters(struct engine *e)
             continue;
         int rc = workers_adapter_op(e, LORA_OP_REMOVE, ad->name, NULL, -1, err, sizeof(err));
         if (ad->unload_reply_due)
-            control_reply_send(e, ad->unload_rid, ad->unload_rid_len, ad->unload_ctl_id,
+            publish_control_reply(e, ad->unload_rid, ad->unload_rid_len, ad->unload_ctl_id,
                                rc < 0 ? err : NULL, NULL, 0);
         ad->used = ad->unload_reply_due = ad->unloading = false;
         e->n_unloading--;
         changed = released = true;
     }
     if (released)
-        registry_broadcast(e);
+        publish_registry(e, true);
     return changed ? workers_gather_notifications(e) : 0;
 }
 
@@ -107,7 +114,7 @@ static void publish_plan_events(struct engine *e)
     }
 }
 
-/* Encodes and broadcasts the step of the plan. */
+/* Sends the step of the plan to every rank. */
 static int send_step(struct engine *e)
 {
     size_t tok_at = 0, blk_at = 0;
@@ -156,12 +163,7 @@ static int send_step(struct engine *e)
         .block_tables = e->step_tables,
         .n_block_entries = blk_at,
     };
-    struct lora_msg_bin bins[2];
-    int n_bins = 0;
-    lora_buf_reset(&e->out);
-    if (lora_msg_encode_step(&e->out, &m, bins, &n_bins) < 0)
-        return -1;
-    return workers_broadcast(e, bins, n_bins);
+    return workers_step(e, &m);
 }
 
 /* Applies the output rank's results to the requests; fills e->results. */
@@ -203,38 +205,6 @@ static int absorb(struct engine *e, const struct lora_msg_step_reply *rep)
     return 0;
 }
 
-static void publish_stats(struct engine *e, double step_seconds, double model_seconds)
-{
-    struct lora_msg_adapter_count counts[ENGINE_MAX_ADAPTERS];
-    int n = 0;
-
-    for (int i = 0; i < e->plan.n_adapters && n < ENGINE_MAX_ADAPTERS; i++) {
-        const struct lora_scheduler_adapter_count *c = &e->plan.adapters[i];
-        const struct eng_adapter *ad = &e->adapters[c->adapter_id - 1];
-        if (c->adapter_id < 1 || !ad->used)
-            continue;
-        counts[n++] = (struct lora_msg_adapter_count){
-            {ad->name, strlen(ad->name)}, c->n_running, c->n_waiting};
-    }
-    struct lora_msg_stats s = {
-        .engine = e->engine_index,
-        .time = lora_clock_unix(),
-        .running = e->plan.n_running,
-        .waiting = e->plan.n_waiting,
-        .kv_usage = e->plan.kv_usage,
-        .num_preemptions = e->num_preemptions,
-        .step_adapters = e->plan.n_step_adapters,
-        .step_tokens = e->plan.n_step_tokens,
-        .step_seconds = step_seconds,
-        .model_seconds = model_seconds,
-        .n_adapters = n,
-        .adapters = counts,
-    };
-    lora_buf_reset(&e->out);
-    if (lora_msg_encode_stats(&e->out, &s, NULL, NULL) == 0)
-        publish_body(e, "stats");
-}
-
 int step_run(struct engine *e)
 {
     char err[512];
@@ -260,9 +230,9 @@ int step_run(struct engine *e)
         for (int r = e->world - 1; r >= 0; r--) {
             struct lora_msg_step_reply rep;
             char derr[256];
-            lora_msg_arena_reset(e->arena);
+            lora_msg_arena_reset(e->step_arena);
             int rc = lora_msg_decode_step_reply(replies[r].body, replies[r].body_len, NULL, 0,
-                                                e->arena, &rep, derr, sizeof(derr));
+                                                e->step_arena, &rep, derr, sizeof(derr));
             if (rc < 0 || !rep.ok) {
                 snprintf(err, sizeof(err), "rank %d failed a step: %s", r,
                          rc < 0 ? derr : (rep.error.s ? rep.error.s : "?"));
@@ -286,8 +256,8 @@ int step_run(struct engine *e)
     }
     for (int i = 0; i < e->plan.n_seqs; i++)
         if (e->results[i].finished)
-            request_release(e, request_of(e, e->plan.seqs[i].request_id));
-    publish_stats(e, lora_clock_unix() - t0, model_seconds);
+            frontends_release_request(e, request_of(e, e->plan.seqs[i].request_id));
+    publish_step_stats(e, lora_clock_unix() - t0, model_seconds);
     if (doorbell)
         workers_gather_notifications(e);
     return 0;

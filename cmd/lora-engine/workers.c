@@ -1,13 +1,22 @@
 /* lora-engine: the worker group (DESIGN sections 2 to 7). Every exchange with the ranks is a
  * broadcast followed by a gather of one reply per rank, bounded by the ranks' liveness and a
- * timeout, so a dead worker fails the exchange instead of hanging the engine. */
+ * timeout, so a dead worker fails the exchange instead of hanging the engine. Also: start-up
+ * (hellos, setup), the ranks' liveness outside of exchanges, the notifications gathered from
+ * every rank, asynchronous adapter operations whose replies are taken wherever worker traffic is
+ * read, and a dead rank: marked here (fail_due, for the loop), replaced here when the engine can
+ * re-admit a new process for it (one rank).
+ *
+ * Calls: publish.c (every send), registry.c (the adapter table), lograte.c. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
-#include "engine.h"
+#include "lograte.h"
+#include "publish.h"
+#include "registry.h"
+#include "workers.h"
 
 /* While it waits for the ranks' hellos, the engine says which it still waits for this often. */
 #define WAIT_LOG_MS 3000
@@ -22,7 +31,7 @@ static int rank_of(const struct engine *e, const struct lora_msg_frames *f)
 }
 
 /* Any traffic from a rank counts, on its main socket or its heartbeat socket ("<id>-hb"). */
-void workers_heard(struct engine *e, const struct lora_msg_frames *f)
+static void heard(struct engine *e, const struct lora_msg_frames *f)
 {
     for (int r = 0; r < e->world; r++) {
         const struct eng_peer *w = &e->workers[r];
@@ -34,18 +43,9 @@ void workers_heard(struct engine *e, const struct lora_msg_frames *f)
     }
 }
 
-bool workers_take_load_reply(struct engine *e, const struct lora_msg_frames *f)
-{
-    char err[64];
-    int r = rank_of(e, f);
-
-    return r >= 0 &&
-           lora_msg_peek_type(f->body, f->body_len, err, sizeof(err)) ==
-               LORA_MSG_ADAPTER_OP_REPLY &&
-           loads_take_reply(e, r, f);
-}
-
-bool workers_can_readmit(const struct engine *e)
+/* Whether a rank that died can be replaced by a new worker process without restarting the
+ * engine: with one rank (several ranks share an all-reduce group a newcomer cannot join). */
+static bool can_readmit(const struct engine *e)
 {
     return e->world == 1;
 }
@@ -57,9 +57,9 @@ void workers_mark_dead(struct engine *e, const char *why)
     e->healthy = false;
     snprintf(e->unhealthy_reason, sizeof(e->unhealthy_reason), "%.200s", why);
     fprintf(stderr, "lora-engine: error: %s; the engine is unhealthy%s\n", why,
-            workers_can_readmit(e) ? " until a new worker takes the rank" : "");
-    requests_fail_all(e, why);
-    loads_fail_all(e, why);
+            can_readmit(e) ? " until a new worker takes the rank" : "");
+    e->fail_due = true;
+    snprintf(e->fail_why, sizeof(e->fail_why), "%s", e->unhealthy_reason);
 }
 
 /* Rank r went silent: it is dead, and (when the engine can re-admit) a new process may take it. */
@@ -70,24 +70,21 @@ static void rank_lost(struct engine *e, int r, char *why, size_t why_len)
     e->workers[r].lost = true;
 }
 
-int workers_broadcast(struct engine *e, const struct lora_msg_bin *bins, int n_bins)
+/* A broadcast that failed: the rank it could not reach (if any) is dead. Returns -1. */
+static int broadcast_failed(struct engine *e, int failed)
 {
-    struct lora_frame frames[LORA_SOCK_MAX_BINS];
-
-    for (int i = 0; i < n_bins; i++)
-        frames[i] = (struct lora_frame){bins[i].data, bins[i].len};
-    for (int r = 0; r < e->world; r++) {
-        struct eng_peer *w = &e->workers[r];
-        if (lora_sock_send(e->work, w->rid, w->rid_len, NULL, e->out.data, e->out.len, frames,
-                           n_bins, ZMQ_DONTWAIT) < 0) {
-            char why[128];
-            snprintf(why, sizeof(why), "worker rank %d is unreachable: %s", r, strerror(errno));
-            workers_mark_dead(e, why);
-            return -1;
-        }
-        lora_liveness_sent(&w->live, lora_clock_mono_ms());
+    if (failed >= 0) {
+        char why[128];
+        snprintf(why, sizeof(why), "worker rank %d is unreachable: %s", failed, strerror(errno));
+        workers_mark_dead(e, why);
     }
-    return 0;
+    return -1;
+}
+
+int workers_step(struct engine *e, const struct lora_msg_step *m)
+{
+    int failed;
+    return publish_step(e, m, &failed) < 0 ? broadcast_failed(e, failed) : 0;
 }
 
 void workers_release(struct engine *e, struct lora_msg_frames *replies)
@@ -96,11 +93,96 @@ void workers_release(struct engine *e, struct lora_msg_frames *replies)
         lora_msg_frames_release(&replies[r]);
 }
 
-/* Reads the "rank" of a reply without decoding the whole message. */
-static int reply_rank(struct engine *e, const struct lora_msg_frames *f)
+/* ---- asynchronous operations -------------------------------------------------------------- */
+
+static struct eng_op *find_op(struct engine *e, uint64_t op_id)
 {
-    return rank_of(e, f);
+    for (int i = 0; i < ENGINE_MAX_LOADS; i++)
+        if (e->ops[i].used && e->ops[i].op_id == op_id)
+            return &e->ops[i];
+    return NULL;
 }
+
+uint64_t workers_op_start(struct engine *e, enum lora_adapter_op op, const char *name,
+                          const char *path, char *err, size_t err_len)
+{
+    struct eng_op *o = NULL;
+    int failed;
+
+    for (int i = 0; i < ENGINE_MAX_LOADS && !o; i++)
+        if (!e->ops[i].used)
+            o = &e->ops[i];
+    if (!o) {
+        snprintf(err, err_len, "%d adapter loads are running; try again when one has finished",
+                 ENGINE_MAX_LOADS);
+        return 0;
+    }
+    memset(o, 0, sizeof(*o));
+    o->op_id = ++e->next_op;
+    struct lora_msg_adapter_op m = {
+        .op_id = o->op_id,
+        .op = op,
+        .name = {name, strlen(name)},
+        .slot = -1,
+    };
+    if (path)
+        m.path = (struct lora_str){path, strlen(path)};
+    if (publish_adapter_op(e, &m, &failed) < 0) {
+        broadcast_failed(e, failed);
+        snprintf(err, err_len, "unable to reach the workers");
+        return 0;
+    }
+    o->used = true;
+    return o->op_id;
+}
+
+int workers_op_result(struct engine *e, uint64_t op_id, char *err, size_t err_len)
+{
+    struct eng_op *o = find_op(e, op_id);
+
+    if (o && o->n_replied < e->world)
+        return 0;
+    snprintf(err, err_len, "%s", o ? o->err : "the operation is unknown");
+    if (o)
+        o->used = false;
+    return 1;
+}
+
+void workers_op_forget(struct engine *e, uint64_t op_id)
+{
+    struct eng_op *o = find_op(e, op_id);
+    if (o)
+        o->used = false;
+}
+
+/* Takes f, a rank's reply to an asynchronous operation; false when it answers none. */
+static bool take_op_reply(struct engine *e, const struct lora_msg_frames *f)
+{
+    struct lora_msg_adapter_op_reply rep;
+    char err[256];
+    int r = rank_of(e, f);
+
+    if (r < 0 ||
+        lora_msg_peek_type(f->body, f->body_len, err, sizeof(err)) != LORA_MSG_ADAPTER_OP_REPLY)
+        return false;
+    lora_msg_arena_reset(e->ops_arena);
+    if (lora_msg_decode_adapter_op_reply(f->body, f->body_len, NULL, 0, e->ops_arena, &rep, err,
+                                         sizeof(err)) < 0)
+        return false;
+    struct eng_op *o = find_op(e, rep.op_id);
+    if (!o || o->replied[r])
+        return o != NULL;
+    o->replied[r] = true;
+    o->n_replied++;
+    if (!rep.ok && !o->err[0])
+        snprintf(o->err, sizeof(o->err), "%.*s", (int)(rep.error.s ? rep.error.len : 7),
+                 rep.error.s ? rep.error.s : "refused");
+    return true;
+}
+
+/* ---- exchanges ---------------------------------------------------------------------------- */
+
+static int hello(struct engine *e, const struct lora_msg_frames *f, bool in_exchange);
 
 int workers_gather(struct engine *e, enum lora_msg_type type, struct lora_msg_frames *replies,
                    int timeout_ms, char *err, size_t err_len)
@@ -125,15 +207,11 @@ int workers_gather(struct engine *e, enum lora_msg_type type, struct lora_msg_fr
             }
             /* Keep the ranks we wait for from declaring us dead (the frontends too, below). */
             if (lora_liveness_should_send(&e->workers[r].live, now)) {
-                struct lora_buf hb = {0};
-                if (lora_msg_encode_empty(&hb, LORA_MSG_HEARTBEAT) == 0)
-                    lora_sock_send(e->work, e->workers[r].rid, e->workers[r].rid_len, NULL,
-                                   hb.data, hb.len, NULL, 0, ZMQ_DONTWAIT);
-                lora_buf_release(&hb);
+                publish_worker_empty(e, r, LORA_MSG_HEARTBEAT);
                 lora_liveness_sent(&e->workers[r].live, now);
             }
         }
-        frontends_send_heartbeats(e);
+        publish_frontend_heartbeats(e);
         if (now >= deadline) {
             snprintf(err, err_len, "no %s from every worker within %d ms",
                      lora_msg_type_name(type), timeout_ms);
@@ -148,16 +226,16 @@ int workers_gather(struct engine *e, enum lora_msg_type type, struct lora_msg_fr
         }
         if (rc == 0)
             continue;
-        workers_heard(e, &f);
-        /* A reply to a load in flight is the load's, even while an ADD of our own waits. */
-        if (workers_take_load_reply(e, &f)) {
+        heard(e, &f);
+        /* A reply to an asynchronous operation is its own, even while an ADD of ours waits. */
+        if (take_op_reply(e, &f)) {
             lora_msg_frames_release(&f);
             continue;
         }
-        int r = reply_rank(e, &f);
+        int r = rank_of(e, &f);
         int t = lora_msg_peek_type(f.body, f.body_len, rerr, sizeof(rerr));
         if (r < 0 || t != (int)type || got[r]) {
-            if (t == LORA_MSG_HELLO && workers_hello(e, &f, true) == 1) {
+            if (t == LORA_MSG_HELLO && hello(e, &f, true) == 1) {
                 snprintf(err, err_len, "a new worker process took a rank that was dead");
                 lora_msg_frames_release(&f);
                 goto fail;
@@ -175,6 +253,49 @@ fail:
     return -1;
 }
 
+int workers_adapter_op(struct engine *e, enum lora_adapter_op op, const char *name,
+                       const char *path, int slot, char *err, size_t err_len)
+{
+    struct lora_msg_adapter_op m = {
+        .op_id = ++e->next_op,
+        .op = op,
+        .name = {name, strlen(name)},
+        .slot = slot,
+    };
+    struct lora_msg_frames replies[ENGINE_MAX_WORLD];
+    int failed;
+
+    if (path)
+        m.path = (struct lora_str){path, strlen(path)};
+    if (publish_adapter_op(e, &m, &failed) < 0) {
+        broadcast_failed(e, failed);
+        snprintf(err, err_len, "unable to reach the workers");
+        return -1;
+    }
+    if (workers_gather(e, LORA_MSG_ADAPTER_OP_REPLY, replies, 120000, err, err_len) < 0) {
+        workers_mark_dead(e, err);
+        return -1;
+    }
+    int rc = 0;
+    for (int r = 0; r < e->world && rc == 0; r++) {
+        struct lora_msg_adapter_op_reply rep;
+        char rerr[256];
+        lora_msg_arena_reset(e->workers_arena);
+        if (lora_msg_decode_adapter_op_reply(replies[r].body, replies[r].body_len, NULL, 0,
+                                             e->workers_arena, &rep, rerr, sizeof(rerr)) < 0) {
+            snprintf(err, err_len, "rank %d: %s", r, rerr);
+            rc = -1;
+        } else if (!rep.ok) {
+            snprintf(err, err_len, "%s", rep.error.s ? rep.error.s : "refused");
+            rc = -1;
+        }
+    }
+    workers_release(e, replies);
+    return rc;
+}
+
+/* ---- start-up ----------------------------------------------------------------------------- */
+
 /* Says on stderr which ranks have not said hello yet. */
 static void log_missing_ranks(const struct engine *e, uint64_t waited_ms)
 {
@@ -188,25 +309,24 @@ static void log_missing_ranks(const struct engine *e, uint64_t waited_ms)
             e->startup_timeout_ms / 1000);
 }
 
-static int send_setup(struct engine *e, int r, char *err, size_t err_len)
+/* Sends rank r its setup: the limits, and the KV budget with a cap on the blocks (0: none). */
+static int send_setup(struct engine *e, int r, int cap, char *err, size_t err_len)
 {
     struct lora_msg_setup s = {
         .model = {e->model, strlen(e->model)},
         .rank = r,
         .shm = {e->shm, strlen(e->shm)},
+        .kv_cache_bytes = e->kv_cache_bytes,
+        .kv_cache_fraction = e->kv_cache_fraction,
     };
-    engine_limits(e, &s.limits);
-    lora_buf_reset(&e->out);
-    if (lora_msg_encode_setup(&e->out, &s, NULL, NULL) < 0 ||
-        lora_sock_send(e->work, e->workers[r].rid, e->workers[r].rid_len, NULL, e->out.data,
-                       e->out.len, NULL, 0, ZMQ_DONTWAIT) < 0) {
+    publish_limits(e, &s.limits);
+    s.limits.num_kv_blocks = cap;
+    if (publish_setup(e, r, &s) < 0) {
         snprintf(err, err_len, "unable to send setup to rank %d", r);
         return -1;
     }
     return 0;
 }
-
-static int gather_setup_done(struct engine *e, char *err, size_t err_len);
 
 /* Answers the newcomer f, whose hello h names a rank a live worker holds, with a setup_done
  * that is not ok, and logs it. The live worker keeps the rank. */
@@ -218,17 +338,59 @@ static void refuse_hello(struct engine *e, const struct lora_msg_frames *f,
 
     snprintf(why, sizeof(why), "rank %d is taken by a live worker (pid %lld)", h->rank,
              (long long)w->pid);
-    struct lora_msg_setup_done d = {.ok = false, .error = {why, strlen(why)}, .rank = h->rank};
-    struct lora_buf b = {0};
-    if (lora_msg_encode_setup_done(&b, &d, NULL, NULL) == 0)
-        lora_sock_send(e->work, f->rid, f->rid_len, NULL, b.data, b.len, NULL, 0, ZMQ_DONTWAIT);
-    lora_buf_release(&b);
+    publish_setup_refusal(e, f, h->rank, why);
     lograte_warn(&e->log_hello, "refused a second worker for rank %d (pid %lld): %s", h->rank,
                  (long long)h->pid, why);
 }
 
-/* Waits for every rank's hello, sends setup and waits for setup_done from all. Returns 0, 1 when
- * a signal asked to stop meanwhile, 2 when a rank could not load the model, or -1 with err. */
+/* Gathers every rank's setup_done: 0, 1 stopped by a signal, 2 a rank refused, -1 failed.
+ * blocks[r]: the KV blocks rank r allocated (a worker that does not say holds the cap). */
+static int gather_setup_done(struct engine *e, int cap, int *blocks, char *err, size_t err_len)
+{
+    struct lora_msg_frames replies[ENGINE_MAX_WORLD];
+    if (workers_gather(e, LORA_MSG_SETUP_DONE, replies, e->startup_timeout_ms, err, err_len) < 0)
+        return e->stopping ? 1 : -1;
+    int rc = 0;
+    for (int r = 0; r < e->world && rc == 0; r++) {
+        struct lora_msg_setup_done d;
+        char rerr[256];
+        lora_msg_arena_reset(e->workers_arena);
+        if (lora_msg_decode_setup_done(replies[r].body, replies[r].body_len, NULL, 0,
+                                       e->workers_arena, &d, rerr, sizeof(rerr)) < 0) {
+            snprintf(err, err_len, "rank %d: %s", r, rerr);
+            rc = -1;
+        } else if (!d.ok) {
+            snprintf(err, err_len, "rank %d: %s", r, d.error.s ? d.error.s : "setup failed");
+            rc = 2;
+        } else if ((blocks[r] = d.kv_blocks > 0 ? d.kv_blocks : cap) < 1) {
+            snprintf(err, err_len, "rank %d: its setup_done says no KV blocks", r);
+            rc = -1;
+        }
+    }
+    workers_release(e, replies);
+    return rc;
+}
+
+/* The engine's KV blocks: the smallest count of the ranks, said when they differ. */
+static void choose_kv_blocks(struct engine *e, const int *blocks)
+{
+    char list[ENGINE_MAX_WORLD * 12] = "";
+    size_t at = 0;
+    bool differ = false;
+
+    e->num_kv_blocks = blocks[0];
+    for (int r = 0; r < e->world; r++) {
+        differ |= blocks[r] != blocks[0];
+        if (blocks[r] < e->num_kv_blocks)
+            e->num_kv_blocks = blocks[r];
+        at += (size_t)snprintf(list + at, sizeof(list) - at, "%s%d", r ? ", " : "", blocks[r]);
+    }
+    if (differ)
+        fprintf(stderr, "lora-engine: note: the ranks have room for %s KV blocks; the engine "
+                        "uses %d, the smallest\n",
+                list, e->num_kv_blocks);
+}
+
 int workers_wait_setup(struct engine *e, char *err, size_t err_len)
 {
     uint64_t start = lora_clock_mono_ms(), deadline = start + (uint64_t)e->startup_timeout_ms;
@@ -255,9 +417,9 @@ int workers_wait_setup(struct engine *e, char *err, size_t err_len)
         char rerr[256];
         if (lora_sock_recv(e->work, &f, 100, rerr, sizeof(rerr)) != 1)
             continue;
-        lora_msg_arena_reset(e->arena);
-        bool worker = lora_msg_decode_hello(f.body, f.body_len, NULL, 0, e->arena, &h, rerr,
-                                            sizeof(rerr)) == 0 &&
+        lora_msg_arena_reset(e->workers_arena);
+        bool worker = lora_msg_decode_hello(f.body, f.body_len, NULL, 0, e->workers_arena, &h,
+                                            rerr, sizeof(rerr)) == 0 &&
                       h.role == LORA_ROLE_WORKER && h.rank >= 0 && h.rank < e->world;
         if (worker && e->workers[h.rank].present && e->workers[h.rank].pid != h.pid) {
             refuse_hello(e, &f, &h);
@@ -272,76 +434,17 @@ int workers_wait_setup(struct engine *e, char *err, size_t err_len)
         }
         lora_msg_frames_release(&f);
     }
+    int blocks[ENGINE_MAX_WORLD];
     for (int r = 0; r < e->world; r++)
-        if (send_setup(e, r, err, err_len) < 0)
+        if (send_setup(e, r, e->kv_blocks_cap, err, err_len) < 0)
             return -1;
-    return gather_setup_done(e, err, err_len);
-}
-
-/* Gathers every rank's setup_done: 0, 1 stopped by a signal, 2 a rank refused, -1 failed. */
-static int gather_setup_done(struct engine *e, char *err, size_t err_len)
-{
-    struct lora_msg_frames replies[ENGINE_MAX_WORLD];
-    if (workers_gather(e, LORA_MSG_SETUP_DONE, replies, e->startup_timeout_ms, err, err_len) < 0)
-        return e->stopping ? 1 : -1;
-    int rc = 0;
-    for (int r = 0; r < e->world && rc == 0; r++) {
-        struct lora_msg_setup_done d;
-        char rerr[256];
-        lora_msg_arena_reset(e->arena);
-        if (lora_msg_decode_setup_done(replies[r].body, replies[r].body_len, NULL, 0, e->arena,
-                                       &d, rerr, sizeof(rerr)) < 0) {
-            snprintf(err, err_len, "rank %d: %s", r, rerr);
-            rc = -1;
-        } else if (!d.ok) {
-            snprintf(err, err_len, "rank %d: %s", r, d.error.s ? d.error.s : "setup failed");
-            rc = 2;
-        }
-    }
-    workers_release(e, replies);
+    int rc = gather_setup_done(e, e->kv_blocks_cap, blocks, err, err_len);
+    if (rc == 0)
+        choose_kv_blocks(e, blocks);
     return rc;
 }
 
-int workers_adapter_op(struct engine *e, enum lora_adapter_op op, const char *name,
-                       const char *path, int slot, char *err, size_t err_len)
-{
-    struct lora_msg_adapter_op m = {
-        .op_id = ++e->next_op,
-        .op = op,
-        .name = {name, strlen(name)},
-        .slot = slot,
-    };
-    struct lora_msg_frames replies[ENGINE_MAX_WORLD];
-
-    if (path)
-        m.path = (struct lora_str){path, strlen(path)};
-    lora_buf_reset(&e->out);
-    if (lora_msg_encode_adapter_op(&e->out, &m, NULL, NULL) < 0 ||
-        workers_broadcast(e, NULL, 0) < 0) {
-        snprintf(err, err_len, "unable to reach the workers");
-        return -1;
-    }
-    if (workers_gather(e, LORA_MSG_ADAPTER_OP_REPLY, replies, 120000, err, err_len) < 0) {
-        workers_mark_dead(e, err);
-        return -1;
-    }
-    int rc = 0;
-    for (int r = 0; r < e->world && rc == 0; r++) {
-        struct lora_msg_adapter_op_reply rep;
-        char rerr[256];
-        lora_msg_arena_reset(e->arena);
-        if (lora_msg_decode_adapter_op_reply(replies[r].body, replies[r].body_len, NULL, 0,
-                                             e->arena, &rep, rerr, sizeof(rerr)) < 0) {
-            snprintf(err, err_len, "rank %d: %s", r, rerr);
-            rc = -1;
-        } else if (!rep.ok) {
-            snprintf(err, err_len, "%s", rep.error.s ? rep.error.s : "refused");
-            rc = -1;
-        }
-    }
-    workers_release(e, replies);
-    return rc;
-}
+/* ---- notifications and the ranks' states -------------------------------------------------- */
 
 /* Keeps rank r's state as the bytes of a residency_reply, for residency queries. */
 static void store_state(struct engine *e, int r, const struct lora_msg_state *st)
@@ -370,7 +473,8 @@ static int level_of(const struct lora_msg_state *st, const char *name)
     return 0;
 }
 
-int engine_rank_states(struct engine *e, struct lora_msg_residency_reply *out)
+int workers_rank_states(struct engine *e, struct lora_msg_arena *arena,
+                        struct lora_msg_residency_reply *out)
 {
     char err[256];
     for (int r = 0; r < e->world; r++) {
@@ -378,21 +482,17 @@ int engine_rank_states(struct engine *e, struct lora_msg_residency_reply *out)
         out[r].rank = r;
         if (e->rank_state[r] &&
             lora_msg_decode_residency_reply(e->rank_state[r], e->rank_state_len[r], NULL, 0,
-                                            e->arena, &out[r], err, sizeof(err)) < 0)
+                                            arena, &out[r], err, sizeof(err)) < 0)
             return -1;
     }
     return 0;
 }
 
 /* Adapters whose level differs between ranks. */
-static int count_disagreement(struct engine *e)
+static int count_disagreement(struct engine *e, const struct lora_msg_residency_reply *st)
 {
-    struct lora_msg_residency_reply st[ENGINE_MAX_WORLD];
     int n = 0;
 
-    lora_msg_arena_reset(e->arena);
-    if (engine_rank_states(e, st) < 0)
-        return 0;
     for (int r = 0; r < e->world; r++) {
         for (int i = 0; i < st[r].state.n_cpu; i++) {
             const char *name = st[r].state.cpu[i].s;
@@ -441,22 +541,22 @@ static void keep_startup_loads(struct engine *e, int r, const struct lora_msg_no
 int workers_gather_notifications(struct engine *e)
 {
     struct lora_msg_frames replies[ENGINE_MAX_WORLD];
+    struct lora_msg_residency_reply st[ENGINE_MAX_WORLD];
     char err[512];
+    int failed;
 
     e->last_gather_ms = lora_clock_mono_ms();
-    lora_buf_reset(&e->out);
-    if (lora_msg_encode_empty(&e->out, LORA_MSG_TAKE_NOTIFICATIONS) < 0 ||
-        workers_broadcast(e, NULL, 0) < 0)
-        return -1;
+    if (publish_workers_empty(e, LORA_MSG_TAKE_NOTIFICATIONS, &failed) < 0)
+        return broadcast_failed(e, failed);
     if (workers_gather(e, LORA_MSG_NOTIFICATIONS, replies, 10000, err, sizeof(err)) < 0) {
         workers_mark_dead(e, err);
         return -1;
     }
     for (int r = 0; r < e->world; r++) {
         struct lora_msg_notifications m;
-        lora_msg_arena_reset(e->arena);
-        if (lora_msg_decode_notifications(replies[r].body, replies[r].body_len, NULL, 0, e->arena,
-                                          &m, err, sizeof(err)) < 0) {
+        lora_msg_arena_reset(e->workers_arena);
+        if (lora_msg_decode_notifications(replies[r].body, replies[r].body_len, NULL, 0,
+                                          e->workers_arena, &m, err, sizeof(err)) < 0) {
             fprintf(stderr, "lora-engine: warning: rank %d: %s\n", r, err);
             continue;
         }
@@ -468,18 +568,15 @@ int workers_gather_notifications(struct engine *e)
         if (!news)
             continue;
         m.engine = e->engine_index;
-        lora_buf_reset(&e->out);
-        if (lora_msg_encode_notifications(&e->out, &m, NULL, NULL) == 0) {
-            publish_body(e, "notifications");
-            for (int i = 0; i < ENGINE_MAX_FRONTENDS; i++)
-                if (e->frontends[i].present)
-                    lora_sock_send(e->front, e->frontends[i].rid, e->frontends[i].rid_len, NULL,
-                                   e->out.data, e->out.len, NULL, 0, ZMQ_DONTWAIT);
-        }
+        publish_notifications(e, &m);
     }
     workers_release(e, replies);
-    adapters_sync_cached(e);
-    int d = count_disagreement(e);
+    lora_msg_arena_reset(e->workers_arena);
+    int d = 0;
+    if (workers_rank_states(e, e->workers_arena, st) == 0) {
+        registry_sync_cached(e, st);
+        d = count_disagreement(e, st);
+    }
     if (d != e->disagreement && d > 0)
         fprintf(stderr, "lora-engine: warning: %d adapter%s held at different levels by the ranks\n",
                 d, d == 1 ? " is" : "s are");
@@ -487,25 +584,17 @@ int workers_gather_notifications(struct engine *e)
     return 0;
 }
 
+/* ---- a dead rank and its replacement ------------------------------------------------------ */
+
 /* Whether rank r's process is gone: declared dead, silent too long, or its connection closed
  * (a send to its routing id fails at once: the socket is ROUTER_MANDATORY). */
 static bool rank_is_gone(struct engine *e, int r)
 {
     struct eng_peer *w = &e->workers[r];
-    uint64_t now = lora_clock_mono_ms();
 
-    if (w->lost || lora_liveness_is_dead(&w->live, now))
+    if (w->lost || lora_liveness_is_dead(&w->live, lora_clock_mono_ms()))
         return true;
-    struct lora_buf hb = {0};
-    int rc = 0;
-    if (lora_msg_encode_empty(&hb, LORA_MSG_HEARTBEAT) == 0) {
-        rc = lora_sock_send(e->work, w->rid, w->rid_len, NULL, hb.data, hb.len, NULL, 0,
-                            ZMQ_DONTWAIT);
-        if (rc == 0)
-            lora_liveness_sent(&w->live, now);
-    }
-    lora_buf_release(&hb);
-    return rc < 0 && errno == EHOSTUNREACH;
+    return publish_worker_empty(e, r, LORA_MSG_HEARTBEAT) < 0 && errno == EHOSTUNREACH;
 }
 
 /* The names of rank r's last gathered state, copied (the arena is reused by adapter ops). */
@@ -544,8 +633,8 @@ static int rank_names_of(struct engine *e, int r, struct rank_names *out)
     struct lora_msg_residency_reply st[ENGINE_MAX_WORLD];
 
     memset(out, 0, sizeof(*out));
-    lora_msg_arena_reset(e->arena);
-    if (engine_rank_states(e, st) < 0)
+    lora_msg_arena_reset(e->workers_arena);
+    if (workers_rank_states(e, e->workers_arena, st) < 0)
         return -1;
     const struct lora_msg_state *s = &st[r].state;
     if (copy_names(&out->cpu, &out->n_cpu, s->cpu, s->n_cpu) < 0 ||
@@ -555,14 +644,6 @@ static int rank_names_of(struct engine *e, int r, struct rank_names *out)
         return -1;
     }
     return 0;
-}
-
-static struct eng_adapter *registered(struct engine *e, const char *name)
-{
-    for (int i = 0; i < ENGINE_MAX_ADAPTERS; i++)
-        if (e->adapters[i].used && strcmp(e->adapters[i].name, name) == 0)
-            return &e->adapters[i];
-    return NULL;
 }
 
 /* Puts back on the new process of rank r what the rank held when it was last gathered: the
@@ -579,7 +660,7 @@ static int restore_rank(struct engine *e, int r, char *list, size_t list_len)
     if (rank_names_of(e, r, &n) < 0)
         return 0;
     for (int i = 0; i < n.n_cpu && e->healthy; i++) {
-        struct eng_adapter *ad = registered(e, n.cpu[i]);
+        struct eng_adapter *ad = registry_lookup(e, n.cpu[i]);
         if (!ad)
             continue;
         if (workers_adapter_op(e, LORA_OP_ADD, ad->name, ad->path, -1, err, sizeof(err)) < 0) {
@@ -592,11 +673,11 @@ static int restore_rank(struct engine *e, int r, char *list, size_t list_len)
             at += (size_t)snprintf(list + at, list_len - at, "%s%s", at ? ", " : "", ad->name);
     }
     for (int i = 0; i < n.n_slots && e->healthy; i++)
-        if (n.slots[i][0] && registered(e, n.slots[i]) &&
+        if (n.slots[i][0] && registry_lookup(e, n.slots[i]) &&
             workers_adapter_op(e, LORA_OP_ACTIVATE, n.slots[i], NULL, i, err, sizeof(err)) < 0)
             fprintf(stderr, "lora-engine: warning: rank %d: slot %d: %s\n", r, i, err);
     for (int i = 0; i < n.n_pinned && e->healthy; i++)
-        if (registered(e, n.pinned[i]) &&
+        if (registry_lookup(e, n.pinned[i]) &&
             workers_adapter_op(e, LORA_OP_PIN, n.pinned[i], NULL, -1, err, sizeof(err)) < 0)
             fprintf(stderr, "lora-engine: warning: rank %d: pinning '%s': %s\n", r, n.pinned[i],
                     err);
@@ -604,34 +685,41 @@ static int restore_rank(struct engine *e, int r, char *list, size_t list_len)
     return n_loaded;
 }
 
-/* Sets up the newcomer f (hello h) in place of rank r's dead process: setup, the rank's adapters,
- * then the engine serves again. Requests in flight were failed when the rank was found dead. */
-static void readmit(struct engine *e, const struct lora_msg_frames *f, const struct lora_msg_hello *h)
+/* Sets up the newcomer in place of rank r's dead process: setup, the rank's adapters, then the
+ * engine serves again. The requests in flight were failed when the rank was found dead. */
+static void readmit(struct engine *e)
 {
-    int r = h->rank;
+    int r = e->newcomer.rank;
     struct eng_peer *w = &e->workers[r];
-    int64_t old_pid = w->pid;
+    int64_t old_pid = w->pid, pid = e->newcomer.pid;
     char err[512], list[1024];
     uint64_t t0 = lora_clock_mono_ms();
 
-    if (e->healthy) {
-        char why[128];
-        snprintf(why, sizeof(why), "worker rank %d (pid %lld) was replaced by pid %lld", r,
-                 (long long)old_pid, (long long)h->pid);
-        workers_mark_dead(e, why);
-    }
-    memcpy(w->rid, f->rid, f->rid_len);
-    w->rid_len = f->rid_len;
-    w->pid = h->pid;
+    e->newcomer.due = false;
+    memcpy(w->rid, e->newcomer.rid, e->newcomer.rid_len);
+    w->rid_len = e->newcomer.rid_len;
+    w->pid = pid;
     w->lost = false;
     lora_liveness_init(&w->live, lora_clock_mono_ms());
-    int rc = send_setup(e, r, err, sizeof(err));
+    /* The newcomer must hold as many KV blocks as the engine runs with: no more (the cap) and
+     * no fewer. */
+    int blocks[ENGINE_MAX_WORLD];
+    int rc = send_setup(e, r, e->num_kv_blocks, err, sizeof(err));
     if (rc == 0)
-        rc = gather_setup_done(e, err, sizeof(err));
+        rc = gather_setup_done(e, e->num_kv_blocks, blocks, err, sizeof(err));
     if (rc != 0) {
         if (!e->stopping)
             fprintf(stderr, "lora-engine: error: the new worker for rank %d (pid %lld) failed "
-                            "its setup: %s\n", r, (long long)h->pid, err);
+                            "its setup: %s\n", r, (long long)pid, err);
+        w->lost = true;
+        return;
+    }
+    if (blocks[r] != e->num_kv_blocks) {
+        fprintf(stderr, "lora-engine: error: the new worker for rank %d (pid %lld) has room for "
+                        "%d KV blocks, not the %d the engine runs with; it is refused and told "
+                        "to stop\n",
+                r, (long long)pid, blocks[r], e->num_kv_blocks);
+        publish_worker_empty(e, r, LORA_MSG_SHUTDOWN);
         w->lost = true;
         return;
     }
@@ -645,17 +733,24 @@ static void readmit(struct engine *e, const struct lora_msg_frames *f, const str
     e->unhealthy_reason[0] = 0;
     fprintf(stderr, "lora-engine: rank %d is back: pid %lld took over from pid %lld in %llu ms; "
                     "restored %d adapter%s%s%s; serving again\n",
-            r, (long long)h->pid, (long long)old_pid, (unsigned long long)(lora_clock_mono_ms() - t0), n,
+            r, (long long)pid, (long long)old_pid, (unsigned long long)(lora_clock_mono_ms() - t0), n,
             n == 1 ? "" : "s", n ? ": " : "", list);
 }
 
-int workers_hello(struct engine *e, const struct lora_msg_frames *f, bool in_exchange)
+/* A hello outside start-up: a repeat is ignored, a newcomer for a rank held by a live worker is
+ * refused (setup_done not ok, and a log line), a newcomer for a dead rank is set up in its place
+ * with the registered adapters, by the next workers_poll, when the engine can re-admit it.
+ * In_exchange: called while
+ * gathering replies, when nothing may be set up; returns 1 when the hello ends the exchange (its
+ * rank's process was replaced), else 0. */
+static int hello(struct engine *e, const struct lora_msg_frames *f, bool in_exchange)
 {
     struct lora_msg_hello h;
     char err[256];
 
-    lora_msg_arena_reset(e->arena);
-    if (lora_msg_decode_hello(f->body, f->body_len, NULL, 0, e->arena, &h, err, sizeof(err)) < 0) {
+    lora_msg_arena_reset(e->workers_arena);
+    if (lora_msg_decode_hello(f->body, f->body_len, NULL, 0, e->workers_arena, &h, err,
+                              sizeof(err)) < 0) {
         lograte_warn(&e->log_hello, "dropping a hello on the worker socket: %s", err);
         return 0;
     }
@@ -674,7 +769,7 @@ int workers_hello(struct engine *e, const struct lora_msg_frames *f, bool in_exc
     }
     if (in_exchange)
         return 1; /* the exchange fails; the newcomer says hello again to the loop */
-    if (!workers_can_readmit(e)) {
+    if (!can_readmit(e)) {
         char why[160];
         snprintf(why, sizeof(why), "worker rank %d (pid %lld) restarted as pid %lld; an engine "
                  "of %d ranks cannot take it back", h.rank, (long long)w->pid, (long long)h.pid,
@@ -682,6 +777,64 @@ int workers_hello(struct engine *e, const struct lora_msg_frames *f, bool in_exc
         workers_mark_dead(e, why);
         return 0;
     }
-    readmit(e, f, &h);
+    if (e->healthy) {
+        char why[128];
+        snprintf(why, sizeof(why), "worker rank %d (pid %lld) was replaced by pid %lld", h.rank,
+                 (long long)w->pid, (long long)h.pid);
+        workers_mark_dead(e, why);
+    }
+    /* Set up by the next workers_poll, after the loop has failed what the rank had. */
+    e->newcomer.due = true;
+    e->newcomer.rank = h.rank;
+    e->newcomer.pid = h.pid;
+    memcpy(e->newcomer.rid, f->rid, f->rid_len);
+    e->newcomer.rid_len = f->rid_len;
     return 0;
+}
+
+void workers_poll(struct engine *e)
+{
+    struct lora_msg_frames f;
+    char err[256];
+
+    if (e->newcomer.due)
+        readmit(e);
+
+    while (lora_sock_recv(e->work, &f, 0, err, sizeof(err)) == 1) {
+        heard(e, &f);
+        if (!take_op_reply(e, &f) &&
+            lora_msg_peek_type(f.body, f.body_len, err, sizeof(err)) == LORA_MSG_HELLO)
+            hello(e, &f, false);
+        lora_msg_frames_release(&f);
+    }
+    uint64_t now = lora_clock_mono_ms();
+    for (int r = 0; r < e->world && e->healthy; r++) {
+        struct eng_peer *w = &e->workers[r];
+        if (w->lost)
+            continue;
+        if (lora_liveness_is_dead(&w->live, now)) {
+            char why[128];
+            snprintf(why, sizeof(why), "worker rank %d (pid %lld) is dead (silent for %d ms)", r,
+                     (long long)w->pid, LORA_HEARTBEAT_DEAD_MS);
+            w->lost = true;
+            workers_mark_dead(e, why);
+        } else if (lora_liveness_should_send(&w->live, now)) {
+            publish_worker_empty(e, r, LORA_MSG_HEARTBEAT);
+        }
+    }
+}
+
+void workers_stop(struct engine *e)
+{
+    if (!e->work || !e->healthy)
+        return;
+    for (int r = 0; r < e->world; r++)
+        if (e->workers[r].present && publish_worker_empty(e, r, LORA_MSG_SHUTDOWN) < 0)
+            fprintf(stderr, "lora-engine: warning: unable to tell rank %d to stop: %s\n", r,
+                    strerror(errno));
+    /* Give the shutdowns a bounded moment to leave before the socket closes: with LINGER
+     * alone, a message queued just before the close was seen lost now and then. */
+    int linger_ms = 500;
+    zmq_setsockopt(e->work->zsock, ZMQ_LINGER, &linger_ms, sizeof(linger_ms));
+    usleep(100 * 1000);
 }

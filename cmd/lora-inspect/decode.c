@@ -2,9 +2,9 @@
  * them, or a capture) to records, one per map, as they arrive: a live stream is decoded while
  * it flows.
  *
- * scan.c finds where each map ends without allocating for what a header declares; the input
- * buffer holds at most one message (LORA_MSG_MAX_BODY bytes) plus one read. Each complete map
- * goes through lora_msg_to_json. The first malformed map, one larger than LORA_MSG_MAX_BODY,
+ * lora_msg_scan (lib/wire/msg_scan.c) finds where each map ends without allocating for what a
+ * header declares; the input buffer holds at most one message (LORA_MSG_MAX_BODY bytes) plus
+ * one read. Each complete map goes through lora_msg_to_json. The first malformed map, one larger than LORA_MSG_MAX_BODY,
  * or a final map cut short ends the command with exit 1 and a message naming the message's
  * number and byte offset in the input, after every record before it has been written.
  * --msgpack writes the maps back as they were read: a validating filter. */
@@ -55,7 +55,7 @@ static int emit(struct decoder *d, const unsigned char *msg, size_t len, uint64_
         lora_buf_release(&text);
         return 0;
     }
-    /* A map, as scan_value() checked, so only memory can fail here. */
+    /* A map, as scan_map() checked, so only memory can fail here. */
     json_t *m = must(json_loadb(text.data, text.len, 0, NULL));
     lora_buf_release(&text);
     const char *type = type_of(m);
@@ -87,18 +87,30 @@ static ssize_t fill(struct decoder *d)
     }
 }
 
+/* lora_msg_scan for a value that must be a map: LORA_MSG_SCAN_MALFORMED with *len 0 when its
+ * first byte starts anything else. */
+static enum lora_msg_scan_result scan_map(struct lora_msg_scan *st, const unsigned char *data,
+                                          size_t avail, size_t *len)
+{
+    if (st->pos == 0 && avail > 0 && !lora_msg_scan_is_map(data[0])) { /* at the first byte */
+        *len = 0;
+        return LORA_MSG_SCAN_MALFORMED;
+    }
+    return lora_msg_scan(st, data, avail, len);
+}
+
 /* Decodes standard input to the end. Returns the exit status. */
 static int run(struct decoder *d)
 {
-    struct scan_state st = {0};
+    struct lora_msg_scan st = {0};
     size_t start = 0, mlen;
     char err[640];
 
     for (;;) {
-        enum scan_result r = scan_value(&st, d->buf + start, d->len - start, &mlen);
+        enum lora_msg_scan_result r = scan_map(&st, d->buf + start, d->len - start, &mlen);
         uint64_t off = d->base + start, n = d->n_msgs + 1;
         switch (r) {
-        case SCAN_DONE:
+        case LORA_MSG_SCAN_DONE:
             if (emit(d, d->buf + start, mlen, off, err, sizeof(err)) < 0) {
                 snprintf(d->why, sizeof(d->why),
                          "unable to decode standard input: message %llu at byte %llu: %s",
@@ -106,9 +118,9 @@ static int run(struct decoder *d)
                 return EXIT_NO;
             }
             start += mlen;
-            st = (struct scan_state){0};
+            st = (struct lora_msg_scan){0};
             continue;
-        case SCAN_MALFORMED:
+        case LORA_MSG_SCAN_MALFORMED:
             if (mlen == 0)
                 snprintf(d->why, sizeof(d->why),
                          "unable to decode standard input: message %llu at byte %llu: not a "
@@ -121,13 +133,13 @@ static int run(struct decoder *d)
                          (unsigned long long)n, (unsigned long long)off, d->buf[start + mlen],
                          (unsigned long long)(off + mlen));
             return EXIT_NO;
-        case SCAN_TOO_LARGE:
+        case LORA_MSG_SCAN_TOO_LARGE:
             snprintf(d->why, sizeof(d->why),
                      "unable to decode standard input: message %llu at byte %llu: larger than "
                      "%u bytes (LORA_MSG_MAX_BODY)",
                      (unsigned long long)n, (unsigned long long)off, LORA_MSG_MAX_BODY);
             return EXIT_NO;
-        case SCAN_MORE:
+        case LORA_MSG_SCAN_MORE:
             break;
         }
         /* Keep only the message in progress, then wait for more with the output flushed. */

@@ -2,8 +2,8 @@
  * for people and pipes (DESIGN section 10). One file per job: main.c dispatches the commands,
  * args.c parses the options they share, output.c writes records in the four formats,
  * control.c asks the engine's control socket, summary.c condenses a protocol message into one
- * line, scan.c finds where one msgpack value ends, and residency.c, record.c, events.c and
- * decode.c are the commands.
+ * line, and residency.c, record.c, events.c and decode.c are the commands (decode finds where
+ * each message ends with lib/wire's lora_msg_scan).
  *
  * Every command returns the process exit status: 0 ok, 1 no (an unhealthy engine, malformed
  * input to decode), 100 usage, 111 system failure (the engine cannot be reached in time, a
@@ -193,30 +193,6 @@ char *summary_of(const json_t *msg);
 
 /* The message's "type" when it is a string, else NULL (borrowed from msg). */
 const char *type_of(const json_t *msg);
-
-/* ---- scan.c: where one msgpack value ends ---------------------------------------------- */
-
-enum scan_result {
-    SCAN_DONE,      /* the value is complete: *len bytes */
-    SCAN_MORE,      /* the bytes end inside the value: call again with more */
-    SCAN_MALFORMED, /* a reserved byte, or not a map at the top */
-    SCAN_TOO_LARGE, /* the value would exceed LORA_MSG_MAX_BODY bytes */
-};
-
-/* Resumable state of a scan of one value; zero it before the first call. */
-struct scan_state {
-    size_t pos;       /* bytes of the value accepted so far */
-    uint64_t pending; /* values still to read (0 before the first call) */
-    bool started;
-};
-
-/* Scans the value that starts at data[0], of which avail bytes are at hand (data[0..avail)).
- * The top-level value must be a map. Allocates nothing: a container that declares more
- * elements than LORA_MSG_MAX_BODY bytes could hold is SCAN_TOO_LARGE at once. On SCAN_DONE
- * *len is the value's length; on SCAN_MALFORMED *len is the offset of the bad byte; on
- * SCAN_MORE the state says how far it got and the next call goes on from there. */
-enum scan_result scan_value(struct scan_state *st, const unsigned char *data, size_t avail,
-                            size_t *len);
 
 /* ---- the commands ---------------------------------------------------------------------- */
 

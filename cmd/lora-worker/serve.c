@@ -13,6 +13,7 @@
  * cleanly (0). Adapter loads run on a loader thread, so steps go on while an adapter is read.
  */
 #include <errno.h>
+#include <limits.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -107,13 +108,45 @@ static int set_slot(void *ctx, int slot, const struct lora_adapter *a, char *err
     return lora_forward_set_slot(w->fwd, slot, a, err, err_len);
 }
 
+/* The KV blocks this rank gives the engine: as many as the setup's budget holds (its bytes, or
+ * its fraction of the memory available to this rank), at most the setup's cap; without a budget,
+ * the cap itself. The memory is the host's for now, shared by the ranks on it; a backend's query
+ * of its device takes its place here. Returns the count, or -1 with err. */
+static int kv_blocks_fit(const struct worker *w, const struct lora_msg_setup *s, char *err,
+                         size_t err_len)
+{
+    const struct lora_msg_limits *l = &s->limits;
+    const struct lora_model_config *c = &w->model->cfg;
+    size_t block_bytes =
+        lora_kv_cache_block_bytes(c->n_layers, w->model->n_kv_heads * c->head_dim, l->block_size);
+    double budget = (double)s->kv_cache_bytes;
+
+    if (s->kv_cache_bytes == 0 && s->kv_cache_fraction <= 0) {
+        if (l->num_kv_blocks < 1)
+            snprintf(err, err_len, "setup for rank %d gives no KV cache budget", s->rank);
+        return l->num_kv_blocks < 1 ? -1 : l->num_kv_blocks;
+    }
+    if (s->kv_cache_fraction > 0)
+        budget = (double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE) *
+                 s->kv_cache_fraction / l->world_size;
+    double n = budget / (double)block_bytes;
+    if (l->num_kv_blocks > 0 && n > l->num_kv_blocks)
+        n = l->num_kv_blocks;
+    if (n < 1) {
+        snprintf(err, err_len, "the KV cache budget of %.0f bytes holds no block of %zu bytes",
+                 budget, block_bytes);
+        return -1;
+    }
+    return n > INT_MAX ? INT_MAX : (int)n;
+}
+
 /* Loads this rank's shard and makes every buffer the limits call for. */
 static int setup(struct worker *w, const struct lora_msg_setup *s, char *err, size_t err_len)
 {
     const struct lora_msg_limits *l = &s->limits;
 
     if (s->rank != w->rank || l->world_size < 1 || l->max_loras < 1 ||
-        l->max_cpu_loras < l->max_loras || l->block_size < 1 || l->num_kv_blocks < 1 ||
+        l->max_cpu_loras < l->max_loras || l->block_size < 1 || l->num_kv_blocks < 0 ||
         l->max_num_batched_tokens < 1 || l->max_num_seqs < 1 || l->max_model_len < 1 ||
         l->max_lora_rank < 1) {
         snprintf(err, err_len, "setup for rank %d has invalid limits", s->rank);
@@ -125,10 +158,13 @@ static int setup(struct worker *w, const struct lora_msg_setup *s, char *err, si
         return -1;
     const struct lora_model_config *c = &w->model->cfg;
     w->lim.vocab_size = c->vocab_size;
+    w->lim.num_kv_blocks = kv_blocks_fit(w, s, err, err_len);
+    if (w->lim.num_kv_blocks < 1)
+        return -1;
     w->kv = lora_kv_cache_new(c->n_layers, w->model->n_kv_heads * c->head_dim, l->block_size,
-                              l->num_kv_blocks);
+                              w->lim.num_kv_blocks);
     if (!w->kv) {
-        snprintf(err, err_len, "unable to allocate %d KV blocks", l->num_kv_blocks);
+        snprintf(err, err_len, "unable to allocate %d KV blocks", w->lim.num_kv_blocks);
         return -1;
     }
     struct lora_forward_limits fl = {
@@ -188,6 +224,7 @@ static int handle_setup(struct worker *w, const struct lora_msg_frames *f)
         .ok = rc == 0,
         .rank = w->rank,
         .weight_bytes = w->model ? w->model->weight_bytes : 0,
+        .kv_blocks = rc == 0 ? w->lim.num_kv_blocks : 0,
     };
     if (rc < 0)
         d.error = (struct lora_str){err, strlen(err)};

@@ -21,10 +21,16 @@
  *                                                  max_lora_rank block_size
  *                                                  num_kv_blocks world_size
  *                                                  max_model_len vocab_size
+ *                                                  startup_loads?
+ *                                                  (num_kv_blocks: the smallest
+ *                                                  kv_blocks of the ranks)
  *  heartbeat            any -> any                 -                               -
- *  setup                engine -> worker           model rank world_size limits    -
- *                                                  (as ready) shm?
+ *  setup                engine -> worker           model rank limits (as ready;    -
+ *                                                  num_kv_blocks: the cap, 0 none)
+ *                                                  shm? kv_cache_bytes?
+ *                                                  kv_cache_fraction?
  *  setup_done           worker -> engine           ok error? rank weight_bytes     -
+ *                                                  kv_blocks?
  *  step                 engine -> worker           step_id seqs[]                  tokens,
  *                                                                                  block_tables
  *  step_reply           worker -> engine           step_id rank ok error? doorbell -
@@ -143,7 +149,8 @@ struct lora_str {
 int lora_msg_peek_type(const void *body, size_t len, char *err, size_t err_len);
 
 /* Where one msgpack value ends in a byte stream that arrives piece by piece (lora-metrics
- * --stdin). Allocates nothing and reads each byte once: it walks headers, skips payloads and
+ * --stdin, lora-inspect decode; lib/wire/msg_scan.c, the codec's one reader of msgpack headers).
+ * Allocates nothing and reads each byte once: it walks headers, skips payloads and
  * counts the values still owed. A container that declares more elements than the bytes left
  * under LORA_MSG_MAX_BODY could hold is LORA_MSG_SCAN_TOO_LARGE as soon as its header is read,
  * so the caller never buffers, and msgpack-c never reserves, more than that for one value. */
@@ -166,6 +173,9 @@ struct lora_msg_scan {
  * and more bytes) goes on from there. */
 enum lora_msg_scan_result lora_msg_scan(struct lora_msg_scan *st, const void *data, size_t avail,
                                         size_t *len);
+
+/* Whether b, the first byte of a value, starts a map (every message is one). */
+bool lora_msg_scan_is_map(unsigned char b);
 
 /* ---- messages ---------------------------------------------------------------------------- */
 
@@ -221,11 +231,18 @@ struct lora_msg_ready {
     const struct lora_msg_startup_load *startup_loads;
 };
 
+/* The KV cache is sized by each rank, which alone knows its memory: setup carries the budget,
+ * and setup_done the blocks the rank allocated; the engine uses the smallest count of all ranks.
+ * The budget is kv_cache_fraction of the memory available to the rank when it is above 0, else
+ * kv_cache_bytes bytes, and limits.num_kv_blocks caps the blocks (0: no cap). Without either
+ * (both 0, absent on the wire) limits.num_kv_blocks is the count itself. */
 struct lora_msg_setup {
     struct lora_str model; /* model directory */
     int rank;
     struct lora_msg_limits limits;
-    struct lora_str shm; /* shared-memory name of the all-reduce, when world_size > 1 */
+    struct lora_str shm;       /* shared-memory name of the all-reduce, when world_size > 1 */
+    uint64_t kv_cache_bytes;   /* KV cache bytes of the rank, or 0 */
+    double kv_cache_fraction;  /* of the memory available to the rank, in [0, 1]; 0: none */
 };
 
 struct lora_msg_setup_done {
@@ -233,6 +250,7 @@ struct lora_msg_setup_done {
     struct lora_str error;
     int rank;
     uint64_t weight_bytes;
+    int kv_blocks; /* the KV blocks the rank allocated (ok only); 0 and absent: not said */
 };
 
 /* One sequence of a step: its tokens are the next n_tokens values of the tokens frame, its

@@ -59,6 +59,15 @@ start_worker() {
     echo "$WORKER_PID" >> "$PIDS"
 }
 
+# Starts a fake worker rank $1 with room for $2 KV blocks (tests/ref/fake_worker.py: the protocol
+# without a model); its pid in WORKER_PID, its lines in fake$1.log.
+start_fake_worker() {
+    $PYTHON "$ROOT/tests/ref/fake_worker.py" --engine "ipc://$RUN/worker.sock" --rank "$1" \
+        --kv-room "$2" >> "$BATS_TEST_TMPDIR/fake$1.log" 2>&1 3>&- &
+    WORKER_PID=$!
+    echo "$WORKER_PID" >> "$PIDS"
+}
+
 # Starts the engine on the test model and the run directory with extra options "$@"; its pid
 # in ENGINE_PID, its output in engine.out and engine.err.
 start_engine() {
@@ -323,6 +332,82 @@ help_options() {
     kill -INT "$ENGINE_PID"
     wait_exit "$ENGINE_PID" 5
     [ "$rc" -eq 0 ]
+}
+
+# ---- the KV capacity: each rank sizes its cache, the engine uses the smallest
+
+@test "ranks with room for 100 and 64 KV blocks: the engine uses 64, and says so" {
+    start_fake_worker 0 100
+    start_fake_worker 1 64
+    start_engine --tensor-parallel-size 2
+    wait_for_text "$BATS_TEST_TMPDIR/engine.err" \
+        "lora-engine: ready: engine 0, 2 ranks, 64 KV blocks of 16" 15
+    grep -q "lora-engine: note: the ranks have room for 100, 64 KV blocks; the engine uses 64, the smallest" \
+        "$BATS_TEST_TMPDIR/engine.err"
+    # Each rank was sent no cap and reported what it has room for.
+    grep -q "rank 0: set up with 100 KV blocks (room for 100, cap 0)" "$BATS_TEST_TMPDIR/fake0.log"
+    grep -q "rank 1: set up with 64 KV blocks (room for 64, cap 0)" "$BATS_TEST_TMPDIR/fake1.log"
+    # The block manager has 64, and the engine says 64 wherever it says its limits.
+    run $PYTHON "$ROOT/tests/ref/client.py" control --run-dir "$RUN" config
+    [ "$status" -eq 0 ]
+    jq -e '.data.num_kv_blocks == 64' <<< "$output"
+    run $PYTHON "$ROOT/tests/ref/client.py" control --run-dir "$RUN" stats
+    [ "$status" -eq 0 ]
+    jq -e '.data.num_kv_blocks == 64 and .data.free_blocks == 64' <<< "$output"
+    kill -TERM "$ENGINE_PID"
+    wait_exit "$ENGINE_PID" 5
+    [ "$rc" -eq 0 ]
+}
+
+@test "--num-kv-blocks caps the blocks of a rank with more room; the smallest count wins" {
+    start_fake_worker 0 100
+    start_fake_worker 1 80
+    start_engine --tensor-parallel-size 2 --num-kv-blocks 90
+    wait_for_text "$BATS_TEST_TMPDIR/engine.err" \
+        "lora-engine: ready: engine 0, 2 ranks, 80 KV blocks of 16" 15
+    grep -q "rank 0: set up with 90 KV blocks (room for 100, cap 90)" "$BATS_TEST_TMPDIR/fake0.log"
+    grep -q "rank 1: set up with 80 KV blocks (room for 80, cap 90)" "$BATS_TEST_TMPDIR/fake1.log"
+}
+
+@test "a rank that rejoins must hold the engine's count: one with room for fewer is refused" {
+    start_fake_worker 0 64
+    start_engine --idle-notify-ms 50
+    wait_for_text "$BATS_TEST_TMPDIR/engine.err" \
+        "lora-engine: ready: engine 0, 1 rank, 64 KV blocks of 16" 15
+    kill -KILL "$WORKER_PID"
+    start_fake_worker 0 32
+    local small=$WORKER_PID
+    wait_for_text "$BATS_TEST_TMPDIR/engine.err" \
+        "lora-engine: error: the new worker for rank 0 (pid $small) has room for 32 KV blocks, not the 64 the engine runs with; it is refused and told to stop" 15
+    grep -q "rank 0: set up with 32 KV blocks (room for 32, cap 64)" "$BATS_TEST_TMPDIR/fake0.log"
+    wait_exit "$small" 5
+    [ "$rc" -eq 0 ]
+    # One with more room takes the rank, holding exactly the engine's 64.
+    start_fake_worker 0 100
+    wait_for_text "$BATS_TEST_TMPDIR/engine.err" \
+        "lora-engine: rank 0 is back: pid $WORKER_PID took over from pid $small" 15
+    grep -q "rank 0: set up with 64 KV blocks (room for 100, cap 64)" "$BATS_TEST_TMPDIR/fake0.log"
+    run $PYTHON "$ROOT/tests/ref/client.py" control --run-dir "$RUN" health
+    [ "$status" -eq 0 ]
+}
+
+@test "a real rank takes as many KV blocks as --kv-cache-bytes holds; none at all exits 1" {
+    # A block of the test model: 2 x 4 bytes x 2 layers x 16 positions x 2 heads x 16 = 8192.
+    start_worker 0
+    start_engine --kv-cache-bytes 819300
+    wait_for_text "$BATS_TEST_TMPDIR/engine.err" \
+        "lora-engine: ready: engine 0, 1 rank, 100 KV blocks of 16" 15
+    kill -TERM "$ENGINE_PID"
+    wait_exit "$ENGINE_PID" 5
+    [ "$rc" -eq 0 ]
+    wait_exit "$WORKER_PID" 5
+    fresh_run_dir
+    start_worker 0
+    start_engine --kv-cache-bytes 8191
+    wait_exit "$ENGINE_PID" 20
+    [ "$rc" -eq 1 ]
+    grep -q "lora-engine: fatal: rank 0: the KV cache budget of 8191 bytes holds no block of 8192 bytes" \
+        "$BATS_TEST_TMPDIR/engine.err"
 }
 
 @test "every malformed --lora-modules value is a usage error, before any worker joins" {

@@ -56,10 +56,11 @@ EMITTED = {
                "limits": LIMITS}, []),
     "heartbeat": ({"type": "heartbeat"}, []),
     "setup": ({"type": "setup", "model": "/models/llama", "rank": 1, "limits": LIMITS,
-               "shm": "/lora-shm-1"}, []),
+               "shm": "/lora-shm-1", "kv_cache_bytes": 268435456, "kv_cache_fraction": 0.5},
+              []),
     "setup.min": ({"type": "setup", "model": "/models/llama", "rank": 0, "limits": LIMITS}, []),
     "setup_done": ({"type": "setup_done", "ok": False, "error": "out of memory", "rank": 1,
-                    "weight_bytes": 123456789012}, []),
+                    "weight_bytes": 123456789012, "kv_blocks": 4096}, []),
     "setup_done.min": ({"type": "setup_done", "ok": True, "rank": 0, "weight_bytes": 0}, []),
     "step": ({"type": "step", "step_id": U64_MAX, "seqs": [
         {"seq_id": 11, "n_tokens": 3, "pos": 0, "n_blocks": 1, "slot": 2, "all_logits": True,
@@ -219,8 +220,8 @@ def expect_emitted(d):
 # Fields a decoder fills in when the key is absent (the struct's documented defaults).
 DEFAULTS = {
     "hello": {"rank": -1, "world_size": 0, "name": None},
-    "setup": {"shm": None},
-    "setup_done": {"error": None},
+    "setup": {"shm": None, "kv_cache_bytes": 0, "kv_cache_fraction": 0.0},
+    "setup_done": {"error": None, "kv_blocks": 0},
     "step_reply": {"error": None},
     "adapter_op": {"path": None, "slot": -1},
     "adapter_op_reply": {"error": None},
@@ -258,8 +259,10 @@ WRITTEN = {
     "heartbeat": ({"type": "heartbeat", "x_seq": 5}, [], False),
     "setup": ({"type": "setup", "model": "/m", "rank": 1, "limits": LIMITS_PY,
                "shm": "/s"}, [], False),
-    "setup_done": ({"type": "setup_done", "ok": True, "rank": 1, "weight_bytes": 2**63 + 5},
-                   [], False),
+    "setup.kv": ({"type": "setup", "model": "/m", "rank": 0, "limits": LIMITS_PY,
+                  "kv_cache_bytes": 2**33, "kv_cache_fraction": 1}, [], False),
+    "setup_done": ({"type": "setup_done", "ok": True, "rank": 1, "weight_bytes": 2**63 + 5,
+                    "kv_blocks": 77}, [], False),
     "step": ({"type": "step", "step_id": 77, "x_hint": "fast", "seqs": [
         {"seq_id": 2**64 - 2, "n_tokens": 2, "pos": 3, "n_blocks": 1, "slot": 0,
          "all_logits": False, "sample": True, "temperature": 0.3, "top_p": 1, "top_k": 0,
@@ -364,7 +367,7 @@ def to_float_fields(v, keys, key=None):
 
 
 FLOAT_KEYS = {"temperature", "top_p", "logprob", "top_logprobs", "prompt_logprobs", "time",
-              "seconds", "step_seconds", "kv_usage"}
+              "seconds", "step_seconds", "kv_usage", "kv_cache_fraction"}
 
 
 def expected_fields(msg, frames, single):

@@ -92,13 +92,20 @@ static const struct lora_msg_hello hello_min = {
 static const struct lora_msg_ready ready_full = {
     .version = 1, .engine_index = 2, .model = STR("/models/llama"), .limits = limits};
 
-static const struct lora_msg_setup setup_full = {
-    .model = STR("/models/llama"), .rank = 1, .limits = limits, .shm = STR("/lora-shm-1")};
+static const struct lora_msg_setup setup_full = {.model = STR("/models/llama"),
+                                                  .rank = 1,
+                                                  .limits = limits,
+                                                  .shm = STR("/lora-shm-1"),
+                                                  .kv_cache_bytes = 268435456,
+                                                  .kv_cache_fraction = 0.5};
 static const struct lora_msg_setup setup_min = {
     .model = STR("/models/llama"), .rank = 0, .limits = limits};
 
-static const struct lora_msg_setup_done setup_done_full = {
-    .ok = false, .error = STR("out of memory"), .rank = 1, .weight_bytes = 123456789012u};
+static const struct lora_msg_setup_done setup_done_full = {.ok = false,
+                                                            .error = STR("out of memory"),
+                                                            .rank = 1,
+                                                            .weight_bytes = 123456789012u,
+                                                            .kv_blocks = 4096};
 static const struct lora_msg_setup_done setup_done_min = {.ok = true, .rank = 0};
 
 static const int32_t step_banned[] = {257, 2};
@@ -496,6 +503,8 @@ static json_t *dump_setup(const void *p)
     set(o, "rank", json_integer(m->rank));
     set(o, "limits", dump_limits(&m->limits));
     set(o, "shm", j_str(m->shm));
+    set(o, "kv_cache_bytes", j_u64(m->kv_cache_bytes));
+    set(o, "kv_cache_fraction", json_real(m->kv_cache_fraction));
     return o;
 }
 
@@ -507,6 +516,7 @@ static json_t *dump_setup_done(const void *p)
     set(o, "error", j_str(m->error));
     set(o, "rank", json_integer(m->rank));
     set(o, "weight_bytes", j_u64(m->weight_bytes));
+    set(o, "kv_blocks", json_integer(m->kv_blocks));
     return o;
 }
 
@@ -902,8 +912,8 @@ struct codec {
 static const struct codec codecs[LORA_MSG_TYPE_COUNT] = {
     [LORA_MSG_HELLO] = ROW(hello, &hello_min, {"rank", "world_size", "name"}),
     [LORA_MSG_READY] = ROW(ready, NULL, {NULL}),
-    [LORA_MSG_SETUP] = ROW(setup, &setup_min, {"shm"}),
-    [LORA_MSG_SETUP_DONE] = ROW(setup_done, &setup_done_min, {"error"}),
+    [LORA_MSG_SETUP] = ROW(setup, &setup_min, {"shm", "kv_cache_bytes", "kv_cache_fraction"}),
+    [LORA_MSG_SETUP_DONE] = ROW(setup_done, &setup_done_min, {"error", "kv_blocks"}),
     [LORA_MSG_STEP] = ROW(step, &step_min, {"banned", "allowed", "prompt_top_n"}),
     [LORA_MSG_STEP_REPLY] = ROW(step_reply, &step_reply_min, {"error", "prompt_ranks"}),
     [LORA_MSG_ADAPTER_OP] = ROW(adapter_op, &adapter_op_min, {"slot"}),
@@ -1570,6 +1580,67 @@ static void test_numbers(void)
     CHECK(decode_edited(LORA_MSG_HELLO, &hello_full, "pid", mp_int(INT64_MAX), EDIT_REPLACE, &o,
                         err, sizeof(err)) == 0);
     CHECK(o.hello.pid == INT64_MAX);
+    lora_msg_arena_reset(arena);
+}
+
+/* The KV budget of setup and the blocks of setup_done: optional, bounded, absent when 0. */
+static void test_kv_budget(void)
+{
+    union any_msg o;
+    char err[256];
+    struct lora_msg_bin bins[MAX_BINS];
+    int n_bins;
+
+    CHECK(decode_edited(LORA_MSG_SETUP, &setup_full, "kv_cache_fraction", mp_int(1), EDIT_REPLACE,
+                        &o, err, sizeof(err)) == 0);
+    CHECK(o.setup.kv_cache_fraction == 1.0 && o.setup.kv_cache_bytes == 268435456);
+    CHECK(decode_edited(LORA_MSG_SETUP, &setup_full, "kv_cache_fraction", mp_f64(1.5),
+                        EDIT_REPLACE, &o, err, sizeof(err)) == -1);
+    CHECK_CONTAINS(err, "setup: kv_cache_fraction: 1.5 is out of range [0, 1]");
+    CHECK(decode_edited(LORA_MSG_SETUP, &setup_full, "kv_cache_fraction", mp_f64(NAN),
+                        EDIT_REPLACE, &o, err, sizeof(err)) == -1);
+    CHECK_CONTAINS(err, "setup: kv_cache_fraction:");
+    CHECK(decode_edited(LORA_MSG_SETUP, &setup_full, "kv_cache_bytes", mp_int(-1), EDIT_REPLACE,
+                        &o, err, sizeof(err)) == -1);
+    CHECK_CONTAINS(err, "setup: kv_cache_bytes: -1 is negative");
+    CHECK(decode_edited(LORA_MSG_SETUP_DONE, &setup_done_full, "kv_blocks", mp_int(-1),
+                        EDIT_REPLACE, &o, err, sizeof(err)) == -1);
+    CHECK_CONTAINS(err, "setup_done: kv_blocks: -1 is out of range");
+    /* An engine without a budget: the cap is the count, the budget reads as 0. */
+    lora_buf_reset(&buf);
+    CHECK(lora_msg_encode_setup(&buf, &setup_min, bins, &n_bins) == 0);
+    CHECK(lora_msg_decode_setup(buf.data, buf.len, NULL, 0, arena, &o.setup, err, sizeof(err)) ==
+          0);
+    CHECK(o.setup.kv_cache_bytes == 0 && o.setup.kv_cache_fraction == 0 &&
+          o.setup.limits.num_kv_blocks == 2048);
+    /* 0 blocks (a refusal) is absent on the wire, and reads back as 0. */
+    struct lora_buf text = {0};
+    lora_buf_reset(&buf);
+    CHECK(lora_msg_encode_setup_done(&buf, &setup_done_min, bins, &n_bins) == 0);
+    CHECK(lora_msg_to_json(buf.data, buf.len, &text, err, sizeof(err)) == 0);
+    CHECK(lora_buf_add(&text, "", 1) == 0 && !strstr(text.data, "kv_blocks"));
+    CHECK(lora_msg_decode_setup_done(buf.data, buf.len, NULL, 0, arena, &o.setup_done, err,
+                                     sizeof(err)) == 0);
+    CHECK(o.setup_done.kv_blocks == 0);
+    struct lora_msg_setup_done d = setup_done_min;
+    d.kv_blocks = 7;
+    lora_buf_reset(&buf);
+    CHECK(lora_msg_encode_setup_done(&buf, &d, bins, &n_bins) == 0);
+    CHECK(lora_msg_decode_setup_done(buf.data, buf.len, NULL, 0, arena, &o.setup_done, err,
+                                     sizeof(err)) == 0);
+    CHECK(o.setup_done.kv_blocks == 7);
+    /* The encoders refuse what the decoders would. */
+    size_t before = buf.len;
+    struct lora_msg_setup s = setup_full;
+    s.kv_cache_fraction = 2;
+    errno = 0;
+    CHECK(lora_msg_encode_setup(&buf, &s, bins, &n_bins) == -1 && errno == EINVAL);
+    s.kv_cache_fraction = NAN;
+    CHECK(lora_msg_encode_setup(&buf, &s, bins, &n_bins) == -1 && errno == EINVAL);
+    d.kv_blocks = -1;
+    CHECK(lora_msg_encode_setup_done(&buf, &d, bins, &n_bins) == -1 && errno == EINVAL);
+    CHECK(buf.len == before);
+    lora_buf_release(&text);
     lora_msg_arena_reset(arena);
 }
 
@@ -2590,6 +2661,7 @@ int main(int argc, char **argv)
         RUN(test_wrong_type_and_missing_key);
         RUN(test_unknown_keys_ignored);
         RUN(test_numbers);
+        RUN(test_kv_budget);
         RUN(test_strings_and_enums);
         RUN(test_array_bounds);
         RUN(test_lying_lengths);
