@@ -30,6 +30,7 @@
 
 #include "base/clock.h"
 #include "base/exit_codes.h"
+#include "runtime/emit.h"
 #include "runtime/generation_config.h"
 #include "sched/registry_file.h"
 #include "sched/scheduler.h"
@@ -99,6 +100,7 @@ struct eng_request {
     bool ignore_eos;
     int32_t stop_ids[16];
     int n_stop;
+    struct lora_emit_rules rules; /* when it ends: max/min_tokens, EOS, stop_ids (runtime/emit) */
     int32_t banned[24]; /* EOS (unless ignore_eos) and stop ids: masked before min_tokens */
     int n_banned;
     int32_t *allowed; /* allowed_token_ids, (n_allowed); NULL: any token */
@@ -160,7 +162,7 @@ struct engine {
     int startup_timeout_ms;
     int publish_interval_ms;
     int vocab_size;
-    int eos_ids[8];
+    int32_t eos_ids[8];
     int n_eos;
 
     /* The sockets (main.c opens them; publish.c sends on them, the others read). */

@@ -34,8 +34,8 @@ static int frontend_of(struct engine *e, const struct lora_msg_frames *f, bool a
 }
 
 int frontends_send_output(struct engine *e, struct eng_request *r, int n_new, const float *lps,
-                          const int32_t *top_ids, const float *top_lps, int top_n,
-                          bool finished, const char *reason, const char *error)
+                          const int32_t *top_ids, const float *top_lps, int top_n, bool finished,
+                          const char *reason, const char *error)
 {
     struct lora_msg_output o = {
         .request_id = {r->request_id, strlen(r->request_id)},
@@ -194,10 +194,17 @@ static void handle_request(struct engine *e, int fe, const struct lora_msg_frame
     r->n_stop = m.n_stop_token_ids;
     if (r->n_stop)
         memcpy(r->stop_ids, m.stop_token_ids, sizeof(int32_t) * (size_t)r->n_stop);
-    for (int i = 0; i < e->n_eos && !r->ignore_eos; i++)
-        r->banned[r->n_banned++] = e->eos_ids[i];
-    for (int i = 0; i < r->n_stop; i++)
-        r->banned[r->n_banned++] = r->stop_ids[i];
+    r->rules = (struct lora_emit_rules){
+        .max_tokens = r->max_tokens,
+        .min_tokens = r->min_tokens,
+        .ignore_eos = r->ignore_eos,
+        .eos_ids = e->eos_ids,
+        .n_eos = e->n_eos,
+        .stop_ids = r->stop_ids,
+        .n_stop = r->n_stop,
+    };
+    r->n_banned =
+        lora_emit_banned(&r->rules, r->banned, (int)(sizeof(r->banned) / sizeof(r->banned[0])));
     r->arrival = lora_clock_unix();
     r->tokens = malloc(sizeof(int32_t) * (m.n_prompt + (size_t)m.max_tokens));
     r->prompt_lps = malloc(sizeof(float) * m.n_prompt);

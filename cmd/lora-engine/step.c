@@ -30,21 +30,6 @@ static struct eng_request *request_of(struct engine *e, uint64_t id)
     return r->used && r->id == id ? r : NULL;
 }
 
-static const char *finish_reason(const struct engine *e, const struct eng_request *r, int tok)
-{
-    bool may_stop = r->n_generated >= r->min_tokens;
-
-    if (may_stop && !r->ignore_eos)
-        for (int i = 0; i < e->n_eos; i++)
-            if (tok == e->eos_ids[i])
-                return "stop";
-    if (may_stop)
-        for (int i = 0; i < r->n_stop; i++)
-            if (tok == r->stop_ids[i])
-                return "stop";
-    return r->n_generated >= r->max_tokens ? "length" : NULL;
-}
-
 /* Performs the plan's activations and unloads on the workers. */
 static int apply_adapters(struct engine *e)
 {
@@ -195,7 +180,7 @@ static int absorb(struct engine *e, const struct lora_msg_step_reply *rep)
         r->tokens[r->n_prompt + r->n_generated] = o->token;
         if (r->n_generated++ == 0)
             r->first_token_at = lora_clock_unix();
-        const char *reason = finish_reason(e, r, o->token);
+        const char *reason = lora_emit_finish(&r->rules, r->n_generated, o->token);
         frontends_send_output(e, r, 1, &o->logprob, o->top_ids, o->top_logprobs, o->n_top,
                               reason != NULL, reason, NULL);
         e->results[i] = (struct lora_scheduler_result){true, reason != NULL};
