@@ -17,11 +17,16 @@
 #endif
 
 static const char *const kernel_names[LORA_KERNEL_COUNT] = {
-    [LORA_KERNEL_MATMUL] = "matmul",       [LORA_KERNEL_ADD_BIAS] = "add_bias",
-    [LORA_KERNEL_EMBED] = "embed",         [LORA_KERNEL_RMSNORM] = "rmsnorm",
-    [LORA_KERNEL_ROPE] = "rope",           [LORA_KERNEL_SILU_MUL] = "silu_mul",
-    [LORA_KERNEL_ADD] = "add",             [LORA_KERNEL_KV_WRITE] = "kv_write",
-    [LORA_KERNEL_ATTENTION] = "attention", [LORA_KERNEL_LORA_SGMV] = "lora_sgmv",
+    [LORA_KERNEL_MATMUL] = "matmul",
+    [LORA_KERNEL_ADD_BIAS] = "add_bias",
+    [LORA_KERNEL_EMBED] = "embed",
+    [LORA_KERNEL_RMSNORM] = "rmsnorm",
+    [LORA_KERNEL_ROPE] = "rope",
+    [LORA_KERNEL_SILU_MUL] = "silu_mul",
+    [LORA_KERNEL_ADD] = "add",
+    [LORA_KERNEL_KV_WRITE] = "kv_write",
+    [LORA_KERNEL_ATTENTION] = "attention",
+    [LORA_KERNEL_LORA_SGMV] = "lora_sgmv",
     [LORA_KERNEL_ALLREDUCE] = "allreduce",
 };
 

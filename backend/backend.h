@@ -174,14 +174,14 @@ struct lora_backend_ops {
                                         size_t err_len);
     /* Host memory [host, host + bytes) used in place, which must outlive the buffer; NULL when
      * the backend cannot (the member itself is NULL on a backend that never can). */
-    struct lora_buffer *(*buffer_wrap)(struct lora_backend *be, void *host, size_t bytes,
-                                       char *err, size_t err_len);
+    struct lora_buffer *(*buffer_wrap)(struct lora_backend *be, void *host, size_t bytes, char *err,
+                                       size_t err_len);
     /* Frees buf (not the memory it wraps); NULL is a no-op. */
     void (*buffer_free)(struct lora_backend *be, struct lora_buffer *buf);
     /* Copies bytes from host memory into buf at offset, or from buf at offset into host memory.
      * Returns 0, or -1 with err (outside the buffer, a device error). */
-    int (*upload)(struct lora_backend *be, struct lora_buffer *dst, size_t offset,
-                  const void *src, size_t bytes, char *err, size_t err_len);
+    int (*upload)(struct lora_backend *be, struct lora_buffer *dst, size_t offset, const void *src,
+                  size_t bytes, char *err, size_t err_len);
     int (*download)(struct lora_backend *be, void *dst, const struct lora_buffer *src,
                     size_t offset, size_t bytes, char *err, size_t err_len);
     /* The device memory: total and available now, in bytes. Returns 0 or -1. */
@@ -194,8 +194,8 @@ struct lora_backend_ops {
 
     /* Bytes of scratch op needs for at most max_rows rows of a step, contexts of at most
      * max_ctx positions and adapters of rank at most max_rank (0 for an op that needs none). */
-    size_t (*scratch_bytes)(struct lora_backend *be, enum lora_kernel op, int max_rows,
-                            int max_ctx, int max_rank);
+    size_t (*scratch_bytes)(struct lora_backend *be, enum lora_kernel op, int max_rows, int max_ctx,
+                            int max_rank);
 
     /* -- compute; shapes as (rows, cols) -- */
 
@@ -243,13 +243,12 @@ struct lora_backend_ops {
 
     /* Joins (creating it when first) the group name ("/x") as rank of world_size, for sums of
      * at most max_floats floats; timeout_ms bounds every wait. NULL with err. */
-    struct lora_collective *(*collective_open)(struct lora_backend *be, const char *name,
-                                               int rank, int world_size, size_t max_floats,
-                                               int timeout_ms, char *err, size_t err_len);
+    struct lora_collective *(*collective_open)(struct lora_backend *be, const char *name, int rank,
+                                               int world_size, size_t max_floats, int timeout_ms,
+                                               char *err, size_t err_len);
     /* Replaces buf (n floats, in the backend's memory) with its sum over the group's ranks, the
      * same bits on every rank. Returns 0, or -1 with errno (the group is then broken). */
-    int (*allreduce_sum)(struct lora_backend *be, struct lora_collective *c, float *buf,
-                         size_t n);
+    int (*allreduce_sum)(struct lora_backend *be, struct lora_collective *c, float *buf, size_t n);
     /* Leaves the group and frees *c, nulling it; NULL or *NULL is a no-op. */
     void (*collective_close)(struct lora_backend *be, struct lora_collective **c);
 
@@ -259,10 +258,10 @@ struct lora_backend_ops {
 
 struct lora_backend {
     const struct lora_backend_ops *ops;
-    const char *kind;     /* "cpu", "cuda" */
-    char device[32];      /* as opened: "cpu", "cuda:0" */
+    const char *kind;      /* "cpu", "cuda" */
+    char device[32];       /* as opened: "cpu", "cuda:0" */
     char description[160]; /* one line for logs and --version: "cpu (AVX2, 16 threads)" */
-    void *ctx;            /* the backend's own */
+    void *ctx;             /* the backend's own */
 };
 
 /* Opens device: "cpu", "cuda" (device 0) or "cuda:N". Returns NULL with one line in err: an

@@ -42,8 +42,8 @@ static struct lora_buffer *new_buffer(struct lora_backend *be, void *base, size_
         snprintf(err, err_len, "cpu: out of memory");
         return NULL;
     }
-    *b = (struct lora_buffer){.be = be, .base = base, .bytes = bytes, .host = true,
-                              .wrapped = wrapped};
+    *b = (struct lora_buffer){
+        .be = be, .base = base, .bytes = bytes, .host = true, .wrapped = wrapped};
     return b;
 }
 
@@ -197,17 +197,16 @@ static void cpu_kv_write(struct lora_backend *be, const struct lora_tensor *k_ca
 
 static void cpu_attention(struct lora_backend *be, float *out, const float *q,
                           const struct lora_tensor *k_cache, const struct lora_tensor *v_cache,
-                          const struct lora_attn_seq *seqs, int n_seqs, int n_heads,
-                          int n_kv_heads, int head_dim, int block_size, void *scratch,
-                          int max_ctx)
+                          const struct lora_attn_seq *seqs, int n_seqs, int n_heads, int n_kv_heads,
+                          int head_dim, int block_size, void *scratch, int max_ctx)
 {
-    lora_cpu_attention(out, q, f32(k_cache, "key cache"), f32(v_cache, "value cache"), seqs,
-                       n_seqs, n_heads, n_kv_heads, head_dim, block_size, scratch, max_ctx);
+    lora_cpu_attention(out, q, f32(k_cache, "key cache"), f32(v_cache, "value cache"), seqs, n_seqs,
+                       n_heads, n_kv_heads, head_dim, block_size, scratch, max_ctx);
 }
 
 static void cpu_lora_sgmv(struct lora_backend *be, float *y, const float *x,
-                          const struct lora_sgmv_seg *segs, int n_segs, int in, int out,
-                          void *tmp, int max_rank)
+                          const struct lora_sgmv_seg *segs, int n_segs, int in, int out, void *tmp,
+                          int max_rank)
 {
     for (int s = 0; s < n_segs; s++) {
         f32(&segs[s].a, "LoRA A");

@@ -1,4 +1,7 @@
-/* ref: double-precision twins of the backend operations, in plain loops; see ref.h. */
+/* ref: the double-precision twins of the backend operations, in plain loops, one per operation
+ * of backend/backend.h; ref.h says why they exist and how tests use them (docs/design.md,
+ * "Backend"). Kept deliberately naive: no threads, no tiling, weights read element by element
+ * in their dtype, sums in double. */
 #include "backend/ref/ref.h"
 
 #include <math.h>
@@ -28,8 +31,7 @@ double lora_ref_at(const struct lora_ref_w *w, int64_t r, int64_t c)
     }
 }
 
-void lora_ref_matmul(double *dot, double *absdot, const float *x, const struct lora_ref_w *w,
-                     int m)
+void lora_ref_matmul(double *dot, double *absdot, const float *x, const struct lora_ref_w *w, int m)
 {
     int n = (int)w->rows, k = (int)w->cols;
 

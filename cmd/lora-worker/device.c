@@ -1,7 +1,10 @@
 /* lora-worker device: opens the compute device that --device names and prints one line about
- * it: the backend, and its memory (total and available now). A device this build or this
- * machine cannot compute on fails as serve and generate would, with the same line, so that a
- * supervisor (lora-stack up) can check --device before it starts any worker.
+ * it: the backend, and its memory (total and available now).
+ *
+ * Owns the one way to ask "can a worker compute here?" without starting one (docs/design.md,
+ * "Backend"): a device this build or this machine cannot compute on fails as serve and generate
+ * would, with the same line and status 100, so that a supervisor (lora-stack up) can check
+ * --device before it starts any worker.
  */
 #include <stdio.h>
 

@@ -111,7 +111,8 @@ static int set_slot(void *ctx, int slot, const struct lora_adapter *a, char *err
     return lora_forward_set_slot(w->fwd, slot, a, err, err_len);
 }
 
-/* The KV cache of n_blocks blocks (the engine's figure), replacing any there was. */
+/* The KV cache of n_blocks blocks (the engine's figure), replacing any there was: a forward pass
+ * made on the old one must be made again. */
 static int make_kv_cache(struct worker *w, int n_blocks, char *err, size_t err_len)
 {
     const struct lora_model_config *c = &w->model->cfg;

@@ -22,7 +22,7 @@ struct lora_kv_cache *lora_kv_cache_new(struct lora_backend *be, int n_layers, i
     if (!kv)
         return NULL;
     kv->be = be;
-    kv->dtype = (enum lora_dtype)-1;
+    kv->dtype = (enum lora_dtype) - 1;
     for (size_t i = 0; i < sizeof(kv_dtypes) / sizeof(kv_dtypes[0]); i++) {
         if (be->ops->supports(be, LORA_KERNEL_KV_WRITE, kv_dtypes[i]) &&
             be->ops->supports(be, LORA_KERNEL_ATTENTION, kv_dtypes[i])) {
@@ -42,8 +42,7 @@ struct lora_kv_cache *lora_kv_cache_new(struct lora_backend *be, int n_layers, i
     /* Zeroed (every buffer is) so that a bug reading an unwritten slot gives stable numbers, not
      * garbage. */
     kv->k = be->ops->buffer_alloc(be, kv->layer_bytes * (size_t)n_layers, err, sizeof(err));
-    kv->v = kv->k ? be->ops->buffer_alloc(be, kv->layer_bytes * (size_t)n_layers, err,
-                                          sizeof(err))
+    kv->v = kv->k ? be->ops->buffer_alloc(be, kv->layer_bytes * (size_t)n_layers, err, sizeof(err))
                   : NULL;
     if (!kv->k || !kv->v) {
         lora_kv_cache_destroy(&kv);

@@ -22,10 +22,10 @@ struct lora_kv_cache {
     int n_layers;
     int n_blocks;
     int block_size;
-    int kv_dim;             /* local KV heads * head_dim */
-    size_t layer_bytes;     /* of one layer's keys (or values) */
-    struct lora_buffer *k;  /* (n_layers, n_blocks * block_size, kv_dim) */
-    struct lora_buffer *v;  /* (n_layers, n_blocks * block_size, kv_dim) */
+    int kv_dim;            /* local KV heads * head_dim */
+    size_t layer_bytes;    /* of one layer's keys (or values) */
+    struct lora_buffer *k; /* (n_layers, n_blocks * block_size, kv_dim) */
+    struct lora_buffer *v; /* (n_layers, n_blocks * block_size, kv_dim) */
 };
 
 /* Returns NULL when the storage cannot be allocated (it may be large: no abort), the shape is

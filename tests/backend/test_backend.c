@@ -95,8 +95,7 @@ static void fill_random(float *x, size_t n, float scale)
 
 /* Index of the first got[i] farther than rel * (1 + mag[i]) from want[i] (NaN is always far),
  * or -1. mag may be NULL for a bound relative to |want|. */
-static long first_far(const float *got, const double *want, const double *mag, size_t n,
-                      double rel)
+static long first_far(const float *got, const double *want, const double *mag, size_t n, double rel)
 {
     for (size_t i = 0; i < n; i++) {
         double scale = mag ? mag[i] : fabs(want[i]);
@@ -138,8 +137,8 @@ static void encode(enum lora_dtype dtype, const float *src, int64_t rows, int64_
     case LORA_DTYPE_BF16:
     case LORA_DTYPE_F16:
         for (size_t i = 0; i < n; i++) {
-            uint16_t h = dtype == LORA_DTYPE_BF16 ? lora_f32_to_bf16(src[i])
-                                                  : lora_f32_to_f16(src[i]);
+            uint16_t h =
+                dtype == LORA_DTYPE_BF16 ? lora_f32_to_bf16(src[i]) : lora_f32_to_f16(src[i]);
             memcpy(d + 2 * i, &h, 2);
         }
         break;
@@ -261,7 +260,7 @@ static void arena_free(struct arena *a)
 
 static void case_matmul(void)
 {
-    static const int shapes[][3] = {{1, 1, 1}, {3, 5, 7}, {2, 4, 8}, {5, 33, 9},
+    static const int shapes[][3] = {{1, 1, 1},      {3, 5, 7},      {2, 4, 8},   {5, 33, 9},
                                     {17, 129, 100}, {64, 300, 257}, {7, 64, 897}}; /* m n k */
 
     for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
@@ -517,8 +516,8 @@ static void case_add(void)
 static struct lora_tensor cache_new(int rows, int kv_dim)
 {
     char err[256];
-    struct lora_buffer *b = k_->buffer_alloc(be, lora_tensor_bytes(dt, rows, kv_dim), err,
-                                             sizeof(err));
+    struct lora_buffer *b =
+        k_->buffer_alloc(be, lora_tensor_bytes(dt, rows, kv_dim), err, sizeof(err));
 
     if (!b) {
         printf("Bail out! %s\n", err);
@@ -627,8 +626,8 @@ static void attention_case(int block_size, int n_heads, int n_kv_heads, int head
     struct lora_attn_seq seqs[N_SEQS];
     size_t n_out = (size_t)n_rows * q_dim;
     size_t scratch = k_->scratch_bytes(be, LORA_KERNEL_ATTENTION, n_rows, max_ctx, 0);
-    struct arena a = arena_new((2 * n_out + 2 * (size_t)max_ctx * kv_dim) * sizeof(float) +
-                               scratch + 512);
+    struct arena a =
+        arena_new((2 * n_out + 2 * (size_t)max_ctx * kv_dim) * sizeof(float) + scratch + 512);
     float *dq = dev(&a, n_out), *dout = dev(&a, n_out);
     float *dk = dev(&a, (size_t)max_ctx * kv_dim), *dv = dev(&a, (size_t)max_ctx * kv_dim);
     void *dscratch = dev(&a, scratch / sizeof(float) + 1);
@@ -657,8 +656,8 @@ static void attention_case(int block_size, int n_heads, int n_kv_heads, int head
     }
     fill_random(q, n_out, 2.0f);
     put(&a, dq, q, n_out);
-    k_->attention(be, dout, dq, &kc, &vc, seqs, N_SEQS, n_heads, n_kv_heads, head_dim,
-                  block_size, dscratch, max_ctx);
+    k_->attention(be, dout, dq, &kc, &vc, seqs, N_SEQS, n_heads, n_kv_heads, head_dim, block_size,
+                  dscratch, max_ctx);
     get(&a, out, dout, n_out);
     for (int s = 0; s < N_SEQS; s++) {
         for (int r = 0; r < specs[s][1]; r++) {
@@ -722,8 +721,8 @@ static void sgmv_case(int in, int out)
         /* Tensors of MAX_RANK rows, of which the segment uses its rank: as a slot holds them. */
         wa[s] = weight_random(MAX_RANK, in, 1.0f);
         wb[s] = weight_random(MAX_RANK, out, 1.0f);
-        segs[s] = (struct lora_sgmv_seg){layout[s][0], layout[s][1], layout[s][2], scales[s],
-                                         wa[s].t, wb[s].t};
+        segs[s] = (struct lora_sgmv_seg){layout[s][0], layout[s][1], layout[s][2],
+                                         scales[s],    wa[s].t,      wb[s].t};
         for (int r = 0; r < layout[s][1]; r++)
             in_seg[layout[s][0] + r] = true;
     }
@@ -836,8 +835,8 @@ static void case_allreduce(void)
 /* ---- the twins' own input ---- */
 
 /* The twins read every compute dtype as backend.h lays it out: lora_ref_at and
- * lora_tensor_row_to_f32 agree (to float rounding), and each value is its source within the dtype's rounding (F32
- * exact, BF16 2^-8 and F16 2^-11 relative, I8 half a step of its row's scale). */
+ * lora_tensor_row_to_f32 agree (to float rounding), and each value is its source within the dtype's
+ * rounding (F32 exact, BF16 2^-8 and F16 2^-11 relative, I8 half a step of its row's scale). */
 static void check_ref_dtypes(void)
 {
     enum { ROWS = 3, COLS = 37 };
@@ -880,11 +879,16 @@ static void check_ref_dtypes(void)
 /* ---- the matrix ---- */
 
 static void (*const cases[LORA_KERNEL_COUNT])(void) = {
-    [LORA_KERNEL_MATMUL] = case_matmul,       [LORA_KERNEL_ADD_BIAS] = case_add_bias,
-    [LORA_KERNEL_EMBED] = case_embed,         [LORA_KERNEL_RMSNORM] = case_rmsnorm,
-    [LORA_KERNEL_ROPE] = case_rope,           [LORA_KERNEL_SILU_MUL] = case_silu_mul,
-    [LORA_KERNEL_ADD] = case_add,             [LORA_KERNEL_KV_WRITE] = case_kv_write,
-    [LORA_KERNEL_ATTENTION] = case_attention, [LORA_KERNEL_LORA_SGMV] = case_lora_sgmv,
+    [LORA_KERNEL_MATMUL] = case_matmul,
+    [LORA_KERNEL_ADD_BIAS] = case_add_bias,
+    [LORA_KERNEL_EMBED] = case_embed,
+    [LORA_KERNEL_RMSNORM] = case_rmsnorm,
+    [LORA_KERNEL_ROPE] = case_rope,
+    [LORA_KERNEL_SILU_MUL] = case_silu_mul,
+    [LORA_KERNEL_ADD] = case_add,
+    [LORA_KERNEL_KV_WRITE] = case_kv_write,
+    [LORA_KERNEL_ATTENTION] = case_attention,
+    [LORA_KERNEL_LORA_SGMV] = case_lora_sgmv,
     [LORA_KERNEL_ALLREDUCE] = case_allreduce,
 };
 
