@@ -66,6 +66,9 @@ CUDA_SRC := $(if $(filter 1,$(CUDA_ON)),$(wildcard backend/cuda/*.cu))
 LIB_OBJ  := $(LIB_SRC:%.c=$(BUILD)/%.o) $(CUDA_SRC:%.cu=$(BUILD)/%.cu.o)
 UNIT_SRC := $(wildcard tests/unit/test_*.c)
 UNITS    := $(UNIT_SRC:%.c=$(BUILD)/%)
+# tests/backend: every backend against backend/ref, through the interface alone (no fixtures).
+BACKEND_TEST_SRC := $(wildcard tests/backend/test_*.c)
+BACKEND_TESTS := $(BACKEND_TEST_SRC:%.c=$(BUILD)/%)
 FIXTURE_OBJ := $(BUILD)/tests/unit/fixture.o
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
 BENCHES  := $(BENCH_SRC:%.c=$(BUILD)/%)
@@ -83,7 +86,7 @@ DEB_PACKAGES := build-essential pkg-config libmsgpack-dev libzmq3-dev libjansson
 .PHONY: all deps test demo bench clean format install fuzz fuzz-build
 .DEFAULT_GOAL := all
 
-all: $(BINS) $(UNITS) $(BENCHES) $(TOOLS)
+all: $(BINS) $(UNITS) $(BACKEND_TESTS) $(BENCHES) $(TOOLS)
 
 # Made afresh each time: an object whose source was moved or removed must not linger in it.
 $(BUILD)/liblora.a: $(LIB_OBJ)
@@ -123,8 +126,8 @@ $(BUILD)/bin/%: $$(call prog_objs,$$*) $(BUILD)/liblora.a
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
-# A unit test also links the shared fixtures of tests/unit/fixture.c; a bench or a test tool
-# (tests/tools/: small drivers the end-to-end tests call), the library only.
+# A unit test also links the shared fixtures of tests/unit/fixture.c; a backend test, a bench or
+# a test tool (tests/tools/: small drivers the end-to-end tests call), the library only.
 $(UNITS): $(BUILD)/tests/unit/test_%: $(BUILD)/tests/unit/test_%.o $(FIXTURE_OBJ) $(BUILD)/liblora.a
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
 
@@ -222,4 +225,5 @@ clean:
 
 -include $(wildcard $(FUZZ_BUILD)/lib/*/*.d $(FUZZ_BUILD)/backend/*.d $(FUZZ_BUILD)/backend/*/*.d \
     $(FUZZ_BUILD)/cmd/*/*.d $(FUZZ_BUILD)/tests/fuzz/*.d)
--include $(LIB_OBJ:.o=.d) $(UNITS:=.d) $(FIXTURE_OBJ:.o=.d) $(BENCHES:=.d) $(TOOLS:=.d) $(patsubst %.c,$(BUILD)/%.d,$(wildcard cmd/*/*.c))
+-include $(LIB_OBJ:.o=.d) $(UNITS:=.d) $(BACKEND_TESTS:=.d) $(FIXTURE_OBJ:.o=.d) $(BENCHES:=.d) \
+    $(TOOLS:=.d) $(patsubst %.c,$(BUILD)/%.d,$(wildcard cmd/*/*.c))

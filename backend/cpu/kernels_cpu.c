@@ -1,25 +1,25 @@
-/* kernels_cpu: the reference implementation of kernels.h on the CPU.
- * Work is split across OpenMP threads; matmuls live in matmul_cpu.c. */
+/* kernels_cpu: the CPU backend's element-wise kernels, embedding, KV writes and attention (see
+ * kernels_cpu.h). Work is split across OpenMP threads; matmuls live in matmul_cpu.c. */
 #include "backend/cpu/kernels_cpu.h"
 
 #include <math.h>
 #include <omp.h>
 #include <string.h>
 
-void lora_k_add_bias(float *y, const float *bias, int m, int n)
+void lora_cpu_add_bias(float *y, const float *bias, int m, int n)
 {
     for (int i = 0; i < m; i++)
         for (int j = 0; j < n; j++)
             y[(size_t)i * n + j] += bias[j];
 }
 
-void lora_k_embed(float *out, const float *table, const int *ids, int m, int dim)
+void lora_cpu_embed(float *out, const float *table, const int *ids, int m, int dim)
 {
     for (int i = 0; i < m; i++)
         memcpy(out + (size_t)i * dim, table + (size_t)ids[i] * dim, sizeof(float) * dim);
 }
 
-void lora_k_rmsnorm(float *out, const float *x, const float *w, int m, int dim, float eps)
+void lora_cpu_rmsnorm(float *out, const float *x, const float *w, int m, int dim, float eps)
 {
 #pragma omp parallel for if (m > 4)
     for (int i = 0; i < m; i++) {
@@ -34,7 +34,7 @@ void lora_k_rmsnorm(float *out, const float *x, const float *w, int m, int dim, 
     }
 }
 
-void lora_k_rope(float *x, const int *pos, int m, int n_heads, int head_dim, float theta)
+void lora_cpu_rope(float *x, const int *pos, int m, int n_heads, int head_dim, float theta)
 {
     int half = head_dim / 2;
 
@@ -55,7 +55,7 @@ void lora_k_rope(float *x, const int *pos, int m, int n_heads, int head_dim, flo
     }
 }
 
-void lora_k_silu_mul(float *gate, const float *up, size_t n)
+void lora_cpu_silu_mul(float *gate, const float *up, size_t n)
 {
 #pragma omp parallel for if (n > 16384)
     for (size_t i = 0; i < n; i++) {
@@ -64,13 +64,13 @@ void lora_k_silu_mul(float *gate, const float *up, size_t n)
     }
 }
 
-void lora_k_add(float *y, const float *x, size_t n)
+void lora_cpu_add(float *y, const float *x, size_t n)
 {
     for (size_t i = 0; i < n; i++)
         y[i] += x[i];
 }
 
-void lora_k_kv_write(float *k_cache, float *v_cache, const float *k, const float *v,
+void lora_cpu_kv_write(float *k_cache, float *v_cache, const float *k, const float *v,
                      const int *slot, int m, int kv_dim)
 {
     for (int i = 0; i < m; i++) {
@@ -79,7 +79,7 @@ void lora_k_kv_write(float *k_cache, float *v_cache, const float *k, const float
     }
 }
 
-int lora_k_n_threads(void)
+int lora_cpu_n_threads(void)
 {
     return omp_get_max_threads();
 }
@@ -117,8 +117,8 @@ static void attend_one(float *out, const float *q, const float *k_cache, const f
     }
 }
 
-void lora_k_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
-                      const struct lora_k_attn_seq *seqs, int n_seqs, int n_heads,
+void lora_cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
+                      const struct lora_attn_seq *seqs, int n_seqs, int n_heads,
                       int n_kv_heads, int head_dim, int block_size, float *scratch, int max_ctx)
 {
     int q_dim = n_heads * head_dim, kv_dim = n_kv_heads * head_dim;
@@ -128,7 +128,7 @@ void lora_k_attention(float *out, const float *q, const float *k_cache, const fl
 #pragma omp parallel for collapse(2) schedule(dynamic, 1)
     for (int s = 0; s < n_seqs; s++) {
         for (int h = 0; h < n_heads; h++) {
-            const struct lora_k_attn_seq *sq = &seqs[s];
+            const struct lora_attn_seq *sq = &seqs[s];
             float *scores = scratch + (size_t)omp_get_thread_num() * max_ctx;
             for (int r = 0; r < sq->n_rows; r++) {
                 size_t off = (size_t)(sq->row + r) * q_dim + (size_t)h * head_dim;

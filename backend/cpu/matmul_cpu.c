@@ -217,7 +217,7 @@ static void run_panel(float *y, int ldy, const float *x, const float *w, int m, 
 }
 
 
-void lora_k_matmul(float *y, const float *x, const float *w, int m, int n, int k, float alpha,
+void lora_cpu_matmul(float *y, const float *x, const float *w, int m, int n, int k, float alpha,
                    bool accumulate)
 {
     /* Panels of w small enough to stay in L2 while every row of x passes over them, and enough
@@ -271,7 +271,7 @@ static void expand_row(float *y, const float *t, const float *b_t, int rank, int
  * expand its output columns. */
 #define SGMV_SPLIT 8
 
-void lora_k_lora_sgmv(float *y, const float *x, const struct lora_k_lora_seg *segs, int n_segs,
+void lora_cpu_lora_sgmv(float *y, const float *x, const struct lora_sgmv_seg *segs, int n_segs,
                       int in, int out, float *tmp, int max_rank)
 {
     int n_items = n_segs * SGMV_SPLIT;
@@ -280,25 +280,25 @@ void lora_k_lora_sgmv(float *y, const float *x, const struct lora_k_lora_seg *se
     {
 #pragma omp for schedule(dynamic, 1)
         for (int it = 0; it < n_items; it++) {
-            const struct lora_k_lora_seg *g = &segs[it / SGMV_SPLIT];
+            const struct lora_sgmv_seg *g = &segs[it / SGMV_SPLIT];
             int part = it % SGMV_SPLIT, quads = (g->rank + NR - 1) / NR;
             int j0 = NR * (quads * part / SGMV_SPLIT), j1 = NR * (quads * (part + 1) / SGMV_SPLIT);
             j1 = j1 < g->rank ? j1 : g->rank;
             if (j0 < j1)
                 run_panel(tmp + (size_t)g->row * max_rank, max_rank, x + (size_t)g->row * in,
-                          g->a, g->n_rows, in, j0, j1, 1.0f, false);
+                          lora_tensor_addr(&g->a), g->n_rows, in, j0, j1, 1.0f, false);
         }
         /* The implicit barrier above: every t row is ready. */
 #pragma omp for schedule(dynamic, 1)
         for (int it = 0; it < n_items; it++) {
-            const struct lora_k_lora_seg *g = &segs[it / SGMV_SPLIT];
+            const struct lora_sgmv_seg *g = &segs[it / SGMV_SPLIT];
             int part = it % SGMV_SPLIT, chunks = (out + 31) / 32;
             int c0 = 32 * (chunks * part / SGMV_SPLIT);
             int c1 = 32 * (chunks * (part + 1) / SGMV_SPLIT);
             c1 = c1 < out ? c1 : out;
             for (int i = g->row; i < g->row + g->n_rows && c0 < c1; i++)
-                expand_row(y + (size_t)i * out, tmp + (size_t)i * max_rank, g->b_t, g->rank, out,
-                           c0, c1, g->scale);
+                expand_row(y + (size_t)i * out, tmp + (size_t)i * max_rank,
+                           lora_tensor_addr(&g->b_t), g->rank, out, c0, c1, g->scale);
         }
     }
 }

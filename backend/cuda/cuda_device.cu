@@ -1,5 +1,6 @@
-/* cuda_device: what the CUDA runtime sees, for --version and for choosing a backend.
- * The CUDA kernels themselves sit beside this file behind kernels.h. */
+/* cuda_device: what the CUDA runtime sees, for --version and for choosing a backend
+ * (backend/backend.c). The CUDA backend's kernels, behind backend/backend.h's table, are not in
+ * this version yet. */
 #include <cuda_runtime.h>
 #include <stdio.h>
 

@@ -2,12 +2,14 @@
 # lora-stack: starts, watches and stops the whole stack (DESIGN section 11): lora-worker ranks,
 # lora-engine, lora-frontend(s) and lora-metrics, with their ipc sockets in one run directory.
 #
-#   lora-stack up [MODEL] [--run-dir DIR] [--model DIR] [--tp N] [--frontends N] [--port N]
-#                 [--metrics-port N] [--lora-modules NAME=PATH...]... [--unhealthy-timeout S]
-#                 [any program option]
+#   lora-stack up [MODEL] [--run-dir DIR] [--model DIR] [--tp N] [--device DEVICE]
+#                 [--frontends N] [--port N] [--metrics-port N] [--lora-modules NAME=PATH...]...
+#                 [--unhealthy-timeout S] [any program option]
 #   lora-stack status|logs [PROGRAM]|down [--run-dir DIR]
 #
-# `up` starts a supervisor in the background and returns once every program has said it is
+# `up` checks the compute device (--device, given to every worker) with `lora-worker device`
+# first, so a device no worker could use fails at once (100) with the worker's reason; then it
+# starts a supervisor in the background and returns once every program has said it is
 # ready (each program's ready line, read from its standard error through a pipe: no sleeps).
 # The supervisor restarts what crashes, with a backoff that doubles from 1 s to 30 s: with one
 # rank, a dead worker restarts alone and the running engine takes the new process back (setup,
@@ -48,8 +50,9 @@ die() { say "fatal: $2"; exit "$1"; }
 
 usage() {
     cat <<'EOF'
-usage: lora-stack up [MODEL] [--run-dir DIR] [--model DIR] [--tp N] [--frontends N] [--port N]
-                     [--metrics-port N] [--lora-modules NAME=PATH...]... [PROGRAM OPTIONS]
+usage: lora-stack up [MODEL] [--run-dir DIR] [--model DIR] [--tp N] [--device DEVICE]
+                     [--frontends N] [--port N] [--metrics-port N]
+                     [--lora-modules NAME=PATH...]... [PROGRAM OPTIONS]
        lora-stack status [--run-dir DIR]
        lora-stack logs [PROGRAM] [--run-dir DIR]
        lora-stack down [--run-dir DIR]
@@ -61,6 +64,8 @@ usage: lora-stack up [MODEL] [--run-dir DIR] [--model DIR] [--tp N] [--frontends
                          as vLLM's `vllm serve MODEL`, it may be the first argument of up
   --tp N, --tensor-parallel-size N, -tp N
                          tensor-parallel ranks: worker processes (default 1)
+  --device DEVICE        every worker's compute device: cpu, cuda or cuda:N (default cpu;
+                         environment LORA_STACK_DEVICE); checked before anything starts
   --frontends N          HTTP frontends (default 1), on ports PORT, PORT+1, ...
   --port N               the first frontend's port (default 8000)
   --metrics-port N       lora-metrics' port (default 9100)
@@ -97,6 +102,7 @@ else
     RUN_DIR=/tmp/lora-stack-$UID_SELF
 fi
 MODEL="" TP=1 FRONTENDS=1 PORT=8000 METRICS_PORT=9100 HOST=127.0.0.1
+DEVICE=${LORA_STACK_DEVICE:-cpu} DEVICE_DESC=""
 UNHEALTHY_TIMEOUT=${LORA_STACK_UNHEALTHY_TIMEOUT:-30} UNHEALTHY_FROM=--unhealthy-timeout
 [ -z "${LORA_STACK_UNHEALTHY_TIMEOUT:-}" ] || UNHEALTHY_FROM=LORA_STACK_UNHEALTHY_TIMEOUT
 MODULES=() PASS=()
@@ -134,13 +140,14 @@ parse() {
             shift
             while [ $# -gt 0 ] && [[ $1 != -* ]]; do MODULES+=("$1"); shift; done
             continue ;;
-        --run-dir | --model | --tp | --tensor-parallel-size | -tp | --frontends | --port | --metrics-port | --host | --unhealthy-timeout)
+        --run-dir | --model | --tp | --tensor-parallel-size | -tp | --device | --frontends | --port | --metrics-port | --host | --unhealthy-timeout)
             [ $# -ge 2 ] || die 100 "$opt needs a value"
             case $opt in
             --run-dir) RUN_DIR=$2 ;;
             --unhealthy-timeout) UNHEALTHY_TIMEOUT=$2 UNHEALTHY_FROM=$opt ;;
             --model) MODEL=$2 ;;
             --tp | --tensor-parallel-size | -tp) TP=$2 ;;
+            --device) DEVICE=$2 ;;
             --frontends) FRONTENDS=$2 ;;
             --port) PORT=$2 ;;
             --metrics-port) METRICS_PORT=$2 ;;
@@ -378,7 +385,7 @@ start_metrics() {
 
 start_worker() { # RANK
     OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} start "worker-$1" "$BIN/lora-worker" serve \
-        --engine "ipc://$RUN_DIR/worker.sock" --rank "$1" "${WORKER_ARGS[@]}"
+        --engine "ipc://$RUN_DIR/worker.sock" --rank "$1" --device "$DEVICE" "${WORKER_ARGS[@]}"
 }
 
 # readmit_worker NAME: restarts worker NAME alone and waits until the running engine has taken
@@ -615,6 +622,18 @@ in_run_dir() {
 
 # ---- commands --------------------------------------------------------------------------------
 
+# check_device: opens --device once as a worker would (lora-worker device) and keeps its
+# description for the ready line; a device no worker could use fails here with the worker's
+# reason (100), before a run directory is touched.
+check_device() {
+    local line rc
+    line=$("$BIN/lora-worker" device --device "$DEVICE" 2>&1)
+    rc=$?
+    line=${line#lora-worker: fatal: }
+    [ "$rc" = 0 ] || die "$([ "$rc" = 100 ] && echo 100 || echo 111)" "$line"
+    DEVICE_DESC=${line%%: *}
+}
+
 cmd_up() {
     # vLLM's `vllm serve MODEL`: the model as the first argument.
     local positional=""
@@ -629,6 +648,7 @@ cmd_up() {
         MODEL=$positional
     fi
     route_options
+    check_device
     # Made with mode 0700 by this call, or there before: either way checked before any use, so
     # a directory someone else made first (say /tmp/lora-stack-UID) is refused.
     if [ ! -e "$RUN_DIR" ]; then
@@ -651,8 +671,8 @@ cmd_up() {
     mkfifo -m 0600 "$RUN_DIR/up.fifo"
     # The supervisor gets the resolved settings through its environment.
     # Its command line names the run directory: down checks it before it signals the pid.
-    LORA_STACK_STATE=$(declare -p RUN_DIR MODEL TP FRONTENDS PORT METRICS_PORT HOST MODULES \
-        UNHEALTHY_TIMEOUT ENGINE_ARGS WORKER_ARGS FRONTEND_ARGS METRICS_ARGS) \
+    LORA_STACK_STATE=$(declare -p RUN_DIR MODEL TP DEVICE FRONTENDS PORT METRICS_PORT HOST \
+        MODULES UNHEALTHY_TIMEOUT ENGINE_ARGS WORKER_ARGS FRONTEND_ARGS METRICS_ARGS) \
         setsid "$SELF" _supervise "$RUN_DIR" < /dev/null >> "$RUN_DIR/supervisor.log" 2>&1 &
     echo $! > "$RUN_DIR/supervisor.pid"
     local answer=""
@@ -660,7 +680,7 @@ cmd_up() {
     rm -f "$RUN_DIR/up.fifo"
     case $answer in
     ready*)
-        say "ready in $RUN_DIR (model $MODEL, $TP rank$([ "$TP" = 1 ] || echo s))"
+        say "ready in $RUN_DIR (model $MODEL, $TP rank$([ "$TP" = 1 ] || echo s)) on $DEVICE_DESC"
         for u in ${answer#ready}; do printf '%s\n' "$u"; done
         ;;
     *)

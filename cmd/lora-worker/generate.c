@@ -13,8 +13,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "runtime/adapter.h"
+#include "backend/backend.h"
 #include "base/cli.h"
+#include "runtime/adapter.h"
 #include "runtime/demo_model.h"
 #include "runtime/generate.h"
 #include "runtime/model.h"
@@ -25,6 +26,7 @@
 
 struct gen_opts {
     const char *model;
+    const char *device;
     struct lora_cli_opt_list loras;
     const char *prompt_ids;
     const char *batch;
@@ -43,6 +45,7 @@ struct gen_opts {
 };
 
 static struct gen_opts o = {
+    .device = "cpu",
     .max_tokens = 16,
     .top_p = 1.0,
     .max_lora_rank = 64,
@@ -69,11 +72,14 @@ static const struct lora_cli_opt options[] = {
     {"max-num-batched-tokens", LORA_OPT_INT, &o.max_batched_tokens, "N",
      "token budget per step (default 512)", 1, 1 << 20},
     {"block-size", LORA_OPT_INT, &o.block_size, "N", "KV cache block size (default 16)", 1, 4096},
+    {"device", LORA_OPT_STRING, &o.device, "DEVICE",
+     "compute device: cpu, cuda or cuda:N (default cpu)"},
     {"help", LORA_OPT_FLAG, &o.help, NULL, "show this help"},
     {0},
 };
 
 struct gen_job {
+    struct lora_backend *be;
     struct lora_model *model;
     struct lora_adapter *adapters[LORA_OPT_LIST_MAX];
     char *names[LORA_OPT_LIST_MAX];
@@ -96,6 +102,7 @@ static void job_release(struct gen_job *j)
         free(j->names[i]);
     }
     lora_model_destroy(&j->model);
+    lora_backend_close(&j->be);
 }
 
 /* Takes the adapter names from --lora NAME=DIR, before anything is read from disk. */
@@ -371,6 +378,13 @@ int cmd_generate(int argc, char **argv)
         snprintf(err, sizeof(err), "give exactly one of --prompt-ids and --batch");
         goto out;
     }
+    /* The device, before any file is read: a usage error like the others. */
+    char why[256];
+    j.be = lora_backend_open(o.device, why, sizeof(why));
+    if (!j.be) {
+        snprintf(err, sizeof(err), "--device %.64s: %s", o.device, why);
+        goto out;
+    }
     if (parse_lora_names(&j, err, sizeof(err)) < 0 ||
         (o.prompt_ids && single_request(&j, err, sizeof(err)) < 0))
         goto out;
@@ -384,7 +398,7 @@ int cmd_generate(int argc, char **argv)
         rc = EXIT_BAD_INPUT;
         o.model = demo;
     }
-    j.model = lora_model_load(o.model, 0, 1, err, sizeof(err));
+    j.model = lora_model_load(j.be, o.model, 0, 1, err, sizeof(err));
     if (!j.model || load_adapters(&j, err, sizeof(err)) < 0)
         goto out;
     struct lora_generate_opts go = {(int)o.max_batched_tokens, (int)o.block_size};

@@ -1,16 +1,12 @@
 /* lora-worker: one tensor-parallel rank of lora-stack. Subcommands run the model without the
- * other processes (generate) and write generated models and adapters (make-model,
- * make-adapter). */
+ * other processes (generate), write generated models and adapters (make-model,
+ * make-adapter) and say what a compute device is (device). */
 #include <stdio.h>
 #include <string.h>
 
+#include "backend/backend.h"
 #include "base/cli.h"
 #include "worker.h"
-
-#ifdef LORA_CUDA
-#include "backend/cuda/cuda_device.h"
-#endif
-
 
 static const struct {
     const char *name;
@@ -22,6 +18,7 @@ static const struct {
     {"make-model", cmd_make_model, "write a deterministic random model in Hugging Face layout"},
     {"make-adapter", cmd_make_adapter, "write a deterministic random PEFT LoRA adapter"},
     {"demo-model", cmd_demo_model, "write the demo model once and print its directory"},
+    {"device", cmd_device, "open the compute device (--device) and describe it"},
 };
 
 static void usage(FILE *out)
@@ -43,16 +40,9 @@ int main(int argc, char **argv)
         return 0;
     }
     if (strcmp(argv[1], "--version") == 0) {
-        printf("lora-worker %s (backends: cpu", LORA_VERSION);
-#ifdef LORA_CUDA
-        char err[256];
-        int n = lora_cuda_device_count(err, sizeof(err));
-        if (n < 0)
-            printf(", %s", err);
-        else
-            printf(", cuda: %d device%s", n, n == 1 ? "" : "s");
-#endif
-        puts(")");
+        char builds[512];
+        lora_backend_builds(builds, sizeof(builds));
+        printf("lora-worker %s (backends: %s)\n", LORA_VERSION, builds);
         return 0;
     }
     for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)

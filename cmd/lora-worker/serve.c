@@ -11,6 +11,10 @@
  * socket (identity "worker-RANK-PID-hb") sends a heartbeat every 500 ms whatever the loop is doing,
  * so a long step does not look like a dead worker to the engine. SIGTERM and SIGINT exit
  * cleanly (0). Adapter loads run on a loader thread, so steps go on while an adapter is read.
+ * The compute device (--device) is opened before the first hello, so a worker that cannot
+ * compute exits at once (100) with the reason; setup says on stderr what it holds where. The KV
+ * cache is made by make_kv_cache from a block count alone, so that it can be remade with a
+ * figure the engine learns later.
  */
 #include <errno.h>
 #include <limits.h>
@@ -109,9 +113,9 @@ static int set_slot(void *ctx, int slot, const struct lora_adapter *a, char *err
 }
 
 /* The KV blocks this rank gives the engine: as many as the setup's budget holds (its bytes, or
- * its fraction of the memory available to this rank), at most the setup's cap; without a budget,
- * the cap itself. The memory is the host's for now, shared by the ranks on it; a backend's query
- * of its device takes its place here. Returns the count, or -1 with err. */
+ * its fraction of the memory the backend says is available, shared by the ranks of the host on
+ * the CPU), at most the setup's cap; without a budget, the cap itself. Returns the count, or -1
+ * with err. */
 static int kv_blocks_fit(const struct worker *w, const struct lora_msg_setup *s, char *err,
                          size_t err_len)
 {
@@ -126,9 +130,15 @@ static int kv_blocks_fit(const struct worker *w, const struct lora_msg_setup *s,
             snprintf(err, err_len, "setup for rank %d gives no KV cache budget", s->rank);
         return l->num_kv_blocks < 1 ? -1 : l->num_kv_blocks;
     }
-    if (s->kv_cache_fraction > 0)
-        budget = (double)sysconf(_SC_AVPHYS_PAGES) * (double)sysconf(_SC_PAGESIZE) *
-                 s->kv_cache_fraction / l->world_size;
+    if (s->kv_cache_fraction > 0) {
+        size_t total, avail;
+        if (w->be->ops->memory(w->be, &total, &avail) < 0) {
+            snprintf(err, err_len, "unable to read the memory of %s", w->be->device);
+            return -1;
+        }
+        budget = (double)avail * s->kv_cache_fraction /
+                 (strcmp(w->be->kind, "cpu") == 0 ? l->world_size : 1);
+    }
     double n = budget / (double)block_bytes;
     if (l->num_kv_blocks > 0 && n > l->num_kv_blocks)
         n = l->num_kv_blocks;
@@ -138,6 +148,22 @@ static int kv_blocks_fit(const struct worker *w, const struct lora_msg_setup *s,
         return -1;
     }
     return n > INT_MAX ? INT_MAX : (int)n;
+}
+
+/* The KV cache of n_blocks blocks (the engine's figure), replacing any there was: a forward pass
+ * made on the old one must be made again. */
+static int make_kv_cache(struct worker *w, int n_blocks, char *err, size_t err_len)
+{
+    const struct lora_model_config *c = &w->model->cfg;
+
+    lora_kv_cache_destroy(&w->kv);
+    w->kv = lora_kv_cache_new(w->be, c->n_layers, w->model->n_kv_heads * c->head_dim,
+                              w->lim.block_size, n_blocks);
+    if (!w->kv) {
+        snprintf(err, err_len, "unable to allocate %d KV blocks on %s", n_blocks, w->be->device);
+        return -1;
+    }
+    return 0;
 }
 
 /* Loads this rank's shard and makes every buffer the limits call for. */
@@ -153,20 +179,14 @@ static int setup(struct worker *w, const struct lora_msg_setup *s, char *err, si
         return -1;
     }
     w->lim = *l;
-    w->model = lora_model_load(s->model.s, w->rank, l->world_size, err, err_len);
+    w->model = lora_model_load(w->be, s->model.s, w->rank, l->world_size, err, err_len);
     if (!w->model)
         return -1;
     const struct lora_model_config *c = &w->model->cfg;
     w->lim.vocab_size = c->vocab_size;
     w->lim.num_kv_blocks = kv_blocks_fit(w, s, err, err_len);
-    if (w->lim.num_kv_blocks < 1)
+    if (w->lim.num_kv_blocks < 1 || make_kv_cache(w, w->lim.num_kv_blocks, err, err_len) < 0)
         return -1;
-    w->kv = lora_kv_cache_new(c->n_layers, w->model->n_kv_heads * c->head_dim, l->block_size,
-                              w->lim.num_kv_blocks);
-    if (!w->kv) {
-        snprintf(err, err_len, "unable to allocate %d KV blocks", w->lim.num_kv_blocks);
-        return -1;
-    }
     struct lora_forward_limits fl = {
         .max_tokens = l->max_num_batched_tokens,
         .max_seqs = l->max_num_seqs,
@@ -183,12 +203,12 @@ static int setup(struct worker *w, const struct lora_msg_setup *s, char *err, si
             snprintf(err, err_len, "setup for %d ranks names no shared memory", l->world_size);
             return -1;
         }
-        w->ar = lora_allreduce_open(s->shm.s, w->rank, l->world_size,
-                                    (size_t)l->max_num_batched_tokens * c->hidden_size, 30000,
-                                    err, err_len);
-        if (!w->ar)
+        w->coll = w->be->ops->collective_open(w->be, s->shm.s, w->rank, l->world_size,
+                                              (size_t)l->max_num_batched_tokens * c->hidden_size,
+                                              30000, err, err_len);
+        if (!w->coll)
             return -1;
-        lora_forward_set_allreduce(w->fwd, lora_allreduce_sum, w->ar);
+        lora_forward_set_collective(w->fwd, w->coll);
     }
     w->cache = lora_adapter_cache_new(l->max_loras, l->max_cpu_loras, set_slot, w, err, err_len);
     w->sampler = lora_sampler_new(c->vocab_size);
@@ -200,6 +220,13 @@ static int setup(struct worker *w, const struct lora_msg_setup *s, char *err, si
     }
     if (worker_step_alloc(w, err, err_len) < 0 || worker_adapters_start(w, err, err_len) < 0)
         return -1;
+    size_t slot_bytes, fwd_bytes = lora_forward_bytes(w->fwd, &slot_bytes);
+    fprintf(stderr,
+            "lora-worker: rank %d: set up on %s: %.1f MB of weights, %.1f MB of KV cache, "
+            "%.1f MB of activations and %d adapter slots (%.1f MB)\n",
+            w->rank, w->be->description, w->model->weight_bytes / 1e6,
+            2.0 * (double)w->kv->layer_bytes * c->n_layers / 1e6,
+            (fwd_bytes - slot_bytes) / 1e6, l->max_loras, slot_bytes / 1e6);
     w->set_up = true;
     worker_notify(w); /* the first state: nothing loaded */
     return 0;
@@ -295,10 +322,14 @@ static void teardown(struct worker *w)
     lora_adapter_cache_snapshot_release(&w->snap);
     lora_forward_destroy(&w->fwd);
     lora_kv_cache_destroy(&w->kv);
-    if (loaders_gone) /* else a stuck loader thread may still read the model's shapes */
+    if (w->be)
+        w->be->ops->collective_close(w->be, &w->coll);
+    /* Else a stuck loader thread may still read the model's shapes: both stay. */
+    if (loaders_gone) {
         lora_model_destroy(&w->model);
+        lora_backend_close(&w->be);
+    }
     lora_sampler_destroy(&w->sampler);
-    lora_allreduce_close(&w->ar);
     lora_notify_ring_destroy(&w->ring);
     lora_buf_release(&w->out);
     lora_buf_release(&w->item);
@@ -355,7 +386,7 @@ static int run(struct worker *w)
 
 int cmd_serve(int argc, char **argv)
 {
-    const char *endpoint = NULL;
+    const char *endpoint = NULL, *device = "cpu";
     long rank = 0;
     struct worker w = {.sig_fd = -1};
     long load_timeout = 60000; /* below the engine's 120 s wait for an adapter command */
@@ -363,6 +394,8 @@ int cmd_serve(int argc, char **argv)
     const struct lora_cli_opt options[] = {
         {"engine", LORA_OPT_STRING, &endpoint, "ENDPOINT", "the engine's worker socket"},
         {"rank", LORA_OPT_INT, &rank, "N", "tensor-parallel rank (default 0)", 0, 63},
+        {"device", LORA_OPT_STRING, &device, "DEVICE", "compute device: cpu, cuda or cuda:N "
+         "(default cpu)"},
         {"lora-root", LORA_OPT_STRING, &w.lora_root, "DIR",
          "read adapters under DIR beneath it, following no link"},
         {"lora-allow-symlinks", LORA_OPT_FLAG, &w.lora_allow_symlinks, NULL,
@@ -381,7 +414,8 @@ int cmd_serve(int argc, char **argv)
         return EXIT_USAGE;
     }
     if (help) {
-        puts("usage: lora-worker serve --engine ENDPOINT [--rank N] [--lora-root DIR]\n");
+        puts("usage: lora-worker serve --engine ENDPOINT [--rank N] [--device DEVICE] "
+             "[--lora-root DIR]\n");
         lora_cli_usage(stdout, options);
         return 0;
     }
@@ -391,6 +425,12 @@ int cmd_serve(int argc, char **argv)
     struct stat root_st;
     if (w.lora_root && (stat(w.lora_root, &root_st) < 0 || !S_ISDIR(root_st.st_mode))) {
         fprintf(stderr, "lora-worker: fatal: --lora-root '%s' is not a directory\n", w.lora_root);
+        return EXIT_USAGE;
+    }
+    /* The device first: a worker that cannot compute never says hello. */
+    w.be = lora_backend_open(device, err, sizeof(err));
+    if (!w.be) {
+        fprintf(stderr, "lora-worker: fatal: --device %s: %s\n", device, err);
         return EXIT_USAGE;
     }
     snprintf(identity, sizeof(identity), "worker-%d-%ld", w.rank, (long)getpid());

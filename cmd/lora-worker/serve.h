@@ -7,8 +7,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
 #include "runtime/adapter_cache.h"
-#include "backend/cpu/allreduce_shm.h"
 #include "runtime/forward.h"
 #include "runtime/kv_cache.h"
 #include "runtime/model.h"
@@ -29,6 +29,8 @@ struct worker {
     bool engine_seen;  /* liveness counts only after the engine first answered */
     bool send_failing; /* the last send failed (its warning was given) */
 
+    struct lora_backend *be; /* --device, opened before anything else */
+
     /* Made by setup. */
     bool set_up;
     struct lora_msg_limits lim;
@@ -38,7 +40,7 @@ struct worker {
     struct lora_forward *fwd;
     struct lora_adapter_cache *cache;
     struct lora_sampler *sampler;
-    struct lora_allreduce *ar;
+    struct lora_collective *coll; /* the all-reduce group, with more than one rank */
     struct lora_notify_ring *ring;
     struct lora_adapter_cache_snapshot snap;
     uint64_t clock; /* steps run: the adapters' LRU clock */

@@ -10,5 +10,6 @@ int cmd_make_model(int argc, char **argv);
 int cmd_make_adapter(int argc, char **argv);
 int cmd_demo_model(int argc, char **argv);
 int cmd_serve(int argc, char **argv);
+int cmd_device(int argc, char **argv);
 
 #endif

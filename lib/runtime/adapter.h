@@ -13,9 +13,11 @@
  * device in their place fails at once. A parse error gives the position and never quotes the
  * file's bytes.
  *
- * Weights are copied to float32 buffers the adapter owns (the files are closed after loading), cut
- * for the shard like the base weights: for q, k, v, gate and up, B keeps this shard's output
- * rows; for o and down, A keeps this shard's input columns. B is stored transposed.
+ * Weights are copied to float32 buffers the adapter owns, in host memory (the files are closed
+ * after loading), cut for the shard like the base weights: for q, k, v, gate and up, B keeps this
+ * shard's output rows; for o and down, A keeps this shard's input columns. B is stored
+ * transposed. Computing with an adapter copies these into a slot of the backend's memory
+ * (lora_forward_set_slot).
  */
 #ifndef LORA_ADAPTER_H
 #define LORA_ADAPTER_H

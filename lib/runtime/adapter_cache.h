@@ -1,10 +1,13 @@
 /* adapter_cache: one worker rank's adapters: the CPU cache and the compute slots.
  *
- * The cache owns every adapter it holds (struct lora_adapter, destroyed on eviction or removal)
- * and knows which of them sit in the max_loras compute slots (DESIGN.md section 6: gpu ⊂ cpu;
- * an adapter in a slot is also in the cache and counts against max_cpu_loras). Whenever a slot's
- * content changes the cache calls set_slot (the worker wires it to lora_forward_set_slot), so
- * the compute side never holds an adapter the cache has destroyed.
+ * The cache owns every adapter it holds (struct lora_adapter, host memory, destroyed on eviction
+ * or removal) and knows which of them sit in the max_loras compute slots (DESIGN.md section 6:
+ * gpu ⊂ cpu; an adapter in a slot is also in the cache and counts against max_cpu_loras). The
+ * slots themselves, preallocated in the backend's memory, belong to lib/runtime/forward: whenever
+ * a slot's content changes the cache calls set_slot (the worker wires it to
+ * lora_forward_set_slot, which copies the adapter's weights into the slot), so the compute side
+ * never holds a pointer into an adapter the cache may destroy. An ACTIVATE timing is the time of
+ * that copy.
  *
  * Invariants a caller can rely on after every call, successful or not (lora_adapter_cache_check
  * verifies them):
@@ -36,7 +39,8 @@
 #define LORA_ADAPTER_NAME_MAX          255 /* bytes of a name, without the NUL */
 #define LORA_ADAPTER_CACHE_MAX_TIMINGS 256
 
-/* Called with a (borrowed; NULL empties the slot) whenever slot's content changes. Returns 0,
+/* Called with a (borrowed for the call; NULL empties the slot) whenever slot's content changes:
+ * the callee copies what it needs. Returns 0,
  * or -1 with a reason in err; the cache then undoes its change. Setting NULL should not fail:
  * when it does, the operation fails and the cache tries to restore what the slots held. */
 typedef int (*lora_adapter_cache_set_slot_fn)(void *ctx, int slot, const struct lora_adapter *a,

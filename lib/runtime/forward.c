@@ -1,55 +1,139 @@
-/* forward: one batched transformer step with unmerged multi-LoRA; see forward.h. */
+/* forward: one batched transformer step with unmerged multi-LoRA, through the model's backend;
+ * see forward.h. */
 #include "runtime/forward.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "backend/cpu/kernels_cpu.h"
+#define ALIGN 64 /* bytes: every region of a buffer starts on a cache line */
+
+struct slot {
+    bool used;
+    int rank;
+    float scale;
+};
 
 struct lora_forward {
     const struct lora_model *m;
+    struct lora_backend *be;
+    const struct lora_backend_ops *k;
     struct lora_kv_cache *kv;
     struct lora_forward_limits lim;
-    const struct lora_adapter **slots; /* (max_loras), borrowed */
-    lora_allreduce_fn allreduce;
-    void *allreduce_ctx;
+    struct lora_collective *coll; /* borrowed; NULL with one rank */
 
-    /* Activations, one row per token of the step, in slot order. */
+    /* Activations and scratch: regions of one backend buffer, one row per token of the step,
+     * in slot order. */
+    struct lora_buffer *act;
     float *x;     /* (max_tokens, hidden) residual stream */
     float *xb;    /* (max_tokens, hidden) normed input */
     float *out;   /* (max_tokens, hidden) projection output before the residual add */
     float *q;     /* (max_tokens, q_dim) */
-    float *k;     /* (max_tokens, kv_dim) */
+    float *kk;    /* (max_tokens, kv_dim) keys */
     float *v;     /* (max_tokens, kv_dim) */
     float *att;   /* (max_tokens, q_dim) */
     float *gate;  /* (max_tokens, inter) */
     float *up;    /* (max_tokens, inter) */
-    float *lora_tmp;  /* (max_tokens, max_rank) */
-    float *att_scratch; /* (threads, max_ctx) */
+    void *lora_tmp;    /* the shrink's scratch */
+    void *att_scratch; /* attention's scratch */
     float *xf;     /* (max_logit_rows, hidden) rows that need logits */
     float *logits; /* (max_logit_rows, vocab) */
+    size_t x_off;      /* x's offset in act, for gathering rows of it */
+    size_t logits_off; /* logits' offset in act */
+    float *logits_host; /* the logits as host memory: in act, or a copy (logits_copy) */
+    bool logits_copy;
 
-    /* Step bookkeeping. */
+    /* Adapter slots: slot s's copy of A (max_rank, in) and B transposed (max_rank, out) of
+     * projection p of layer l sit at s * slot_bytes + l * layer_bytes + proj_off[p], A first. */
+    struct lora_buffer *slot_buf;
+    size_t slot_bytes, layer_bytes, proj_off[LORA_PROJ_COUNT];
+    struct slot *slots;      /* (max_loras) */
+    unsigned char *present;  /* (max_loras, n_layers * LORA_PROJ_COUNT): the slot's adapter
+                                targets that projection of that layer */
+
+    /* Step bookkeeping, host memory. */
     int *ids;       /* (max_tokens) */
     int *pos;       /* (max_tokens) */
     int *kv_slot;   /* (max_tokens) */
     int *order;     /* (max_seqs) sequence indices sorted by adapter slot */
     int *seq_row;   /* (max_seqs) first token row of each sequence, in slot order */
     int *logit_src; /* (max_logit_rows) token row feeding each logit row */
-    struct lora_k_attn_seq *attn; /* (max_seqs) */
-    struct lora_k_lora_seg *segs; /* (max_loras) */
+    struct lora_attn_seq *attn; /* (max_seqs) */
+    struct lora_sgmv_seg *segs; /* (max_loras) */
     int *group_slot; /* (max_loras) slot of each contiguous group of rows */
     int *group_row;  /* (max_loras + 1) first row of each group, then the end */
     int n_groups;
 };
 
-static void *alloc_floats(size_t n, bool *ok)
+/* Reserves bytes at *end (aligned) and returns their offset. */
+static size_t carve(size_t *end, size_t bytes)
 {
-    void *p = malloc(n * sizeof(float) + sizeof(float));
-    if (!p)
-        *ok = false;
-    return p;
+    size_t off = (*end + ALIGN - 1) / ALIGN * ALIGN;
+    *end = off + bytes;
+    return off;
+}
+
+/* Lays out activations and scratch in one buffer, and the slots in another. */
+static int alloc_buffers(struct lora_forward *f, char *err, size_t err_len)
+{
+    const struct lora_model *m = f->m;
+    const struct lora_model_config *c = &m->cfg;
+    const struct lora_forward_limits *lim = &f->lim;
+    struct lora_backend *be = f->be;
+    size_t T = (size_t)lim->max_tokens, R = (size_t)lim->max_logit_rows, F = sizeof(float);
+    size_t hidden = (size_t)c->hidden_size, q_dim = (size_t)m->n_heads * c->head_dim;
+    size_t kv_dim = (size_t)f->kv->kv_dim, inter = (size_t)m->inter, end = 0;
+    size_t off[13];
+
+    off[0] = f->x_off = carve(&end, T * hidden * F);
+    off[1] = carve(&end, T * hidden * F);
+    off[2] = carve(&end, T * hidden * F);
+    off[3] = carve(&end, T * q_dim * F);
+    off[4] = carve(&end, T * kv_dim * F);
+    off[5] = carve(&end, T * kv_dim * F);
+    off[6] = carve(&end, T * q_dim * F);
+    off[7] = carve(&end, T * inter * F);
+    off[8] = carve(&end, T * inter * F);
+    off[9] = carve(&end, f->k->scratch_bytes(be, LORA_KERNEL_LORA_SGMV, lim->max_tokens, 0,
+                                             lim->max_rank));
+    off[10] = carve(&end, f->k->scratch_bytes(be, LORA_KERNEL_ATTENTION, lim->max_tokens,
+                                              lim->max_ctx, 0));
+    off[11] = carve(&end, R * hidden * F);
+    off[12] = f->logits_off = carve(&end, R * (size_t)c->vocab_size * F);
+    f->act = f->k->buffer_alloc(be, end, err, err_len);
+    if (!f->act)
+        return -1;
+    char *base = f->act->base;
+    f->x = (float *)(base + off[0]);
+    f->xb = (float *)(base + off[1]);
+    f->out = (float *)(base + off[2]);
+    f->q = (float *)(base + off[3]);
+    f->kk = (float *)(base + off[4]);
+    f->v = (float *)(base + off[5]);
+    f->att = (float *)(base + off[6]);
+    f->gate = (float *)(base + off[7]);
+    f->up = (float *)(base + off[8]);
+    f->lora_tmp = base + off[9];
+    f->att_scratch = base + off[10];
+    f->xf = (float *)(base + off[11]);
+    f->logits = (float *)(base + off[12]);
+    f->logits_copy = !f->act->host;
+    f->logits_host = f->logits_copy ? malloc(R * (size_t)c->vocab_size * F + F) : f->logits;
+    if (!f->logits_host) {
+        snprintf(err, err_len, "forward: out of memory for %zu logit rows", R);
+        return -1;
+    }
+
+    /* Every targetable projection of every layer, at max_rank. */
+    size_t r = (size_t)lim->max_rank;
+    f->layer_bytes = 0;
+    for (int p = 0; p < LORA_PROJ_COUNT; p++) {
+        f->proj_off[p] = f->layer_bytes;
+        f->layer_bytes += r * ((size_t)lora_model_proj_in(m, p) + lora_model_proj_out(m, p)) * F;
+    }
+    f->slot_bytes = f->layer_bytes * (size_t)c->n_layers;
+    f->slot_buf = f->k->buffer_alloc(be, f->slot_bytes * (size_t)lim->max_loras, err, err_len);
+    return f->slot_buf ? 0 : -1;
 }
 
 struct lora_forward *lora_forward_new(const struct lora_model *m, struct lora_kv_cache *kv,
@@ -66,31 +150,27 @@ struct lora_forward *lora_forward_new(const struct lora_model *m, struct lora_kv
         snprintf(err, err_len, "forward: KV cache shape does not match the model shard");
         return NULL;
     }
+    if (kv->be != m->be) {
+        snprintf(err, err_len, "forward: the KV cache is not on the model's backend");
+        return NULL;
+    }
     struct lora_forward *f = calloc(1, sizeof(*f));
     if (!f) {
         snprintf(err, err_len, "forward: out of memory");
         return NULL;
     }
     size_t T = (size_t)lim->max_tokens, R = (size_t)lim->max_logit_rows;
-    size_t q_dim = (size_t)m->n_heads * c->head_dim, kv_dim = (size_t)kv->kv_dim;
-    bool ok = true;
+    size_t n_lp = (size_t)c->n_layers * LORA_PROJ_COUNT;
 
     f->m = m;
+    f->be = m->be;
+    f->k = m->be->ops;
     f->kv = kv;
     f->lim = *lim;
-    f->x = alloc_floats(T * c->hidden_size, &ok);
-    f->xb = alloc_floats(T * c->hidden_size, &ok);
-    f->out = alloc_floats(T * c->hidden_size, &ok);
-    f->q = alloc_floats(T * q_dim, &ok);
-    f->k = alloc_floats(T * kv_dim, &ok);
-    f->v = alloc_floats(T * kv_dim, &ok);
-    f->att = alloc_floats(T * q_dim, &ok);
-    f->gate = alloc_floats(T * m->inter, &ok);
-    f->up = alloc_floats(T * m->inter, &ok);
-    f->lora_tmp = alloc_floats(T * lim->max_rank, &ok);
-    f->att_scratch = alloc_floats((size_t)lora_k_n_threads() * lim->max_ctx, &ok);
-    f->xf = alloc_floats(R * c->hidden_size, &ok);
-    f->logits = alloc_floats(R * c->vocab_size, &ok);
+    if (alloc_buffers(f, err, err_len) < 0) {
+        lora_forward_destroy(&f);
+        return NULL;
+    }
     f->ids = calloc(T, sizeof(int));
     f->pos = calloc(T, sizeof(int));
     f->kv_slot = calloc(T, sizeof(int));
@@ -100,10 +180,11 @@ struct lora_forward *lora_forward_new(const struct lora_model *m, struct lora_kv
     f->attn = calloc((size_t)lim->max_seqs, sizeof(*f->attn));
     f->segs = calloc((size_t)lim->max_loras + 1, sizeof(*f->segs));
     f->slots = calloc((size_t)lim->max_loras + 1, sizeof(*f->slots));
+    f->present = calloc(((size_t)lim->max_loras + 1) * n_lp, 1);
     f->group_slot = calloc((size_t)lim->max_loras + 2, sizeof(int));
     f->group_row = calloc((size_t)lim->max_loras + 3, sizeof(int));
-    if (!ok || !f->ids || !f->pos || !f->kv_slot || !f->order || !f->seq_row || !f->logit_src ||
-        !f->attn || !f->segs || !f->slots || !f->group_slot || !f->group_row) {
+    if (!f->ids || !f->pos || !f->kv_slot || !f->order || !f->seq_row || !f->logit_src ||
+        !f->attn || !f->segs || !f->slots || !f->present || !f->group_slot || !f->group_row) {
         snprintf(err, err_len, "forward: out of memory for %d tokens and %d logit rows",
                  lim->max_tokens, lim->max_logit_rows);
         lora_forward_destroy(&f);
@@ -116,10 +197,10 @@ void lora_forward_destroy(struct lora_forward **fp)
     struct lora_forward *f = fp ? *fp : NULL;
     if (!f)
         return;
-    float *bufs[] = {f->x,    f->xb,       f->out,         f->q,  f->k,     f->v, f->att,
-                     f->gate, f->up, f->lora_tmp, f->att_scratch, f->xf, f->logits};
-    for (size_t i = 0; i < sizeof(bufs) / sizeof(bufs[0]); i++)
-        free(bufs[i]);
+    f->k->buffer_free(f->be, f->act);
+    f->k->buffer_free(f->be, f->slot_buf);
+    if (f->logits_copy)
+        free(f->logits_host);
     free(f->ids);
     free(f->pos);
     free(f->kv_slot);
@@ -129,10 +210,25 @@ void lora_forward_destroy(struct lora_forward **fp)
     free(f->attn);
     free(f->segs);
     free(f->slots);
+    free(f->present);
     free(f->group_slot);
     free(f->group_row);
     free(f);
     *fp = NULL;
+}
+
+size_t lora_forward_bytes(const struct lora_forward *f, size_t *slot_bytes)
+{
+    if (slot_bytes)
+        *slot_bytes = f->slot_buf->bytes;
+    return f->act->bytes + f->slot_buf->bytes;
+}
+
+/* Where slot s keeps A (or B, transposed) of projection p of layer l. */
+static size_t slot_off(const struct lora_forward *f, int s, int l, enum lora_proj p, bool b)
+{
+    size_t off = (size_t)s * f->slot_bytes + (size_t)l * f->layer_bytes + f->proj_off[p];
+    return b ? off + (size_t)f->lim.max_rank * lora_model_proj_in(f->m, p) * sizeof(float) : off;
 }
 
 int lora_forward_set_slot(struct lora_forward *f, int slot, const struct lora_adapter *a,
@@ -151,14 +247,34 @@ int lora_forward_set_slot(struct lora_forward *f, int slot, const struct lora_ad
                  f->m->cfg.n_layers);
         return -1;
     }
-    f->slots[slot] = a;
+    int n_lp = f->m->cfg.n_layers * LORA_PROJ_COUNT;
+    unsigned char *present = f->present + (size_t)slot * n_lp;
+    f->slots[slot] = (struct slot){0};
+    memset(present, 0, (size_t)n_lp);
+    if (!a)
+        return 0;
+    for (int i = 0; i < n_lp; i++) {
+        if (!a->a[i])
+            continue;
+        int l = i / LORA_PROJ_COUNT;
+        enum lora_proj p = i % LORA_PROJ_COUNT;
+        size_t r = (size_t)a->rank;
+        if (f->k->upload(f->be, f->slot_buf, slot_off(f, slot, l, p, false), a->a[i],
+                         r * lora_model_proj_in(f->m, p) * sizeof(float), err, err_len) < 0 ||
+            f->k->upload(f->be, f->slot_buf, slot_off(f, slot, l, p, true), a->b[i],
+                         r * lora_model_proj_out(f->m, p) * sizeof(float), err, err_len) < 0) {
+            memset(present, 0, (size_t)n_lp);
+            return -1;
+        }
+        present[i] = 1;
+    }
+    f->slots[slot] = (struct slot){.used = true, .rank = a->rank, .scale = a->scale};
     return 0;
 }
 
-void lora_forward_set_allreduce(struct lora_forward *f, lora_allreduce_fn fn, void *ctx)
+void lora_forward_set_collective(struct lora_forward *f, struct lora_collective *c)
 {
-    f->allreduce = fn;
-    f->allreduce_ctx = ctx;
+    f->coll = c;
 }
 
 /* Checks the step against the limits, the vocabulary, the slots and the block pool. */
@@ -179,7 +295,7 @@ static int validate(const struct lora_forward *f, const struct lora_seq_step *se
             return -1;
         }
         int sl = s->adapter_slot;
-        if (sl < -1 || sl >= f->lim.max_loras || (sl >= 0 && !f->slots[sl])) {
+        if (sl < -1 || sl >= f->lim.max_loras || (sl >= 0 && !f->slots[sl].used)) {
             snprintf(err, err_len, "sequence %d: adapter slot %d is empty or out of range", i, sl);
             return -1;
         }
@@ -221,7 +337,7 @@ static int plan(struct lora_forward *f, const struct lora_seq_step *seqs, int n_
             if (s->adapter_slot != sl)
                 continue;
             f->order[n] = i;
-            f->attn[n] = (struct lora_k_attn_seq){row, s->n_tokens, s->pos, s->block_table};
+            f->attn[n] = (struct lora_attn_seq){row, s->n_tokens, s->pos, s->block_table};
             first_row[i] = n_logit_rows;
             for (int t = 0; t < s->n_tokens; t++) {
                 int p = s->pos + t;
@@ -246,41 +362,40 @@ static int plan(struct lora_forward *f, const struct lora_seq_step *seqs, int n_
 /* y (rows, out) += the LoRA deltas of projection p of layer l for every adapter group. */
 static void apply_lora(struct lora_forward *f, float *y, const float *x, int l, enum lora_proj p)
 {
-    int n_segs = 0;
+    int n_segs = 0, n_lp = f->m->cfg.n_layers * LORA_PROJ_COUNT, i = l * LORA_PROJ_COUNT + p;
+    int in = lora_model_proj_in(f->m, p), out = lora_model_proj_out(f->m, p);
 
     for (int g = 0; g < f->n_groups; g++) {
-        const struct lora_adapter *a = f->slots[f->group_slot[g]];
-        int i = l * LORA_PROJ_COUNT + p;
-        if (!a->a[i])
+        int s = f->group_slot[g];
+        if (!f->present[(size_t)s * n_lp + i])
             continue;
-        f->segs[n_segs++] = (struct lora_k_lora_seg){
+        f->segs[n_segs++] = (struct lora_sgmv_seg){
             .row = f->group_row[g],
             .n_rows = f->group_row[g + 1] - f->group_row[g],
-            .rank = a->rank,
-            .scale = a->scale,
-            .a = a->a[i],
-            .b_t = a->b[i],
+            .rank = f->slots[s].rank,
+            .scale = f->slots[s].scale,
+            .a = {f->slot_buf, slot_off(f, s, l, p, false), LORA_DTYPE_F32, f->lim.max_rank, in},
+            .b_t = {f->slot_buf, slot_off(f, s, l, p, true), LORA_DTYPE_F32, f->lim.max_rank,
+                    out},
         };
     }
     if (n_segs)
-        lora_k_lora_sgmv(y, x, f->segs, n_segs, lora_model_proj_in(f->m, p),
-                         lora_model_proj_out(f->m, p), f->lora_tmp, f->lim.max_rank);
+        f->k->lora_sgmv(f->be, y, x, f->segs, n_segs, in, out, f->lora_tmp, f->lim.max_rank);
 }
 
 /* y (T, out) = x · wᵀ + LoRA deltas. */
-static void project(struct lora_forward *f, float *y, const float *x, const float *w, int T,
-                    int l, enum lora_proj p)
+static void project(struct lora_forward *f, float *y, const float *x, const struct lora_tensor *w,
+                    int T, int l, enum lora_proj p)
 {
-    lora_k_matmul(y, x, w, T, lora_model_proj_out(f->m, p), lora_model_proj_in(f->m, p), 1.0f,
-                  false);
+    f->k->matmul(f->be, y, x, w, T, 1.0f, false);
     apply_lora(f, y, x, l, p);
 }
 
 static int reduce(struct lora_forward *f, float *buf, size_t n)
 {
-    if (!f->allreduce)
+    if (!f->coll)
         return 0;
-    return f->allreduce(buf, n, f->allreduce_ctx);
+    return f->k->allreduce_sum(f->be, f->coll, buf, n);
 }
 
 static int run_layer(struct lora_forward *f, int l, int T, int n_seqs)
@@ -288,38 +403,38 @@ static int run_layer(struct lora_forward *f, int l, int T, int n_seqs)
     const struct lora_model *m = f->m;
     const struct lora_model_config *c = &m->cfg;
     const struct lora_layer *w = &m->layers[l];
+    const struct lora_backend_ops *k = f->k;
+    struct lora_backend *be = f->be;
     int hidden = c->hidden_size, hd = c->head_dim;
-    int q_dim = m->n_heads * hd, kv_dim = m->n_kv_heads * hd;
+    struct lora_tensor kc = lora_kv_cache_k(f->kv, l), vc = lora_kv_cache_v(f->kv, l);
 
-    lora_k_rmsnorm(f->xb, f->x, w->attn_norm, T, hidden, c->rms_norm_eps);
-    project(f, f->q, f->xb, w->wq, T, l, LORA_PROJ_Q);
-    project(f, f->k, f->xb, w->wk, T, l, LORA_PROJ_K);
-    project(f, f->v, f->xb, w->wv, T, l, LORA_PROJ_V);
-    if (w->bq) {
-        lora_k_add_bias(f->q, w->bq, T, q_dim);
-        lora_k_add_bias(f->k, w->bk, T, kv_dim);
-        lora_k_add_bias(f->v, w->bv, T, kv_dim);
+    k->rmsnorm(be, f->xb, f->x, &w->attn_norm, T, c->rms_norm_eps);
+    project(f, f->q, f->xb, &w->wq, T, l, LORA_PROJ_Q);
+    project(f, f->kk, f->xb, &w->wk, T, l, LORA_PROJ_K);
+    project(f, f->v, f->xb, &w->wv, T, l, LORA_PROJ_V);
+    if (w->bq.buf) {
+        k->add_bias(be, f->q, &w->bq, T);
+        k->add_bias(be, f->kk, &w->bk, T);
+        k->add_bias(be, f->v, &w->bv, T);
     }
-    lora_k_rope(f->q, f->pos, T, m->n_heads, hd, c->rope_theta);
-    lora_k_rope(f->k, f->pos, T, m->n_kv_heads, hd, c->rope_theta);
-    lora_k_kv_write(lora_kv_cache_k(f->kv, l), lora_kv_cache_v(f->kv, l), f->k, f->v, f->kv_slot,
-                    T, kv_dim);
-    lora_k_attention(f->att, f->q, lora_kv_cache_k(f->kv, l), lora_kv_cache_v(f->kv, l), f->attn,
-                     n_seqs, m->n_heads, m->n_kv_heads, hd, f->kv->block_size, f->att_scratch,
-                     f->lim.max_ctx);
-    project(f, f->out, f->att, w->wo, T, l, LORA_PROJ_O);
+    k->rope(be, f->q, f->pos, T, m->n_heads, hd, c->rope_theta);
+    k->rope(be, f->kk, f->pos, T, m->n_kv_heads, hd, c->rope_theta);
+    k->kv_write(be, &kc, &vc, f->kk, f->v, f->kv_slot, T);
+    k->attention(be, f->att, f->q, &kc, &vc, f->attn, n_seqs, m->n_heads, m->n_kv_heads, hd,
+                 f->kv->block_size, f->att_scratch, f->lim.max_ctx);
+    project(f, f->out, f->att, &w->wo, T, l, LORA_PROJ_O);
     if (reduce(f, f->out, (size_t)T * hidden) < 0)
         return -1;
-    lora_k_add(f->x, f->out, (size_t)T * hidden);
+    k->add(be, f->x, f->out, (size_t)T * hidden);
 
-    lora_k_rmsnorm(f->xb, f->x, w->mlp_norm, T, hidden, c->rms_norm_eps);
-    project(f, f->gate, f->xb, w->w_gate, T, l, LORA_PROJ_GATE);
-    project(f, f->up, f->xb, w->w_up, T, l, LORA_PROJ_UP);
-    lora_k_silu_mul(f->gate, f->up, (size_t)T * m->inter);
-    project(f, f->out, f->gate, w->w_down, T, l, LORA_PROJ_DOWN);
+    k->rmsnorm(be, f->xb, f->x, &w->mlp_norm, T, c->rms_norm_eps);
+    project(f, f->gate, f->xb, &w->w_gate, T, l, LORA_PROJ_GATE);
+    project(f, f->up, f->xb, &w->w_up, T, l, LORA_PROJ_UP);
+    k->silu_mul(be, f->gate, f->up, (size_t)T * m->inter);
+    project(f, f->out, f->gate, &w->w_down, T, l, LORA_PROJ_DOWN);
     if (reduce(f, f->out, (size_t)T * hidden) < 0)
         return -1;
-    lora_k_add(f->x, f->out, (size_t)T * hidden);
+    k->add(be, f->x, f->out, (size_t)T * hidden);
     return 0;
 }
 
@@ -327,6 +442,7 @@ int lora_forward_step(struct lora_forward *f, const struct lora_seq_step *seqs, 
                       const float **logits, int *first_row, char *err, size_t err_len)
 {
     const struct lora_model_config *c = &f->m->cfg;
+    const struct lora_backend_ops *k = f->k;
     int hidden = c->hidden_size;
 
     if (validate(f, seqs, n_seqs, err, err_len) < 0)
@@ -335,18 +451,22 @@ int lora_forward_step(struct lora_forward *f, const struct lora_seq_step *seqs, 
     int n_rows = plan(f, seqs, n_seqs, first_row);
     int T = f->group_row[f->n_groups];
 
-    lora_k_embed(f->x, f->m->embed, f->ids, T, hidden);
+    k->embed(f->be, f->x, &f->m->embed, f->ids, T);
     for (int l = 0; l < c->n_layers; l++) {
         if (run_layer(f, l, T, n_seqs) < 0) {
             snprintf(err, err_len, "tensor-parallel all-reduce failed in layer %d", l);
             return -1;
         }
     }
-    for (int r = 0; r < n_rows; r++)
-        memcpy(f->xf + (size_t)r * hidden, f->x + (size_t)f->logit_src[r] * hidden,
-               sizeof(float) * hidden);
-    lora_k_rmsnorm(f->xf, f->xf, f->m->final_norm, n_rows, hidden, c->rms_norm_eps);
-    lora_k_matmul(f->logits, f->xf, f->m->lm_head, n_rows, c->vocab_size, hidden, 1.0f, false);
-    *logits = f->logits;
+    /* The rows that need logits, gathered from the residual stream as from a table. */
+    struct lora_tensor x_rows = {f->act, f->x_off, LORA_DTYPE_F32, T, hidden};
+    k->embed(f->be, f->xf, &x_rows, f->logit_src, n_rows);
+    k->rmsnorm(f->be, f->xf, f->xf, &f->m->final_norm, n_rows, c->rms_norm_eps);
+    k->matmul(f->be, f->logits, f->xf, &f->m->lm_head, n_rows, 1.0f, false);
+    if (f->logits_copy &&
+        k->download(f->be, f->logits_host, f->act, f->logits_off,
+                    (size_t)n_rows * c->vocab_size * sizeof(float), err, err_len) < 0)
+        return -1;
+    *logits = f->logits_host;
     return 0;
 }

@@ -1,12 +1,19 @@
 /* forward: one step of the transformer over a batch that mixes prefill and decode sequences,
- * each with its own LoRA adapter slot or none.
+ * each with its own LoRA adapter slot or none, computed through the model's backend.
  *
- * The caller owns the KV cache blocks and block tables; the step writes this step's keys and
+ * Owns (docs/design.md, "Backend"): the activations and scratch of a step, and the adapter slots.
+ * Both are backend buffers allocated once by lora_forward_new() from the limits, so a step
+ * allocates nothing. The slots are max_loras regions, each with room for every targetable
+ * projection's A and B of every layer at max_rank; putting an adapter into a slot copies (uploads)
+ * its weights there, so the compute side never points into an adapter the caller may free
+ * (lib/runtime/adapter_cache decides which adapter sits where; this file holds the copies).
+ * Borrowed: the model (weights) and the KV cache, which must live on the model's backend.
+ *
+ * The caller owns the KV cache's blocks and block tables; the step writes this step's keys and
  * values into them. Multi-LoRA is applied unmerged: every base matmul runs over the whole batch,
  * the step orders sequences by adapter slot so that each adapter's rows are contiguous, and each
- * adapter's A and B are read once per projection (kernels.h, lora_k_lora_sgmv).
+ * adapter's A and B are read once per projection (backend.h, lora_sgmv).
  *
- * All buffers are allocated by lora_forward_new() from the limits; a step allocates nothing.
  * A step whose input breaks a limit or names a bad token, slot or block is refused with an error
  * and leaves the cache untouched.
  */
@@ -39,9 +46,6 @@ struct lora_seq_step {
     bool all_logits;        /* logits for every token (prompt log-probabilities), else last */
 };
 
-/* Sums buf (n floats) across tensor-parallel ranks, in place. */
-typedef int (*lora_allreduce_fn)(float *buf, size_t n, void *ctx);
-
 struct lora_forward;
 
 struct lora_forward *lora_forward_new(const struct lora_model *m, struct lora_kv_cache *kv,
@@ -49,16 +53,22 @@ struct lora_forward *lora_forward_new(const struct lora_model *m, struct lora_kv
                                       size_t err_len);
 void lora_forward_destroy(struct lora_forward **f);
 
-/* Puts adapter a (borrowed; NULL empties the slot) into slot. Its rank must fit max_rank and it
- * must have been loaded for the same model shard. Returns 0 or -1 with err. */
+/* Copies adapter a's weights into slot (NULL empties it); a is not referenced afterwards. Its
+ * rank must fit max_rank and it must have been loaded for the same model shard. Returns 0, or -1
+ * with err and the slot empty. */
 int lora_forward_set_slot(struct lora_forward *f, int slot, const struct lora_adapter *a,
                           char *err, size_t err_len);
 
-void lora_forward_set_allreduce(struct lora_forward *f, lora_allreduce_fn fn, void *ctx);
+/* Sums the partial outputs of o and down across the tensor-parallel ranks of c (a collective
+ * of the model's backend, borrowed) after each; NULL: one rank, no sum. */
+void lora_forward_set_collective(struct lora_forward *f, struct lora_collective *c);
 
-/* Runs one step. On success *logits points to the step's logits (rows, vocab) and
- * first_row[i] is the row of sequence i's first logit row (its last token's row when
- * !all_logits). Returns 0, or -1 with err. */
+/* Bytes of backend memory the forward pass holds: activations and scratch, and adapter slots. */
+size_t lora_forward_bytes(const struct lora_forward *f, size_t *slot_bytes);
+
+/* Runs one step. On success *logits points to the step's logits (rows, vocab) in host memory,
+ * valid until the next step, and first_row[i] is the row of sequence i's first logit row (its
+ * last token's row when !all_logits). Returns 0, or -1 with err. */
 int lora_forward_step(struct lora_forward *f, const struct lora_seq_step *seqs, int n_seqs,
                       const float **logits, int *first_row, char *err, size_t err_len);
 

@@ -121,13 +121,17 @@ static int setup(struct gen_run *g, const struct lora_adapter *const *adapters, 
     for (int i = 0; i < n_adapters; i++)
         max_rank = adapters[i]->rank > max_rank ? adapters[i]->rank : max_rank;
 
-    g->kv = lora_kv_cache_new(c->n_layers, g->m->n_kv_heads * c->head_dim, bs, n_blocks);
+    g->kv = lora_kv_cache_new(g->m->be, c->n_layers, g->m->n_kv_heads * c->head_dim, bs,
+                              n_blocks);
     if (!g->kv)
         goto oom;
-    for (int i = 0; i < g->n; i++) {
+    /* Every request is known up front: request i holds the contiguous blocks after those of
+     * requests 0 .. i-1 (a prefix sum), for the whole run. */
+    for (int i = 0, first = 0; i < g->n; i++) {
         int nb = (g->reqs[i].n_prompt + g->reqs[i].max_tokens + bs - 1) / bs;
         for (int b = 0; b < nb; b++)
-            g->seqs[i].block_table[b] = lora_kv_cache_alloc(g->kv);
+            g->seqs[i].block_table[b] = first + b;
+        first += nb;
     }
     struct lora_forward_limits lim = {
         .max_tokens = g->budget,

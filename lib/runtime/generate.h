@@ -1,8 +1,9 @@
 /* generate: runs a set of requests to completion in shared forward steps, without the serving
  * processes. For the `lora-worker generate` command, the tests and the benchmarks.
  *
- * Every request is admitted at once and keeps its KV blocks to the end (the pool is sized for
- * all of them). Each step spends a token budget: decodes first, one token each, then prefill
+ * Every request is admitted at once and keeps its KV blocks to the end: the cache is sized for
+ * all of them and request i holds a contiguous range of blocks, after those of requests before
+ * it, so no block allocator is needed. The model's backend computes every step. Each step spends a token budget: decodes first, one token each, then prefill
  * chunks in request order (chunked prefill), so a step mixes prefill and decode sequences.
  * Requests choose an adapter slot (or -1) and their own sampling parameters and seed.
  */

@@ -1,37 +1,53 @@
-/* kv_cache: paged key/value storage and its block pool; see kv_cache.h. */
+/* kv_cache: paged key/value storage in a backend's buffers; see kv_cache.h. */
 #include "runtime/kv_cache.h"
 
 #include <stdlib.h>
+
+/* The cache's element types, in order of preference. */
+static const enum lora_dtype kv_dtypes[] = {LORA_DTYPE_F32};
 
 size_t lora_kv_cache_block_bytes(int n_layers, int kv_dim, int block_size)
 {
     return 2 * sizeof(float) * (size_t)n_layers * (size_t)block_size * (size_t)kv_dim;
 }
 
-struct lora_kv_cache *lora_kv_cache_new(int n_layers, int kv_dim, int block_size, int n_blocks)
+struct lora_kv_cache *lora_kv_cache_new(struct lora_backend *be, int n_layers, int kv_dim,
+                                        int block_size, int n_blocks)
 {
-    if (n_layers < 1 || kv_dim < 1 || block_size < 1 || n_blocks < 1)
+    char err[256];
+
+    if (!be || n_layers < 1 || kv_dim < 1 || block_size < 1 || n_blocks < 1)
         return NULL;
     struct lora_kv_cache *kv = calloc(1, sizeof(*kv));
     if (!kv)
         return NULL;
-    size_t per_layer = (size_t)n_blocks * block_size * kv_dim;
+    kv->be = be;
+    kv->dtype = (enum lora_dtype) - 1;
+    for (size_t i = 0; i < sizeof(kv_dtypes) / sizeof(kv_dtypes[0]); i++) {
+        if (be->ops->supports(be, LORA_KERNEL_KV_WRITE, kv_dtypes[i]) &&
+            be->ops->supports(be, LORA_KERNEL_ATTENTION, kv_dtypes[i])) {
+            kv->dtype = kv_dtypes[i];
+            break;
+        }
+    }
+    if ((int)kv->dtype < 0) {
+        free(kv);
+        return NULL;
+    }
     kv->n_layers = n_layers;
     kv->n_blocks = n_blocks;
     kv->block_size = block_size;
     kv->kv_dim = kv_dim;
-    /* Zeroed so that a bug reading an unwritten slot gives stable numbers, not garbage. */
-    kv->k = calloc(per_layer * n_layers, sizeof(float));
-    kv->v = calloc(per_layer * n_layers, sizeof(float));
-    kv->free_blocks = malloc(sizeof(int) * (size_t)n_blocks);
-    if (!kv->k || !kv->v || !kv->free_blocks) {
+    kv->layer_bytes = lora_tensor_bytes(kv->dtype, (int64_t)n_blocks * block_size, kv_dim);
+    /* Zeroed (every buffer is) so that a bug reading an unwritten slot gives stable numbers, not
+     * garbage. */
+    kv->k = be->ops->buffer_alloc(be, kv->layer_bytes * (size_t)n_layers, err, sizeof(err));
+    kv->v = kv->k ? be->ops->buffer_alloc(be, kv->layer_bytes * (size_t)n_layers, err, sizeof(err))
+                  : NULL;
+    if (!kv->k || !kv->v) {
         lora_kv_cache_destroy(&kv);
         return NULL;
     }
-    /* Lowest ids on top of the stack, so allocation order is 0, 1, 2, ... */
-    for (int i = 0; i < n_blocks; i++)
-        kv->free_blocks[i] = n_blocks - 1 - i;
-    kv->n_free = n_blocks;
     return kv;
 }
 
@@ -40,29 +56,28 @@ void lora_kv_cache_destroy(struct lora_kv_cache **kvp)
     struct lora_kv_cache *kv = kvp ? *kvp : NULL;
     if (!kv)
         return;
-    free(kv->k);
-    free(kv->v);
-    free(kv->free_blocks);
+    kv->be->ops->buffer_free(kv->be, kv->k);
+    kv->be->ops->buffer_free(kv->be, kv->v);
     free(kv);
     *kvp = NULL;
 }
 
-int lora_kv_cache_alloc(struct lora_kv_cache *kv)
+static struct lora_tensor layer_of(const struct lora_kv_cache *kv, struct lora_buffer *buf,
+                                   int layer)
 {
-    return kv->n_free > 0 ? kv->free_blocks[--kv->n_free] : -1;
+    return (struct lora_tensor){.buf = buf,
+                                .offset = (size_t)layer * kv->layer_bytes,
+                                .dtype = kv->dtype,
+                                .rows = (int64_t)kv->n_blocks * kv->block_size,
+                                .cols = kv->kv_dim};
 }
 
-void lora_kv_cache_free(struct lora_kv_cache *kv, int block)
+struct lora_tensor lora_kv_cache_k(const struct lora_kv_cache *kv, int layer)
 {
-    kv->free_blocks[kv->n_free++] = block;
+    return layer_of(kv, kv->k, layer);
 }
 
-float *lora_kv_cache_k(const struct lora_kv_cache *kv, int layer)
+struct lora_tensor lora_kv_cache_v(const struct lora_kv_cache *kv, int layer)
 {
-    return kv->k + (size_t)layer * kv->n_blocks * kv->block_size * kv->kv_dim;
-}
-
-float *lora_kv_cache_v(const struct lora_kv_cache *kv, int layer)
-{
-    return kv->v + (size_t)layer * kv->n_blocks * kv->block_size * kv->kv_dim;
+    return layer_of(kv, kv->v, layer);
 }

@@ -46,12 +46,48 @@ static const struct lora_tensor_info *find_tensor(const struct lora_model *m, co
     return NULL;
 }
 
-/* Returns the float32 data of tensor name, whose full shape must be (d0) or (d0, d1), cut as
- * kind says; NULL with an error naming file and tensor. */
-static const float *fetch(struct loader *ld, const char *name, int n_dims, int64_t d0, int64_t d1,
-                          enum slice kind, int64_t start, int64_t count)
+static int file_index(const struct lora_model *m, const struct lora_safetensors *f)
+{
+    int i = 0;
+    while (m->files[i] != f)
+        i++;
+    return i;
+}
+
+/* The kernels that read a weight: its dtype is kept only when the backend takes it in all. */
+#define READ_BY(op) (1u << (op))
+#define BY_MATMUL   READ_BY(LORA_KERNEL_MATMUL)
+#define BY_NORM     READ_BY(LORA_KERNEL_RMSNORM)
+#define BY_BIAS     READ_BY(LORA_KERNEL_ADD_BIAS)
+#define BY_EMBED    READ_BY(LORA_KERNEL_EMBED)
+
+static bool backend_takes(struct lora_backend *be, unsigned read_by, enum lora_dtype dtype)
+{
+    for (int op = 0; op < LORA_KERNEL_COUNT; op++)
+        if ((read_by & READ_BY(op)) && !be->ops->supports(be, (enum lora_kernel)op, dtype))
+            return false;
+    return true;
+}
+
+/* n elements of src (dtype from) into dst (dtype to: from itself, or float32). */
+static void copy_elems(enum lora_dtype from, enum lora_dtype to, const char *src, char *dst,
+                       size_t n)
+{
+    if (from == to)
+        memcpy(dst, src, n * lora_dtype_size(from));
+    else
+        lora_dtype_to_f32(from, src, (float *)dst, n);
+}
+
+/* Sets *out to tensor name, whose full shape must be (d0) or (d0, d1), cut as kind says, for the
+ * kernels of read_by: in place in its file's mapping, or converted or sliced into a buffer of its
+ * own. Returns 0, or -1 with an error naming file and tensor. */
+static int fetch(struct loader *ld, struct lora_tensor *out, unsigned read_by, const char *name,
+                 int n_dims, int64_t d0, int64_t d1, enum slice kind, int64_t start,
+                 int64_t count)
 {
     struct lora_model *m = ld->m;
+    struct lora_backend *be = m->be;
     const struct lora_safetensors *f = NULL;
     const struct lora_tensor_info *t = find_tensor(m, name, &f);
 
@@ -62,7 +98,7 @@ static const float *fetch(struct loader *ld, const char *name, int n_dims, int64
             snprintf(ld->err, ld->err_len,
                      "%s/model.safetensors.index.json: missing tensor '%s' in any shard", ld->dir,
                      name);
-        return NULL;
+        return -1;
     }
     bool shape_ok = t->n_dims == n_dims && t->shape[0] == d0 && (n_dims == 1 || t->shape[1] == d1);
     if (!shape_ok) {
@@ -74,12 +110,18 @@ static const float *fetch(struct loader *ld, const char *name, int n_dims, int64
         else
             snprintf(ld->err, ld->err_len, "%s: tensor '%s' has shape %s, expected [%lld, %lld]",
                      f->path, name, got, (long long)d0, (long long)d1);
-        return NULL;
+        return -1;
     }
     if (t->dtype != LORA_DTYPE_F32 && t->dtype != LORA_DTYPE_F16 && t->dtype != LORA_DTYPE_BF16) {
         snprintf(ld->err, ld->err_len, "%s: tensor '%s' has dtype %s, expected F32, F16 or BF16",
                  f->path, name, lora_dtype_name(t->dtype));
-        return NULL;
+        return -1;
+    }
+    enum lora_dtype dtype = backend_takes(be, read_by, t->dtype) ? t->dtype : LORA_DTYPE_F32;
+    if (!backend_takes(be, read_by, dtype)) {
+        snprintf(ld->err, ld->err_len, "%s: tensor '%s': the %s backend computes with neither %s "
+                 "nor F32 there", f->path, name, be->kind, lora_dtype_name(t->dtype));
+        return -1;
     }
 
     int64_t rows = n_dims == 1 ? 1 : d0, cols = n_dims == 1 ? d0 : d1;
@@ -88,29 +130,46 @@ static const float *fetch(struct loader *ld, const char *name, int n_dims, int64
     }
     int64_t out_rows = kind == SLICE_ROWS ? count : rows;
     int64_t out_cols = kind == SLICE_COLS ? count : cols;
-    size_t esize = lora_dtype_size(t->dtype);
+    size_t esize = lora_dtype_size(t->dtype), out_esize = lora_dtype_size(dtype);
     const char *src = t->data;
+    size_t bytes = lora_tensor_bytes(dtype, out_rows, out_cols);
 
-    m->weight_bytes += (size_t)(out_rows * out_cols) * sizeof(float);
-    bool aligned = ((uintptr_t)src % sizeof(float)) == 0;
-    if (t->dtype == LORA_DTYPE_F32 && aligned && kind != SLICE_COLS)
-        return (const float *)src + (kind == SLICE_ROWS ? start * cols : 0);
-
-    float *out = malloc((size_t)(out_rows * out_cols) * sizeof(float) + 1);
-    if (!out) {
-        snprintf(ld->err, ld->err_len, "%s: tensor '%s': out of memory", f->path, name);
-        return NULL;
+    *out = (struct lora_tensor){.dtype = dtype, .rows = out_rows, .cols = out_cols};
+    m->weight_bytes += bytes;
+    /* In place: the file's mapping, wrapped (its buffer is m->buffers[file index]). */
+    struct lora_buffer *wrap = m->buffers[file_index(m, f)];
+    bool aligned = ((uintptr_t)src % esize) == 0;
+    if (wrap && dtype == t->dtype && aligned && kind != SLICE_COLS) {
+        out->buf = wrap;
+        out->offset = (size_t)(src - (const char *)f->map) +
+                      (kind == SLICE_ROWS ? (size_t)(start * cols) * esize : 0);
+        return 0;
     }
-    m->owned[m->n_owned++] = out;
+
+    struct lora_buffer *buf = be->ops->buffer_alloc(be, bytes, ld->err, ld->err_len);
+    if (!buf)
+        return -1;
+    m->buffers[m->n_buffers++] = buf;
+    char *dst = buf->host ? buf->base : malloc(bytes + 1);
+    if (!dst) {
+        snprintf(ld->err, ld->err_len, "%s: tensor '%s': out of memory", f->path, name);
+        return -1;
+    }
     if (kind == SLICE_COLS) {
         for (int64_t r = 0; r < rows; r++)
-            lora_dtype_to_f32(t->dtype, src + (size_t)(r * cols + start) * esize,
-                              out + r * out_cols, (size_t)out_cols);
+            copy_elems(t->dtype, dtype, src + (size_t)(r * cols + start) * esize,
+                       dst + (size_t)(r * out_cols) * out_esize, (size_t)out_cols);
     } else {
         size_t off = kind == SLICE_ROWS ? (size_t)(start * cols) : 0;
-        lora_dtype_to_f32(t->dtype, src + off * esize, out, (size_t)(out_rows * out_cols));
+        copy_elems(t->dtype, dtype, src + off * esize, dst, (size_t)(out_rows * out_cols));
     }
-    return out;
+    int rc = 0;
+    if (!buf->host) {
+        rc = be->ops->upload(be, buf, 0, dst, bytes, ld->err, ld->err_len);
+        free(dst);
+    }
+    out->buf = buf;
+    return rc;
 }
 
 /* Opens model.safetensors, or every file named by model.safetensors.index.json. */
@@ -198,52 +257,42 @@ static int load_layer(struct loader *ld, int i)
     char name[256];
 
 #define NAME(suffix) (snprintf(name, sizeof(name), "model.layers.%d.%s", i, suffix), name)
-    l->attn_norm = fetch(ld, NAME("input_layernorm.weight"), 1, hidden, 0, SLICE_NONE, 0, 0);
-    l->mlp_norm = l->attn_norm ? fetch(ld, NAME("post_attention_layernorm.weight"), 1, hidden, 0,
-                                       SLICE_NONE, 0, 0)
-                               : NULL;
-    if (!l->mlp_norm)
+    /* In file order of the checks: the first failure is the one reported. */
+    if (fetch(ld, &l->attn_norm, BY_NORM, NAME("input_layernorm.weight"), 1, hidden, 0,
+              SLICE_NONE, 0, 0) < 0 ||
+        fetch(ld, &l->mlp_norm, BY_NORM, NAME("post_attention_layernorm.weight"), 1, hidden, 0,
+              SLICE_NONE, 0, 0) < 0 ||
+        fetch(ld, &l->wq, BY_MATMUL, NAME("self_attn.q_proj.weight"), 2, q_all, hidden,
+              SLICE_ROWS, (int64_t)r * q_dim, q_dim) < 0 ||
+        fetch(ld, &l->wk, BY_MATMUL, NAME("self_attn.k_proj.weight"), 2, kv_all, hidden,
+              SLICE_ROWS, (int64_t)r * kv_dim, kv_dim) < 0 ||
+        fetch(ld, &l->wv, BY_MATMUL, NAME("self_attn.v_proj.weight"), 2, kv_all, hidden,
+              SLICE_ROWS, (int64_t)r * kv_dim, kv_dim) < 0 ||
+        fetch(ld, &l->wo, BY_MATMUL, NAME("self_attn.o_proj.weight"), 2, hidden, q_all,
+              SLICE_COLS, (int64_t)r * q_dim, q_dim) < 0)
         return -1;
-    l->wq = fetch(ld, NAME("self_attn.q_proj.weight"), 2, q_all, hidden, SLICE_ROWS,
-                  (int64_t)r * q_dim, q_dim);
-    l->wk = l->wq ? fetch(ld, NAME("self_attn.k_proj.weight"), 2, kv_all, hidden, SLICE_ROWS,
-                          (int64_t)r * kv_dim, kv_dim)
-                  : NULL;
-    l->wv = l->wk ? fetch(ld, NAME("self_attn.v_proj.weight"), 2, kv_all, hidden, SLICE_ROWS,
-                          (int64_t)r * kv_dim, kv_dim)
-                  : NULL;
-    l->wo = l->wv ? fetch(ld, NAME("self_attn.o_proj.weight"), 2, hidden, q_all, SLICE_COLS,
-                          (int64_t)r * q_dim, q_dim)
-                  : NULL;
-    if (!l->wo)
+    if (c->qkv_bias &&
+        (fetch(ld, &l->bq, BY_BIAS, NAME("self_attn.q_proj.bias"), 1, q_all, 0, SLICE_ROWS,
+               (int64_t)r * q_dim, q_dim) < 0 ||
+         fetch(ld, &l->bk, BY_BIAS, NAME("self_attn.k_proj.bias"), 1, kv_all, 0, SLICE_ROWS,
+               (int64_t)r * kv_dim, kv_dim) < 0 ||
+         fetch(ld, &l->bv, BY_BIAS, NAME("self_attn.v_proj.bias"), 1, kv_all, 0, SLICE_ROWS,
+               (int64_t)r * kv_dim, kv_dim) < 0))
         return -1;
-    if (c->qkv_bias) {
-        l->bq = fetch(ld, NAME("self_attn.q_proj.bias"), 1, q_all, 0, SLICE_ROWS,
-                      (int64_t)r * q_dim, q_dim);
-        l->bk = l->bq ? fetch(ld, NAME("self_attn.k_proj.bias"), 1, kv_all, 0, SLICE_ROWS,
-                              (int64_t)r * kv_dim, kv_dim)
-                      : NULL;
-        l->bv = l->bk ? fetch(ld, NAME("self_attn.v_proj.bias"), 1, kv_all, 0, SLICE_ROWS,
-                              (int64_t)r * kv_dim, kv_dim)
-                      : NULL;
-        if (!l->bv)
-            return -1;
-    }
     int inter_all = c->intermediate_size, inter = m->inter;
-    l->w_gate = fetch(ld, NAME("mlp.gate_proj.weight"), 2, inter_all, hidden, SLICE_ROWS,
-                      (int64_t)r * inter, inter);
-    l->w_up = l->w_gate ? fetch(ld, NAME("mlp.up_proj.weight"), 2, inter_all, hidden, SLICE_ROWS,
-                                (int64_t)r * inter, inter)
-                        : NULL;
-    l->w_down = l->w_up ? fetch(ld, NAME("mlp.down_proj.weight"), 2, hidden, inter_all, SLICE_COLS,
-                                (int64_t)r * inter, inter)
-                        : NULL;
+    if (fetch(ld, &l->w_gate, BY_MATMUL, NAME("mlp.gate_proj.weight"), 2, inter_all, hidden,
+              SLICE_ROWS, (int64_t)r * inter, inter) < 0 ||
+        fetch(ld, &l->w_up, BY_MATMUL, NAME("mlp.up_proj.weight"), 2, inter_all, hidden,
+              SLICE_ROWS, (int64_t)r * inter, inter) < 0 ||
+        fetch(ld, &l->w_down, BY_MATMUL, NAME("mlp.down_proj.weight"), 2, hidden, inter_all,
+              SLICE_COLS, (int64_t)r * inter, inter) < 0)
+        return -1;
 #undef NAME
-    return l->w_down ? 0 : -1;
+    return 0;
 }
 
-struct lora_model *lora_model_load(const char *dir, int tp_rank, int tp_size, char *err,
-                                   size_t err_len)
+struct lora_model *lora_model_load(struct lora_backend *be, const char *dir, int tp_rank,
+                                   int tp_size, char *err, size_t err_len)
 {
     struct lora_model *m = xcalloc(1, sizeof(*m));
     struct loader ld = {.m = m, .dir = dir, .err = err, .err_len = err_len};
@@ -261,6 +310,7 @@ struct lora_model *lora_model_load(const char *dir, int tp_rank, int tp_size, ch
         check_split(&ld, "num_key_value_heads", c->n_kv_heads, tp_size) < 0 ||
         check_split(&ld, "intermediate_size", c->intermediate_size, tp_size) < 0)
         goto fail;
+    m->be = be;
     m->tp_rank = tp_rank;
     m->tp_size = tp_size;
     m->n_heads = c->n_heads / tp_size;
@@ -269,24 +319,30 @@ struct lora_model *lora_model_load(const char *dir, int tp_rank, int tp_size, ch
     if (open_files(&ld) < 0)
         goto fail;
 
-    /* At most: 12 tensors per layer plus embedding, norm and head. */
-    m->owned = xcalloc((size_t)c->n_layers * 12 + 3, sizeof(*m->owned));
-    m->layers = xcalloc((size_t)c->n_layers, sizeof(*m->layers));
-    m->embed = fetch(&ld, "model.embed_tokens.weight", 2, c->vocab_size, c->hidden_size,
-                     SLICE_NONE, 0, 0);
-    m->final_norm = m->embed ? fetch(&ld, "model.norm.weight", 1, c->hidden_size, 0, SLICE_NONE,
-                                     0, 0)
-                             : NULL;
-    if (!m->final_norm)
-        goto fail;
-    if (c->tie_word_embeddings) {
-        m->lm_head = m->embed;
-    } else {
-        m->lm_head = fetch(&ld, "lm_head.weight", 2, c->vocab_size, c->hidden_size, SLICE_NONE,
-                           0, 0);
-        if (!m->lm_head)
+    /* The mappings, each wrapped where the backend can use host memory in place, then at most
+     * 12 tensors per layer plus embedding, norm and head. */
+    m->buffers = xcalloc((size_t)m->n_files + (size_t)c->n_layers * 12 + 3, sizeof(*m->buffers));
+    for (int i = 0; i < m->n_files; i++, m->n_buffers++) {
+        if (!be->ops->buffer_wrap)
+            continue;
+        m->buffers[i] = be->ops->buffer_wrap(be, m->files[i]->map, m->files[i]->map_bytes, err,
+                                             err_len);
+        if (!m->buffers[i])
             goto fail;
     }
+    m->layers = xcalloc((size_t)c->n_layers, sizeof(*m->layers));
+    /* A tied embedding is the LM head too: both kernels must take its dtype. */
+    unsigned embed_by = BY_EMBED | (c->tie_word_embeddings ? BY_MATMUL : 0);
+    if (fetch(&ld, &m->embed, embed_by, "model.embed_tokens.weight", 2, c->vocab_size,
+              c->hidden_size, SLICE_NONE, 0, 0) < 0 ||
+        fetch(&ld, &m->final_norm, BY_NORM, "model.norm.weight", 1, c->hidden_size, 0,
+              SLICE_NONE, 0, 0) < 0)
+        goto fail;
+    if (c->tie_word_embeddings)
+        m->lm_head = m->embed;
+    else if (fetch(&ld, &m->lm_head, BY_MATMUL, "lm_head.weight", 2, c->vocab_size,
+                   c->hidden_size, SLICE_NONE, 0, 0) < 0)
+        goto fail;
     for (int i = 0; i < c->n_layers; i++)
         if (load_layer(&ld, i) < 0)
             goto fail;
@@ -301,9 +357,10 @@ void lora_model_destroy(struct lora_model **mp)
     struct lora_model *m = mp ? *mp : NULL;
     if (!m)
         return;
-    for (int i = 0; i < m->n_owned; i++)
-        free(m->owned[i]);
-    free(m->owned);
+    /* The buffers first: some wrap the mappings. */
+    for (int i = 0; m->buffers && i < m->n_buffers; i++)
+        m->be->ops->buffer_free(m->be, m->buffers[i]);
+    free(m->buffers);
     for (int i = 0; i < m->n_files; i++)
         lora_safetensors_close(&m->files[i]);
     free(m->files);

@@ -1,11 +1,18 @@
 /* model: a Hugging Face Llama-family checkpoint loaded for compute, whole or as one
- * tensor-parallel shard.
+ * tensor-parallel shard, into a backend's memory.
  *
  * Reads config.json, then model.safetensors or the shards named by model.safetensors.index.json,
  * all mmapped. Every tensor the architecture needs must be present with its exact shape and a
  * float dtype; a missing tensor, wrong shape or unusable dtype is an error naming the file and
- * the tensor. Float32 tensors that need no slicing are used in place from the mapping; others are
- * converted (bfloat16, float16) or sliced into buffers the model owns.
+ * the tensor.
+ *
+ * Owns the weights (docs/design.md, "Backend"): each is a struct lora_tensor in a buffer of the
+ * model's backend. A tensor keeps the checkpoint's dtype when the backend supports it for every
+ * operation that reads it (supports(MATMUL, BF16) for a projection, EMBED and MATMUL for a tied
+ * embedding, ...), else it is converted to float32 (today's CPU backend: bfloat16 and float16
+ * are converted, float32 kept). A kept tensor that needs no slicing is used in place from the
+ * mapping where the backend can wrap host memory (the CPU: zero-copy); every other one, converted
+ * or sliced, goes into a buffer of its own, uploaded.
  *
  * Tensor-parallel shard r of w: query heads, KV heads and the MLP's intermediate dimension are
  * split evenly (q/k/v/gate/up by output rows, o/down by input columns); embeddings, norms and
@@ -18,45 +25,49 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "backend/backend.h"
 #include "runtime/model_config.h"
 #include "runtime/safetensors.h"
 
+/* Every weight is a tensor of the model's backend; a vector is one row. */
 struct lora_layer {
-    const float *attn_norm; /* (hidden) */
-    const float *wq;        /* (q_dim, hidden), q_dim = local heads * head_dim */
-    const float *wk;        /* (kv_dim, hidden) */
-    const float *wv;        /* (kv_dim, hidden) */
-    const float *bq;        /* (q_dim) or NULL */
-    const float *bk;        /* (kv_dim) or NULL */
-    const float *bv;        /* (kv_dim) or NULL */
-    const float *wo;        /* (hidden, q_dim) */
-    const float *mlp_norm;  /* (hidden) */
-    const float *w_gate;    /* (inter, hidden), inter = local intermediate size */
-    const float *w_up;      /* (inter, hidden) */
-    const float *w_down;    /* (hidden, inter) */
+    struct lora_tensor attn_norm; /* (1, hidden) */
+    struct lora_tensor wq;        /* (q_dim, hidden), q_dim = local heads * head_dim */
+    struct lora_tensor wk;        /* (kv_dim, hidden) */
+    struct lora_tensor wv;        /* (kv_dim, hidden) */
+    struct lora_tensor bq;        /* (1, q_dim); .buf NULL without biases */
+    struct lora_tensor bk;        /* (1, kv_dim) */
+    struct lora_tensor bv;        /* (1, kv_dim) */
+    struct lora_tensor wo;        /* (hidden, q_dim) */
+    struct lora_tensor mlp_norm;  /* (1, hidden) */
+    struct lora_tensor w_gate;    /* (inter, hidden), inter = local intermediate size */
+    struct lora_tensor w_up;      /* (inter, hidden) */
+    struct lora_tensor w_down;    /* (hidden, inter) */
 };
 
 struct lora_model {
     struct lora_model_config cfg;
+    struct lora_backend *be; /* borrowed: outlives the model */
     int tp_rank;
     int tp_size;
     int n_heads;    /* local: cfg.n_heads / tp_size */
     int n_kv_heads; /* local */
     int inter;      /* local intermediate size */
-    const float *embed;      /* (vocab, hidden) */
-    const float *final_norm; /* (hidden) */
-    const float *lm_head;    /* (vocab, hidden); the embedding when tied */
-    struct lora_layer *layers; /* n_layers */
+    struct lora_tensor embed;      /* (vocab, hidden) */
+    struct lora_tensor final_norm; /* (1, hidden) */
+    struct lora_tensor lm_head;    /* (vocab, hidden); the embedding when tied */
+    struct lora_layer *layers;     /* n_layers */
     struct lora_safetensors **files;
     int n_files;
-    float **owned; /* converted or sliced tensors */
-    int n_owned;
-    size_t weight_bytes; /* float32 bytes of this shard's weights, read once per step */
+    struct lora_buffer **buffers; /* the mappings wrapped, then each converted or sliced tensor */
+    int n_buffers;
+    size_t weight_bytes; /* bytes of this shard's weights in the backend, read once per step */
 };
 
-/* Loads the model in dir as shard tp_rank of tp_size. Returns NULL with "file: reason" in err. */
-struct lora_model *lora_model_load(const char *dir, int tp_rank, int tp_size, char *err,
-                                   size_t err_len);
+/* Loads the model in dir as shard tp_rank of tp_size into be's memory. Returns NULL with
+ * "file: reason" in err. */
+struct lora_model *lora_model_load(struct lora_backend *be, const char *dir, int tp_rank,
+                                   int tp_size, char *err, size_t err_len);
 
 void lora_model_destroy(struct lora_model **m);
 

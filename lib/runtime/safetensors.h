@@ -19,23 +19,15 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend/backend.h"
+
 #define LORA_SAFETENSORS_MAX_HEADER (100u << 20)
 #define LORA_SAFETENSORS_MAX_DIMS 8
 
-/* On-disk element types. Only F32, F16 and BF16 convert to float; the others are listed so that
- * a file holding them still opens (a model never uses them). Values only grow at the end. */
-enum lora_dtype {
-    LORA_DTYPE_F32,
-    LORA_DTYPE_F16,
-    LORA_DTYPE_BF16,
-    LORA_DTYPE_F64,
-    LORA_DTYPE_I64,
-    LORA_DTYPE_I32,
-    LORA_DTYPE_I16,
-    LORA_DTYPE_I8,
-    LORA_DTYPE_U8,
-    LORA_DTYPE_BOOL,
-};
+/* The element types are backend/backend.h's enum lora_dtype, with their size, name and
+ * conversion helpers: the header's "dtype" parses into it. Only F32, F16 and BF16 convert to
+ * float; the others are listed so that a file holding them still opens (a model never uses
+ * them). */
 
 struct lora_tensor_info {
     char *name;
@@ -73,20 +65,6 @@ const struct lora_tensor_info *lora_safetensors_find(const struct lora_safetenso
 
 /* Writes t's shape as "[d0, d1, ...]" into buf (truncated to len). Returns buf. */
 char *lora_tensor_shape_str(const struct lora_tensor_info *t, char *buf, size_t len);
-
-/* Element size in bytes of dtype; 0 never happens for a valid enum value. */
-size_t lora_dtype_size(enum lora_dtype dtype);
-
-/* "F32", "F16", "BF16", ... as written in the header. */
-const char *lora_dtype_name(enum lora_dtype dtype);
-
-/* Converts n elements of src (F32, F16 or BF16, possibly unaligned) to float. Returns -1 for any
- * other dtype. BF16 converts exactly; F16 handles subnormals, infinities and NaN. */
-int lora_dtype_to_f32(enum lora_dtype dtype, const void *src, float *dst, size_t n);
-
-/* Converts float to the on-disk dtype (F32, F16 or BF16) with round-to-nearest-even. */
-uint16_t lora_f32_to_bf16(float f);
-uint16_t lora_f32_to_f16(float f);
 
 /* One tensor to write: data is always float; it is converted to dtype on write. */
 struct lora_tensor_out {

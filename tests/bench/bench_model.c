@@ -1,4 +1,4 @@
-/* bench_model: decode throughput of the CPU runtime on a model with the shape of a 0.5B Llama
+/* bench_model: decode throughput of the runtime on the CPU backend on a model with the shape of a 0.5B Llama
  * (Qwen2-0.5B's dimensions), against the machine's memory bandwidth, and the cost of serving
  * several LoRA adapters at once. Every figure is measured in this run, side by side.
  *
@@ -17,10 +17,10 @@
 #include <string.h>
 #include <time.h>
 
-#include "runtime/adapter.h"
+#include "backend/backend.h"
 #include "base/fs.h"
+#include "runtime/adapter.h"
 #include "runtime/generate.h"
-#include "backend/cpu/kernels_cpu.h"
 #include "runtime/model.h"
 #include "runtime/synthetic.h"
 
@@ -123,6 +123,7 @@ static int fail(const char *what, const char *err)
 }
 
 struct bench {
+    struct lora_backend *be;
     struct lora_model *m;
     struct lora_adapter *ad[N_ADAPTERS];
     int prompt[64];
@@ -159,8 +160,8 @@ static double run_decode(struct bench *b, int batch, int n_adapters, double *tok
     return st.decode_seconds / st.n_decode_steps;
 }
 
-/* Our batch-invariant matmul against OpenBLAS's sgemm on one projection shape. */
-static void matmul_compare(int m, int n, int k)
+/* Our batch-invariant matmul (the backend's) against OpenBLAS's sgemm on one projection shape. */
+static void matmul_compare(struct lora_backend *be, int m, int n, int k)
 {
     float *x = calloc((size_t)m * k, sizeof(float)), *w = calloc((size_t)n * k, sizeof(float));
     float *y = calloc((size_t)m * n, sizeof(float));
@@ -170,11 +171,19 @@ static void matmul_compare(int m, int n, int k)
         w[i] = (float)((i * 2654435761u) % 1000) * 1e-3f - 0.5f;
     for (size_t i = 0; i < (size_t)m * k; i++)
         x[i] = (float)((i * 40503u) % 1000) * 1e-3f - 0.5f;
+    char err[256];
+    struct lora_buffer *wb = be->ops->buffer_wrap(be, w, (size_t)n * k * sizeof(float), err,
+                                                  sizeof(err));
+    if (!wb) {
+        fprintf(stderr, "bench: fatal: %s\n", err);
+        exit(111);
+    }
+    struct lora_tensor wt = {wb, 0, LORA_DTYPE_F32, n, k};
     int reps = (int)(2e9 / ((double)m * n * k + 1e6)) + 1;
     for (int r = 0; r < REPEATS; r++) {
         double t = now_s();
         for (int i = 0; i < reps; i++)
-            lora_k_matmul(y, x, w, m, n, k, 1.0f, false);
+            be->ops->matmul(be, y, x, &wt, m, 1.0f, false);
         t_ours[r] = (now_s() - t) / reps;
         t = now_s();
         for (int i = 0; i < reps; i++)
@@ -186,6 +195,7 @@ static void matmul_compare(int m, int n, int k)
     qsort(t_blas, REPEATS, sizeof(double), cmp_double);
     printf("  matmul m=%-4d n=%-6d k=%-5d ours %8.3f ms  openblas %8.3f ms  ours/openblas %.2f\n",
            m, n, k, t_ours[1] * 1e3, t_blas[1] * 1e3, t_ours[1] / t_blas[1]);
+    be->ops->buffer_free(be, wb);
     free(x);
     free(w);
     free(y);
@@ -232,7 +242,10 @@ int main(int argc, char **argv)
         printf("generated the model in %.1f s\n", now_s() - t);
         model_dir = path;
     }
-    b.m = lora_model_load(model_dir, 0, 1, err, sizeof(err));
+    b.be = lora_backend_open("cpu", err, sizeof(err));
+    if (!b.be)
+        return fail("opening the cpu backend", err);
+    b.m = lora_model_load(b.be, model_dir, 0, 1, err, sizeof(err));
     if (!b.m)
         return fail("loading the model", err);
     for (int i = 0; i < N_ADAPTERS; i++) {
@@ -316,15 +329,16 @@ int main(int argc, char **argv)
     if (SECTION("matmul")) {
         printf("\nmatmul kernel against OpenBLAS sgemm (not batch-invariant), median of %d:\n",
                REPEATS);
-        matmul_compare(1, c->intermediate_size, c->hidden_size);
-        matmul_compare(32, c->intermediate_size, c->hidden_size);
-        matmul_compare(64, c->intermediate_size, c->hidden_size);
-        matmul_compare(256, c->intermediate_size, c->hidden_size);
+        matmul_compare(b.be, 1, c->intermediate_size, c->hidden_size);
+        matmul_compare(b.be, 32, c->intermediate_size, c->hidden_size);
+        matmul_compare(b.be, 64, c->intermediate_size, c->hidden_size);
+        matmul_compare(b.be, 256, c->intermediate_size, c->hidden_size);
     }
 
     for (int i = 0; i < N_ADAPTERS; i++)
         lora_adapter_destroy(&b.ad[i]);
     lora_model_destroy(&b.m);
+    lora_backend_close(&b.be);
     lora_fs_remove_tree(tmp);
     return 0;
 }

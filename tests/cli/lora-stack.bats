@@ -106,12 +106,17 @@ wait_serving() { # PORT MODEL: waits up to 30 s for a 200
     RUNS+=("$R")
     run --separate-stderr "$STACK" up "$M" --run-dir "$R" --port "$BASE" \
         --metrics-port $((BASE + 5)) --tensor-parallel-size 2 --enable-lora \
-        --disable-log-requests --uvicorn-log-level warning --seed 7 \
+        --disable-log-requests --uvicorn-log-level warning --seed 7 --device cpu \
         --lora-modules "sql=$M/adapters/demo-sql" \
         "{\"name\":\"js\",\"path\":\"$M/adapters/demo-chat\",\"base_model_name\":\"$M\"}"
     expect_status 0
-    [[ "$stderr" == *"(model $M, 2 ranks)"* ]]
+    [[ "$stderr" == *"(model $M, 2 ranks) on cpu ("*" thread"* ]]
     [ -n "$(pid_of "$R" worker-0)" ] && [ -n "$(pid_of "$R" worker-1)" ]
+    # Every rank got the device and says what it holds on it.
+    for w in worker-0 worker-1; do
+        tr '\0' ' ' < "/proc/$(pid_of "$R" "$w")/cmdline" | grep -q -- ' --device cpu '
+        grep -q "set up on cpu (" "$R/logs/$w.log"
+    done
     [ "$(curl -sf "http://127.0.0.1:$BASE/v1/models" | jq -r '[.data[].id] | sort | join(",")')" = \
         "$M,js,sql" ]
     [ "$(complete "$BASE" js)" = 200 ]
@@ -255,6 +260,27 @@ fake_supervisor() { # DIR [USER]
     expect_status 100
     expect_message "LORA_STACK_UNHEALTHY_TIMEOUT 'later' must be a number of seconds"
     [ ! -e "$r/supervisor.pid" ]
+}
+
+@test "--device: a device no worker could use is refused (exit 100) with the worker's reason, before anything starts" {
+    run "$STACK" --help
+    [[ "$output" == *"  --device DEVICE "* && "$output" == *LORA_STACK_DEVICE* ]]
+    local r=$BATS_TEST_TMPDIR/r
+    run --separate-stderr "$STACK" up --run-dir "$r" --device cuda
+    expect_status 100
+    [[ "$stderr" == "lora-stack: fatal: --device cuda: "* ]]
+    [[ "$stderr" == *"this build has no CUDA backend (built with CUDA=0)"* ||
+        "$stderr" == *"the CUDA backend's kernels are not in this version yet"* ]]
+    run --separate-stderr "$STACK" up --run-dir "$r" --device gpu
+    expect_status 100
+    expect_message "--device gpu: unknown device 'gpu' (cpu, cuda or cuda:N)"
+    LORA_STACK_DEVICE=cuda:1 run --separate-stderr "$STACK" up --run-dir "$r"
+    expect_status 100
+    expect_message "--device cuda:1: "
+    run --separate-stderr "$STACK" up --run-dir "$r" --device
+    expect_status 100
+    expect_message "--device needs a value"
+    [ ! -e "$r" ]
 }
 
 @test "a run directory writable by group or others is refused with the reason (exit 100), by every program" {

@@ -81,7 +81,7 @@ man_options() {
     [ -z "$stderr" ]
     for o in --model --lora --prompt-ids --batch --max-tokens --temperature --top-p --top-k \
         --seed --logprobs --ignore-eos --json --max-lora-rank --max-num-batched-tokens \
-        --block-size --help; do
+        --block-size --device --help; do
         [[ "$output" == *"  $o"* ]] || { echo "generate --help lacks $o" >&2; return 1; }
     done
     run --separate-stderr "$WORKER" make-model --help
@@ -611,17 +611,86 @@ assert keys == want, sorted(keys ^ want)
     [ "${lines[1]}" = "$alone" ]
 }
 
+# ---- the compute device
+
+@test "--device cpu computes what the default does; device describes the cpu backend" {
+    run --separate-stderr "$WORKER" generate --model "$D/m" --prompt-ids 1,2,3 --max-tokens 4 \
+        --logprobs 2 --json
+    expect_status 0
+    local plain=$output
+    run --separate-stderr "$WORKER" generate --model "$D/m" --prompt-ids 1,2,3 --max-tokens 4 \
+        --logprobs 2 --json --device cpu
+    expect_status 0
+    [ "$output" = "$plain" ]
+    LORA_WORKER_DEVICE=cpu run --separate-stderr "$WORKER" generate --model "$D/m" \
+        --prompt-ids 1,2,3 --max-tokens 4 --logprobs 2 --json
+    expect_status 0
+    [ "$output" = "$plain" ]
+    run --separate-stderr "$WORKER" device --device cpu
+    expect_status 0
+    [ "${#lines[@]}" -eq 1 ]
+    [[ "$output" =~ ^cpu\ \((AVX2|AVX-512),\ [0-9]+\ threads?\):\ [0-9.]+\ GB\ of\ memory ]]
+    [ -z "$stderr" ]
+}
+
+# Without a CUDA build the reason is the build; with one, that the CUDA kernels are not in this
+# version (and how many devices the runtime found).
+expect_no_cuda() {
+    expect_status 100
+    expect_message "--device $1: "
+    [[ "$stderr" == *"this build has no CUDA backend (built with CUDA=0)"* ||
+        "$stderr" == *"the CUDA backend's kernels are not in this version yet"* ]]
+    [ "$(printf '%s\n' "$stderr" | wc -l)" -eq 1 ]
+}
+
+@test "--device cuda fails at once with one clear line and exit 100, for every command" {
+    for dev in cuda cuda:0 cuda:3; do
+        run --separate-stderr "$WORKER" generate --model "$D/m" --prompt-ids 1 --device "$dev"
+        expect_no_cuda "$dev"
+        run --separate-stderr "$WORKER" device --device "$dev"
+        expect_no_cuda "$dev"
+        # serve never says hello: it exits before it connects (no engine listens here).
+        run --separate-stderr timeout 10 "$WORKER" serve --engine "ipc://$BATS_TEST_TMPDIR/none" \
+            --device "$dev"
+        expect_no_cuda "$dev"
+    done
+    LORA_WORKER_DEVICE=cuda run --separate-stderr "$WORKER" device
+    expect_no_cuda cuda
+}
+
+@test "a bad --device is refused with exit 100, naming it, before any file is read" {
+    for dev in gpu CPU cuda: cuda:x cuda:-1 cuda:12345 "cpu " ""; do
+        run --separate-stderr "$WORKER" generate --model "$BATS_TEST_TMPDIR/none" --prompt-ids 1 \
+            --device "$dev"
+        expect_status 100
+        expect_message "unknown device '$dev' (cpu, cuda or cuda:N)"
+        run --separate-stderr timeout 10 "$WORKER" serve --engine "ipc://$BATS_TEST_TMPDIR/none" \
+            --device "$dev"
+        expect_status 100
+        expect_message "unknown device '$dev'"
+    done
+    LORA_WORKER_DEVICE=tpu run --separate-stderr "$WORKER" device
+    expect_status 100
+    expect_message "--device tpu: unknown device 'tpu'"
+}
+
+@test "--version names the backends this build has" {
+    run --separate-stderr "$WORKER" --version
+    expect_status 0
+    [[ "$output" == *"(backends: cpu)" || "$output" == *"(backends: cpu, "*")" ]]
+}
+
 # ---- the man page
 
 @test "the man page documents exactly the options each command lists in --help" {
-    for cmd in generate make-model make-adapter; do
+    for cmd in generate make-model make-adapter device; do
         diff <(help_options "$cmd") <(man_options "$cmd") ||
             { echo "man page options of $cmd differ from --help (< help, > man)" >&2; return 1; }
     done
 }
 
 @test "every option listed by --help appears in the man page" {
-    for cmd in generate make-model make-adapter; do
+    for cmd in generate make-model make-adapter device serve; do
         for o in $(help_options "$cmd"); do
             grep -qF -- "$(printf '%s' "$o" | sed 's/-/\\-/g')" "$ROOT/man/lora-worker.1" ||
                 { echo "$o of $cmd is not in the man page" >&2; return 1; }

@@ -40,6 +40,18 @@ void fx_cleanup(void)
     lora_fs_remove_tree(fx_tmp_dir);
 }
 
+struct lora_backend *fx_backend(void)
+{
+    static struct lora_backend *be;
+    char err[256];
+
+    if (!be && !(be = lora_backend_open("cpu", err, sizeof(err)))) {
+        printf("Bail out! %s\n", err);
+        exit(1);
+    }
+    return be;
+}
+
 const char *fx_tmp_path(const char *fmt, ...)
 {
     static char bufs[N_BUFS][FX_PATH_BYTES];

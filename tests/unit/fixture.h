@@ -15,8 +15,9 @@
 
 #include <jansson.h>
 
-#include "runtime/synthetic.h"
+#include "backend/backend.h"
 #include "runtime/safetensors.h"
+#include "runtime/synthetic.h"
 
 #define FX_TMP_DIR_BYTES 64 /* room for "/tmp/<name>.XXXXXX" */
 #define FX_PATH_BYTES    512
@@ -31,6 +32,10 @@ int fx_init(const char *tmp_template, int *failed);
 
 /* Removes fx_tmp_dir and everything under it. */
 void fx_cleanup(void);
+
+/* The CPU backend the program's models, caches and forward passes live on, opened on first use
+ * and kept until the process exits. */
+struct lora_backend *fx_backend(void);
 
 /* fx_tmp_dir/<formatted name>. */
 const char *fx_tmp_path(const char *fmt, ...) __attribute__((format(printf, 1, 2)));

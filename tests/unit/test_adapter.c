@@ -162,9 +162,9 @@ static void test_fixtures_written(void)
     snprintf(m4, sizeof(m4), "%s", fx_gen_model("model4", &o));
     model_dir = m2;
     model4_dir = m4;
-    full = lora_model_load(model_dir, 0, 1, err, sizeof(err));
+    full = lora_model_load(fx_backend(), model_dir, 0, 1, err, sizeof(err));
     for (int r = 0; r < 2; r++)
-        shard[r] = full ? lora_model_load(model_dir, r, 2, err, sizeof(err)) : NULL;
+        shard[r] = full ? lora_model_load(fx_backend(), model_dir, r, 2, err, sizeof(err)) : NULL;
     if (!full || !shard[0] || !shard[1]) {
         printf("# model: %s\n", err);
         check_cur_failed = 1;

@@ -3,7 +3,7 @@
  * with its message and with nothing changed (set_slot failures injected through a fake), removal
  * that really frees (run under ASan), snapshots and their timings, 5000 random operations with
  * the invariant check and an independent LRU oracle after each, and real generated adapters
- * wired to lora_forward_set_slot.
+ * wired to lora_forward_set_slot, whose slots hold copies.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -879,7 +879,7 @@ static void test_real_adapters(void)
 
     lora_synthetic_model_defaults(&mo);
     const char *model_dir = fx_gen_model("model", &mo);
-    struct lora_model *m = lora_model_load(model_dir, 0, 1, err, sizeof(err));
+    struct lora_model *m = lora_model_load(fx_backend(), model_dir, 0, 1, err, sizeof(err));
     CHECK(m != NULL);
     if (!m) {
         printf("# %s\n", err);
@@ -887,7 +887,7 @@ static void test_real_adapters(void)
     }
     const struct lora_model_config *cfg = &m->cfg;
     struct lora_kv_cache *kv =
-        lora_kv_cache_new(cfg->n_layers, m->n_kv_heads * cfg->head_dim, 16, 8);
+        lora_kv_cache_new(fx_backend(), cfg->n_layers, m->n_kv_heads * cfg->head_dim, 16, 8);
     struct lora_forward_limits lim = {.max_tokens = 32,
                                       .max_seqs = 4,
                                       .max_logit_rows = 32,
@@ -938,6 +938,70 @@ out:
     lora_model_destroy(&m);
 }
 
+/* A slot holds a copy: the step's logits with an adapter are the same bits after the adapter is
+ * destroyed (ASan would also see a read of freed memory), differ from the base model's, and an
+ * emptied slot is refused. */
+static void test_slots_hold_copies(void)
+{
+    struct lora_synthetic_model_opts mo;
+    char err[ERR_BYTES] = "";
+
+    lora_synthetic_model_defaults(&mo);
+    const char *model_dir = fx_gen_model("copies", &mo);
+    struct lora_model *m = lora_model_load(fx_backend(), model_dir, 0, 1, err, sizeof(err));
+    CHECK(m != NULL);
+    if (!m) {
+        printf("# %s\n", err);
+        return;
+    }
+    const struct lora_model_config *cfg = &m->cfg;
+    int vocab = cfg->vocab_size;
+    struct lora_kv_cache *kv =
+        lora_kv_cache_new(fx_backend(), cfg->n_layers, m->n_kv_heads * cfg->head_dim, 16, 2);
+    struct lora_forward_limits lim = {.max_tokens = 8,
+                                      .max_seqs = 1,
+                                      .max_logit_rows = 8,
+                                      .max_ctx = 32,
+                                      .max_loras = 2,
+                                      .max_rank = 8};
+    struct lora_forward *fwd = kv ? lora_forward_new(m, kv, &lim, err, sizeof(err)) : NULL;
+    struct lora_adapter *a = load_adapter("copied", model_dir, 8, m);
+    float *with = calloc((size_t)vocab, sizeof(float)), *base = calloc((size_t)vocab, sizeof(float));
+    static const int tokens[] = {1, 2, 3}, table[] = {0};
+    struct lora_seq_step st = {tokens, 3, 0, table, 1, false};
+    const float *logits;
+    int first_row;
+
+    CHECK(fwd != NULL && a != NULL && with && base);
+    if (!fwd || !a || !with || !base)
+        goto out;
+    CHECK(lora_forward_set_slot(fwd, 1, a, err, sizeof(err)) == 0);
+    CHECK(lora_forward_step(fwd, &st, 1, &logits, &first_row, err, sizeof(err)) == 0);
+    memcpy(with, logits, sizeof(float) * (size_t)vocab);
+    st.adapter_slot = -1;
+    CHECK(lora_forward_step(fwd, &st, 1, &logits, &first_row, err, sizeof(err)) == 0);
+    memcpy(base, logits, sizeof(float) * (size_t)vocab);
+    CHECK(memcmp(with, base, sizeof(float) * (size_t)vocab) != 0);
+
+    lora_adapter_destroy(&a);
+    st.adapter_slot = 1;
+    CHECK(lora_forward_step(fwd, &st, 1, &logits, &first_row, err, sizeof(err)) == 0);
+    CHECK(memcmp(with, logits, sizeof(float) * (size_t)vocab) == 0);
+
+    CHECK(lora_forward_set_slot(fwd, 1, NULL, err, sizeof(err)) == 0);
+    CHECK(lora_forward_step(fwd, &st, 1, &logits, &first_row, err, sizeof(err)) == -1);
+    CHECK_CONTAINS(err, "adapter slot 1 is empty");
+    CHECK(lora_forward_set_slot(fwd, 2, NULL, err, sizeof(err)) == -1);
+    CHECK_CONTAINS(err, "slot 2 is out of range");
+out:
+    lora_adapter_destroy(&a);
+    free(with);
+    free(base);
+    lora_forward_destroy(&fwd);
+    lora_kv_cache_destroy(&kv);
+    lora_model_destroy(&m);
+}
+
 int main(void)
 {
     if (fx_init("/tmp/test_adapter_cache.XXXXXX", &check_cur_failed) < 0)
@@ -955,6 +1019,7 @@ int main(void)
     RUN(test_set_slot_failure);
     RUN(test_random_ops);
     RUN(test_real_adapters);
+    RUN(test_slots_hold_copies);
     fx_cleanup();
     return check_done();
 }

@@ -1,10 +1,15 @@
-/* Unit tests for kernels/cpu and lib/runtime/kv_cache: every kernel against a naive double-precision
- * reference written here in plain loops (never against another kernel), matmul batch invariance
- * bit for bit across batch sizes, row positions and thread counts, kv_write + attention over a
- * shuffled paged cache with grouped-query heads, the multi-LoRA SGMV, and the block pool.
+/* Unit tests for the CPU backend (backend/cpu, through backend/backend.h's table) and
+ * lib/runtime/kv_cache: every kernel against the double-precision twins of backend/ref (never
+ * against another kernel), matmul batch invariance bit for bit across batch sizes, row positions
+ * and thread counts, kv_write + attention over a shuffled paged cache with grouped-query heads,
+ * the multi-LoRA SGMV, and the cache's storage. tests/backend/test_backend.c runs the same twins
+ * over every backend; this file holds what is the CPU's own: thread counts, NaN guards, in-place
+ * calls, exact sums.
  */
 #include "check.h"
-#include "backend/cpu/kernels_cpu.h"
+#include "backend/backend.h"
+#include "backend/ref/ref.h"
+#include "fixture.h"
 #include "runtime/kv_cache.h"
 
 #include <omp.h>
@@ -92,6 +97,44 @@ static void shuffle_ints(int *a, int n)
     }
 }
 
+/* ---- the backend ---- */
+
+static struct lora_backend *be;
+static const struct lora_backend_ops *k_;
+
+#define MAX_WRAPS 64
+static struct lora_buffer *wraps[MAX_WRAPS];
+static int n_wraps;
+
+/* A float32 (rows, cols) tensor over host memory p, in place (freed by release_tensors). */
+static struct lora_tensor tensor_of(const float *p, int64_t rows, int64_t cols)
+{
+    char err[256];
+    struct lora_buffer *b = n_wraps < MAX_WRAPS
+                                ? k_->buffer_wrap(be, (void *)p, (size_t)(rows * cols) * 4, err,
+                                                  sizeof(err))
+                                : NULL;
+
+    if (!b) {
+        printf("Bail out! unable to wrap a tensor\n");
+        exit(1);
+    }
+    wraps[n_wraps++] = b;
+    return (struct lora_tensor){b, 0, LORA_DTYPE_F32, rows, cols};
+}
+
+static void release_tensors(void)
+{
+    while (n_wraps > 0)
+        k_->buffer_free(be, wraps[--n_wraps]);
+}
+
+/* The same weight for backend/ref. */
+static struct lora_ref_w ref_of(const float *p, int64_t rows, int64_t cols)
+{
+    return (struct lora_ref_w){LORA_DTYPE_F32, p, rows, cols};
+}
+
 /* Index of the first got[i] farther than rel * (1 + mag[i]) from want[i] (NaN is always far),
  * or -1. mag may be NULL for a bound relative to |want|. */
 static long first_far(const float *got, const double *want, const double *mag, size_t n, double rel)
@@ -102,26 +145,6 @@ static long first_far(const float *got, const double *want, const double *mag, s
             return (long)i;
     }
     return -1;
-}
-
-/* ---- naive references, double precision ---- */
-
-/* dot (m, n) = x (m, k) · w (n, k)ᵀ and absdot (m, n) = Σ|x w|, the scale of its rounding error. */
-static void ref_matmul(double *dot, double *absdot, const float *x, const float *w, int m, int n,
-                       int k)
-{
-    for (int i = 0; i < m; i++) {
-        for (int j = 0; j < n; j++) {
-            double s = 0, a = 0;
-            for (int d = 0; d < k; d++) {
-                double p = (double)x[(size_t)i * k + d] * w[(size_t)j * k + d];
-                s += p;
-                a += fabs(p);
-            }
-            dot[(size_t)i * n + j] = s;
-            absdot[(size_t)i * n + j] = a;
-        }
-    }
 }
 
 /* ---- matmul ---- */
@@ -149,7 +172,9 @@ static void test_matmul(void)
                 fill_random(x, (size_t)m * k, 1.0f);
                 fill_random(w, (size_t)n * k, 1.0f);
                 fill_random(y0, mn, 2.0f);
-                ref_matmul(dot, absdot, x, w, m, n, k);
+                struct lora_ref_w rw = ref_of(w, n, k);
+                struct lora_tensor tw = tensor_of(w, n, k);
+                lora_ref_matmul(dot, absdot, x, &rw, m);
                 /* Modes: plain; accumulate with alpha; overwrite with alpha (y starts as NaN,
                  * so a kernel that read y without accumulate would show). */
                 for (int mode = 0; mode < 3; mode++) {
@@ -160,7 +185,7 @@ static void test_matmul(void)
                     else
                         fill_nan(y, mn);
                     fill_nan(y + mn, MM_GUARD);
-                    lora_k_matmul(y, x, w, m, n, k, alpha, acc);
+                    k_->matmul(be, y, x, &tw, m, alpha, acc);
                     for (size_t i = 0; i < mn; i++) {
                         want[i] = alpha * dot[i] + (acc ? y0[i] : 0.0);
                         mag[i] = fabs(alpha) * absdot[i] + (acc ? fabs(y0[i]) : 0.0);
@@ -173,6 +198,7 @@ static void test_matmul(void)
                     }
                     CHECK(all_nan(y + mn, MM_GUARD));
                 }
+                release_tensors();
             }
         }
     }
@@ -201,6 +227,7 @@ struct bi_case {
     float *alone;     /* (BI_ROWS, n): x · wᵀ row by row */
     float *alone_acc; /* (BI_ROWS, n): y_init + BI_ALPHA · x · wᵀ row by row */
     float *xb, *yb;   /* (BI_ROWS, k), (BI_ROWS, n): the batch */
+    struct lora_tensor tw; /* w */
 };
 
 /* Runs the batch of m rows starting at row off; returns how many rows differ from alone. */
@@ -214,7 +241,7 @@ static int bi_mismatches(struct bi_case *c, int m, int off, bool acc)
         memcpy(c->xb + i * k, c->x + r * k, k * sizeof(float));
         memcpy(c->yb + i * n, c->y_init + r * n, n * sizeof(float));
     }
-    lora_k_matmul(c->yb, c->xb, c->w, m, c->n, c->k, acc ? BI_ALPHA : 1.0f, acc);
+    k_->matmul(be, c->yb, c->xb, &c->tw, m, acc ? BI_ALPHA : 1.0f, acc);
     for (int i = 0; i < m; i++) {
         int r = (i + off) % BI_ROWS;
         const float *want = (acc ? c->alone_acc : c->alone) + r * n;
@@ -251,19 +278,20 @@ static void test_matmul_batch_invariance(void)
         fill_random(c.x, BI_ROWS * k, 1.0f);
         fill_random(c.w, n * k, 1.0f);
         fill_random(c.y_init, BI_ROWS * n, 1.0f);
+        c.tw = tensor_of(c.w, c.n, c.k);
 
         omp_set_num_threads(1);
         memcpy(c.alone_acc, c.y_init, BI_ROWS * n * sizeof(float));
         for (size_t r = 0; r < BI_ROWS; r++) {
-            lora_k_matmul(c.alone + r * n, c.x + r * k, c.w, 1, c.n, c.k, 1.0f, false);
-            lora_k_matmul(c.alone_acc + r * n, c.x + r * k, c.w, 1, c.n, c.k, BI_ALPHA, true);
+            k_->matmul(be, c.alone + r * n, c.x + r * k, &c.tw, 1, 1.0f, false);
+            k_->matmul(be, c.alone_acc + r * n, c.x + r * k, &c.tw, 1, BI_ALPHA, true);
         }
         for (int m = 2; m <= BI_ROWS; m++)
             n_bad += bi_mismatches(&c, m, (m * 29) % BI_ROWS, m % 3 == 0);
 
         omp_set_num_threads(2);
         for (size_t r = 0; r < BI_ROWS; r += 23) {
-            lora_k_matmul(c.yb, c.x + r * k, c.w, 1, c.n, c.k, 1.0f, false);
+            k_->matmul(be, c.yb, c.x + r * k, &c.tw, 1, 1.0f, false);
             n_bad += memcmp(c.yb, c.alone + r * n, n * sizeof(float)) != 0;
         }
         for (size_t mi = 0; mi < sizeof(ms_2_threads) / sizeof(ms_2_threads[0]); mi++) {
@@ -272,6 +300,7 @@ static void test_matmul_batch_invariance(void)
         }
         CHECK(n_bad == 0);
 
+        release_tensors();
         free(c.x);
         free(c.w);
         free(c.y_init);
@@ -304,17 +333,12 @@ static void test_rmsnorm(void)
             if (m > 1) /* an all-zero row: eps keeps it finite, the output is zero */
                 memset(x + (size_t)(m - 1) * dim, 0, (size_t)dim * sizeof(float));
             memcpy(x_copy, x, total * sizeof(float));
-            for (int i = 0; i < m; i++) {
-                double ss = 0;
-                for (int j = 0; j < dim; j++)
-                    ss += (double)x[(size_t)i * dim + j] * x[(size_t)i * dim + j];
-                double inv = 1.0 / sqrt(ss / dim + eps);
-                for (int j = 0; j < dim; j++)
-                    want[(size_t)i * dim + j] = x[(size_t)i * dim + j] * inv * w[j];
-            }
+            struct lora_ref_w rw = ref_of(w, 1, dim);
+            struct lora_tensor tw = tensor_of(w, 1, dim);
+            lora_ref_rmsnorm(want, x, &rw, m, eps);
 
             fill_nan(out, total);
-            lora_k_rmsnorm(out, x, w, m, dim, eps);
+            k_->rmsnorm(be, out, x, &tw, m, eps);
             long bad = first_far(out, want, NULL, total, REL_TOL);
             if (bad >= 0) {
                 printf("# rmsnorm out of place m=%d dim=%d element %ld\n", m, dim, bad);
@@ -322,12 +346,13 @@ static void test_rmsnorm(void)
             }
             CHECK(memcmp(x, x_copy, total * sizeof(float)) == 0);
 
-            lora_k_rmsnorm(x, x, w, m, dim, eps);
+            k_->rmsnorm(be, x, x, &tw, m, eps);
             bad = first_far(x, want, NULL, total, REL_TOL);
             if (bad >= 0) {
                 printf("# rmsnorm in place m=%d dim=%d element %ld\n", m, dim, bad);
                 CHECK_NEAR(x[bad], want[bad], REL_TOL * (1.0 + fabs(want[bad])));
             }
+            release_tensors();
             free(x);
             free(x_copy);
             free(out);
@@ -346,7 +371,7 @@ static void test_rope(void)
 
     for (size_t ci = 0; ci < sizeof(configs) / sizeof(configs[0]); ci++) {
         for (size_t ti = 0; ti < sizeof(thetas) / sizeof(thetas[0]); ti++) {
-            int n_heads = configs[ci][0], head_dim = configs[ci][1], half = head_dim / 2;
+            int n_heads = configs[ci][0], head_dim = configs[ci][1];
             int dim = n_heads * head_dim;
             size_t total = (size_t)m * dim;
             double theta = thetas[ti];
@@ -355,19 +380,9 @@ static void test_rope(void)
 
             fill_random(x0, total, 2.0f);
             memcpy(x, x0, total * sizeof(float));
-            for (int i = 0; i < m; i++) {
-                for (int h = 0; h < n_heads; h++) {
-                    const float *v = x0 + (size_t)i * dim + (size_t)h * head_dim;
-                    double *o = want + (size_t)i * dim + (size_t)h * head_dim;
-                    for (int j = 0; j < half; j++) {
-                        double angle = pos[i] * pow(theta, -2.0 * j / head_dim);
-                        o[j] = v[j] * cos(angle) - v[j + half] * sin(angle);
-                        o[j + half] = v[j + half] * cos(angle) + v[j] * sin(angle);
-                    }
-                }
-            }
+            lora_ref_rope(want, x0, pos, m, n_heads, head_dim, theta);
 
-            lora_k_rope(x, pos, m, n_heads, head_dim, thetas[ti]);
+            k_->rope(be, x, pos, m, n_heads, head_dim, thetas[ti]);
             long bad = first_far(x, want, NULL, total, REL_TOL);
             if (bad >= 0) {
                 printf("# rope heads=%d head_dim=%d theta=%g: row %ld (pos %d) column %ld\n",
@@ -398,10 +413,9 @@ static void test_silu_mul(void)
         for (size_t i = 0; i < n && i < sizeof(extremes) / sizeof(extremes[0]); i++)
             gate[i] = extremes[i];
         memcpy(up_copy, up, n * sizeof(float));
-        for (size_t i = 0; i < n; i++)
-            want[i] = gate[i] / (1.0 + exp(-(double)gate[i])) * up[i];
+        lora_ref_silu_mul(want, gate, up, n);
 
-        lora_k_silu_mul(gate, up, n);
+        k_->silu_mul(be, gate, up, n);
         long bad = first_far(gate, want, NULL, n, REL_TOL);
         if (bad >= 0) {
             printf("# silu_mul n=%zu element %ld\n", n, bad);
@@ -425,7 +439,7 @@ static void test_add(void)
     fill_random(y0, n, 1.0f);
     fill_random(x, n, 1.0f);
     memcpy(y, y0, n * sizeof(float));
-    lora_k_add(y, x, n);
+    k_->add(be, y, x, n);
     for (size_t i = 0; i < n; i++)
         n_bad += y[i] != (float)((double)y0[i] + x[i]);
     CHECK(n_bad == 0);
@@ -444,7 +458,9 @@ static void test_add_bias(void)
     fill_random(y0, (size_t)m * n, 1.0f);
     fill_random(bias, (size_t)n, 1.0f);
     memcpy(y, y0, (size_t)m * n * sizeof(float));
-    lora_k_add_bias(y, bias, m, n);
+    struct lora_tensor tb = tensor_of(bias, 1, n);
+    k_->add_bias(be, y, &tb, m);
+    release_tensors();
     for (int i = 0; i < m; i++)
         for (int j = 0; j < n; j++)
             n_bad += y[(size_t)i * n + j] != (float)((double)y0[(size_t)i * n + j] + bias[j]);
@@ -463,7 +479,9 @@ static void test_embed(void)
 
     fill_random(table, (size_t)vocab * dim, 1.0f);
     fill_nan(out, (size_t)m * dim + MM_GUARD);
-    lora_k_embed(out, table, ids, m, dim);
+    struct lora_tensor tt = tensor_of(table, vocab, dim);
+    k_->embed(be, out, &tt, ids, m);
+    release_tensors();
     for (int i = 0; i < m; i++)
         CHECK(memcmp(out + (size_t)i * dim, table + (size_t)ids[i] * dim,
                      (size_t)dim * sizeof(float)) == 0);
@@ -503,32 +521,6 @@ static int att_slot(const int *bt, int p, int block_size)
     return bt[p / block_size] * block_size + p % block_size;
 }
 
-/* Naive causal attention of one query row at position p over contiguous K, V (ctx, kv_dim). */
-static void ref_attend(double *out, const float *q, const float *kc, const float *vc, int p,
-                       int kv_off, int kv_dim, double *scores)
-{
-    double max = -INFINITY, sum = 0;
-
-    for (int t = 0; t <= p; t++) {
-        double dot = 0;
-        for (int d = 0; d < ATT_HEAD_DIM; d++)
-            dot += (double)q[d] * kc[(size_t)t * kv_dim + kv_off + d];
-        scores[t] = dot / sqrt((double)ATT_HEAD_DIM);
-        if (scores[t] > max)
-            max = scores[t];
-    }
-    for (int t = 0; t <= p; t++) {
-        scores[t] = exp(scores[t] - max);
-        sum += scores[t];
-    }
-    for (int d = 0; d < ATT_HEAD_DIM; d++) {
-        double acc = 0;
-        for (int t = 0; t <= p; t++)
-            acc += scores[t] / sum * vc[(size_t)t * kv_dim + kv_off + d];
-        out[d] = acc;
-    }
-}
-
 /* Everything one attention case needs; see run_attention_case. */
 struct att_case {
     int block_size, n_kv_heads, kv_dim, q_dim, n_rows, max_ctx;
@@ -543,7 +535,7 @@ struct att_case {
  * rows of all sequences in one batched call, as the engine does. */
 static void att_write_cache(struct att_case *c)
 {
-    float *kc = lora_kv_cache_k(c->kv, ATT_LAYER), *vc = lora_kv_cache_v(c->kv, ATT_LAYER);
+    struct lora_tensor kc = lora_kv_cache_k(c->kv, ATT_LAYER), vc = lora_kv_cache_v(c->kv, ATT_LAYER);
     int *slots = xmalloc(sizeof(int) * (size_t)(c->max_ctx + c->n_rows));
     float *k_new = new_floats((size_t)c->n_rows * c->kv_dim);
     float *v_new = new_floats((size_t)c->n_rows * c->kv_dim);
@@ -551,7 +543,7 @@ static void att_write_cache(struct att_case *c)
     for (int s = 0; s < ATT_N_SEQS; s++) {
         for (int p = 0; p < att_specs[s].pos; p++)
             slots[p] = att_slot(c->tables[s], p, c->block_size);
-        lora_k_kv_write(kc, vc, c->kseq[s], c->vseq[s], slots, att_specs[s].pos, c->kv_dim);
+        k_->kv_write(be, &kc, &vc, c->kseq[s], c->vseq[s], slots, att_specs[s].pos);
     }
     for (int s = 0; s < ATT_N_SEQS; s++) {
         for (int r = 0; r < att_specs[s].n_rows; r++) {
@@ -563,7 +555,7 @@ static void att_write_cache(struct att_case *c)
                    (size_t)c->kv_dim * sizeof(float));
         }
     }
-    lora_k_kv_write(kc, vc, k_new, v_new, slots, c->n_rows, c->kv_dim);
+    k_->kv_write(be, &kc, &vc, k_new, v_new, slots, c->n_rows);
     free(slots);
     free(k_new);
     free(v_new);
@@ -575,7 +567,8 @@ static void att_check_cache(const struct att_case *c)
 {
     const struct lora_kv_cache *kv = c->kv;
     size_t n_slots = (size_t)kv->n_blocks * kv->block_size, row_bytes = kv->kv_dim * sizeof(float);
-    const float *kc = lora_kv_cache_k(kv, ATT_LAYER), *vc = lora_kv_cache_v(kv, ATT_LAYER);
+    struct lora_tensor kt = lora_kv_cache_k(kv, ATT_LAYER), vt = lora_kv_cache_v(kv, ATT_LAYER);
+    const float *kc = lora_tensor_host(&kt), *vc = lora_tensor_host(&vt);
     bool *used = calloc(n_slots, sizeof(bool));
     int n_wrong = 0, n_dirty = 0;
 
@@ -602,8 +595,9 @@ static void att_check_cache(const struct att_case *c)
     for (int layer = 0; layer < ATT_LAYERS; layer++) {
         if (layer == ATT_LAYER)
             continue;
-        n_dirty += !all_nan(lora_kv_cache_k(kv, layer), n_slots * kv->kv_dim);
-        n_dirty += !all_nan(lora_kv_cache_v(kv, layer), n_slots * kv->kv_dim);
+        struct lora_tensor lk = lora_kv_cache_k(kv, layer), lv = lora_kv_cache_v(kv, layer);
+        n_dirty += !all_nan(lora_tensor_host(&lk), n_slots * kv->kv_dim);
+        n_dirty += !all_nan(lora_tensor_host(&lv), n_slots * kv->kv_dim);
     }
     if (n_wrong || n_dirty)
         printf("# kv_write block_size=%d: %d rows wrong, %d foreign slots written\n", c->block_size,
@@ -616,30 +610,30 @@ static void att_check_cache(const struct att_case *c)
 /* Attention of the whole batch against the naive reference over the contiguous K, V. */
 static void att_check_attention(const struct att_case *c)
 {
-    struct lora_k_attn_seq seqs[ATT_N_SEQS];
+    struct lora_attn_seq seqs[ATT_N_SEQS];
     size_t n_out = (size_t)c->n_rows * c->q_dim;
     float *q = new_floats(n_out), *out = new_floats(n_out);
-    float *scratch = new_floats((size_t)lora_k_n_threads() * c->max_ctx);
+    void *scratch = xmalloc(k_->scratch_bytes(be, LORA_KERNEL_ATTENTION, c->n_rows, c->max_ctx, 0));
+    struct lora_tensor kc = lora_kv_cache_k(c->kv, ATT_LAYER), vc = lora_kv_cache_v(c->kv, ATT_LAYER);
     double *want = new_doubles(n_out), *scores = new_doubles((size_t)c->max_ctx);
     int group = ATT_HEADS / c->n_kv_heads;
 
     for (int s = 0; s < ATT_N_SEQS; s++)
-        seqs[s] = (struct lora_k_attn_seq){.row = c->first_row[s],
-                                           .n_rows = att_specs[s].n_rows,
-                                           .pos = att_specs[s].pos,
-                                           .block_table = c->tables[s]};
+        seqs[s] = (struct lora_attn_seq){.row = c->first_row[s],
+                                         .n_rows = att_specs[s].n_rows,
+                                         .pos = att_specs[s].pos,
+                                         .block_table = c->tables[s]};
     fill_random(q, n_out, 2.0f); /* scores of a few units: a softmax that is not flat */
     fill_nan(out, n_out);
-    lora_k_attention(out, q, lora_kv_cache_k(c->kv, ATT_LAYER), lora_kv_cache_v(c->kv, ATT_LAYER),
-                     seqs, ATT_N_SEQS, ATT_HEADS, c->n_kv_heads, ATT_HEAD_DIM, c->block_size,
-                     scratch, c->max_ctx);
+    k_->attention(be, out, q, &kc, &vc, seqs, ATT_N_SEQS, ATT_HEADS, c->n_kv_heads, ATT_HEAD_DIM,
+                  c->block_size, scratch, c->max_ctx);
     for (int s = 0; s < ATT_N_SEQS; s++) {
         for (int r = 0; r < att_specs[s].n_rows; r++) {
             size_t row = (size_t)(c->first_row[s] + r);
             for (int h = 0; h < ATT_HEADS; h++) {
                 size_t off = row * c->q_dim + (size_t)h * ATT_HEAD_DIM;
-                ref_attend(want + off, q + off, c->kseq[s], c->vseq[s], att_specs[s].pos + r,
-                           (h / group) * ATT_HEAD_DIM, c->kv_dim, scores);
+                lora_ref_attend(want + off, q + off, c->kseq[s], c->vseq[s], att_specs[s].pos + r,
+                                (h / group) * ATT_HEAD_DIM, c->kv_dim, ATT_HEAD_DIM, scores);
             }
         }
     }
@@ -673,18 +667,19 @@ static void run_attention_case(int block_size, int n_kv_heads)
             c.max_ctx = ctx;
     }
     c.n_rows = row;
-    c.kv = lora_kv_cache_new(ATT_LAYERS, c.kv_dim, block_size, n_blocks);
+    c.kv = lora_kv_cache_new(be, ATT_LAYERS, c.kv_dim, block_size, n_blocks);
     CHECK(c.kv != NULL);
     if (!c.kv)
         return;
     size_t per_layer = (size_t)n_blocks * block_size * c.kv_dim;
-    fill_nan(lora_kv_cache_k(c.kv, 0), per_layer * ATT_LAYERS);
-    fill_nan(lora_kv_cache_v(c.kv, 0), per_layer * ATT_LAYERS);
+    struct lora_tensor k0 = lora_kv_cache_k(c.kv, 0), v0 = lora_kv_cache_v(c.kv, 0);
+    fill_nan(lora_tensor_host(&k0), per_layer * ATT_LAYERS);
+    fill_nan(lora_tensor_host(&v0), per_layer * ATT_LAYERS);
 
     /* Take every block, shuffle, and deal them out: block tables are not contiguous. */
     int *ids = xmalloc(sizeof(int) * (size_t)n_blocks);
     for (int i = 0; i < n_blocks; i++)
-        ids[i] = lora_kv_cache_alloc(c.kv);
+        ids[i] = i;
     shuffle_ints(ids, n_blocks);
     int next = 0;
     for (int s = 0; s < ATT_N_SEQS; s++) {
@@ -731,7 +726,8 @@ static void test_lora_sgmv(void)
         {5, 4, 16}, {0, 3, 4}, {10, 1, 1}, {14, 2, 4}, {11, 2, 1},
     };
     static const float scales[N_SEGS] = {0.5f, 2.0f, -1.25f, 0.125f, 3.0f};
-    struct lora_k_lora_seg segs[N_SEGS];
+    struct lora_sgmv_seg segs[N_SEGS];
+    float *as[N_SEGS], *bs[N_SEGS];
     float *x = new_floats((size_t)ROWS * IN), *x_copy = new_floats((size_t)ROWS * IN);
     float *y = new_floats((size_t)ROWS * OUT), *y0 = new_floats((size_t)ROWS * OUT);
     double want[OUT], mag[OUT];
@@ -746,41 +742,30 @@ static void test_lora_sgmv(void)
         float *a = new_floats((size_t)rank * IN), *b = new_floats((size_t)rank * OUT);
         fill_random(a, (size_t)rank * IN, 1.0f);
         fill_random(b, (size_t)rank * OUT, 1.0f); /* B transposed: (rank, out) */
-        segs[s] = (struct lora_k_lora_seg){.row = layout[s][0],
-                                           .n_rows = layout[s][1],
-                                           .rank = rank,
-                                           .scale = scales[s],
-                                           .a = a,
-                                           .b_t = b};
+        as[s] = a;
+        bs[s] = b;
+        segs[s] = (struct lora_sgmv_seg){.row = layout[s][0],
+                                         .n_rows = layout[s][1],
+                                         .rank = rank,
+                                         .scale = scales[s],
+                                         .a = tensor_of(a, rank, IN),
+                                         .b_t = tensor_of(b, rank, OUT)};
         for (int r = 0; r < layout[s][1]; r++)
             in_seg[layout[s][0] + r] = true;
     }
-    float *tmp = new_floats((size_t)ROWS * 16); /* exactly the documented size: rows x max rank */
+    /* Exactly the documented size: rows x max rank. */
+    CHECK(k_->scratch_bytes(be, LORA_KERNEL_LORA_SGMV, ROWS, 0, 16) == ROWS * 16 * sizeof(float));
+    float *tmp = new_floats((size_t)ROWS * 16);
 
-    lora_k_lora_sgmv(y, x, segs, N_SEGS, IN, OUT, tmp, 16);
+    k_->lora_sgmv(be, y, x, segs, N_SEGS, IN, OUT, tmp, 16);
 
     for (int s = 0; s < N_SEGS; s++) {
-        const struct lora_k_lora_seg *g = &segs[s];
+        const struct lora_sgmv_seg *g = &segs[s];
+        struct lora_ref_w ra = ref_of(as[s], g->rank, IN), rb = ref_of(bs[s], g->rank, OUT);
         for (int r = 0; r < g->n_rows; r++) {
             const float *xr = x + (size_t)(g->row + r) * IN;
             const float *y0r = y0 + (size_t)(g->row + r) * OUT;
-            double t[16], t_mag[16]; /* rank <= 16 */
-            for (int q = 0; q < g->rank; q++) {
-                t[q] = t_mag[q] = 0;
-                for (int i = 0; i < IN; i++) {
-                    t[q] += (double)xr[i] * g->a[(size_t)q * IN + i];
-                    t_mag[q] += fabs((double)xr[i] * g->a[(size_t)q * IN + i]);
-                }
-            }
-            for (int o = 0; o < OUT; o++) {
-                double acc = 0, acc_mag = 0;
-                for (int q = 0; q < g->rank; q++) {
-                    acc += t[q] * g->b_t[(size_t)q * OUT + o];
-                    acc_mag += t_mag[q] * fabs(g->b_t[(size_t)q * OUT + o]);
-                }
-                want[o] = y0r[o] + g->scale * acc;
-                mag[o] = fabs(y0r[o]) + fabs(g->scale) * acc_mag;
-            }
+            lora_ref_lora_row(want, mag, xr, y0r, &ra, &rb, g->rank, g->scale);
             const float *yr = y + (size_t)(g->row + r) * OUT;
             long bad = first_far(yr, want, mag, OUT, REL_TOL);
             if (bad >= 0) {
@@ -795,9 +780,10 @@ static void test_lora_sgmv(void)
             CHECK(memcmp(y + (size_t)r * OUT, y0 + (size_t)r * OUT, OUT * sizeof(float)) == 0);
     CHECK(memcmp(x, x_copy, (size_t)ROWS * IN * sizeof(float)) == 0);
 
+    release_tensors();
     for (int s = 0; s < N_SEGS; s++) {
-        free((void *)segs[s].a);
-        free((void *)segs[s].b_t);
+        free(as[s]);
+        free(bs[s]);
     }
     free(x);
     free(x_copy);
@@ -806,86 +792,55 @@ static void test_lora_sgmv(void)
     free(tmp);
 }
 
-/* ---- kv_cache block pool ---- */
+/* ---- kv_cache storage ---- */
 
-static void test_kv_cache_pool(void)
+static void test_kv_cache_storage(void)
 {
     enum { N = 6, LAYERS = 2, KV_DIM = 8, BLOCK = 4 };
-    struct lora_kv_cache *kv = lora_kv_cache_new(LAYERS, KV_DIM, BLOCK, N);
-    bool seen[N] = {false};
-    int ids[N];
+    struct lora_kv_cache *kv = lora_kv_cache_new(be, LAYERS, KV_DIM, BLOCK, N);
 
     CHECK(kv != NULL);
     if (!kv)
         return;
-    CHECK(kv->n_free == N);
+    CHECK(kv->dtype == LORA_DTYPE_F32 && kv->be == be);
+    CHECK(kv->n_layers == LAYERS && kv->n_blocks == N && kv->block_size == BLOCK &&
+          kv->kv_dim == KV_DIM);
     CHECK(lora_kv_cache_block_bytes(LAYERS, KV_DIM, BLOCK) ==
           2 * sizeof(float) * LAYERS * KV_DIM * BLOCK);
-    CHECK(lora_kv_cache_k(kv, 1) - lora_kv_cache_k(kv, 0) == N * BLOCK * KV_DIM);
-    CHECK(lora_kv_cache_v(kv, 1) - lora_kv_cache_v(kv, 0) == N * BLOCK * KV_DIM);
+    /* Layer l of keys (values) is rows [0, N * BLOCK) of KV_DIM floats, after layer l - 1. */
+    struct lora_tensor k0 = lora_kv_cache_k(kv, 0), k1 = lora_kv_cache_k(kv, 1);
+    struct lora_tensor v0 = lora_kv_cache_v(kv, 0), v1 = lora_kv_cache_v(kv, 1);
+    CHECK(k0.rows == N * BLOCK && k0.cols == KV_DIM && k0.dtype == LORA_DTYPE_F32);
+    CHECK((const float *)lora_tensor_host(&k1) - (const float *)lora_tensor_host(&k0) ==
+          N * BLOCK * KV_DIM);
+    CHECK((const float *)lora_tensor_host(&v1) - (const float *)lora_tensor_host(&v0) ==
+          N * BLOCK * KV_DIM);
+    CHECK(k0.buf != v0.buf && k0.buf == k1.buf && v0.buf == v1.buf);
+    CHECK(k0.buf->bytes >= (size_t)LAYERS * N * BLOCK * KV_DIM * sizeof(float));
+    /* Zero-filled: an unwritten slot reads stable numbers. */
+    const float *kh = lora_tensor_host(&k0), *vh = lora_tensor_host(&v0);
     int n_nonzero = 0;
     for (size_t i = 0; i < (size_t)LAYERS * N * BLOCK * KV_DIM; i++)
-        n_nonzero += kv->k[i] != 0.0f || kv->v[i] != 0.0f;
+        n_nonzero += kh[i] != 0.0f || vh[i] != 0.0f;
     CHECK(n_nonzero == 0);
-
-    /* Distinct ids covering 0..N-1, then -1 (twice: exhaustion is not a state change). */
-    for (int i = 0; i < N; i++) {
-        ids[i] = lora_kv_cache_alloc(kv);
-        CHECK(ids[i] >= 0 && ids[i] < N);
-        if (ids[i] >= 0 && ids[i] < N) {
-            CHECK(!seen[ids[i]]);
-            seen[ids[i]] = true;
-        }
-        CHECK(kv->n_free == N - 1 - i);
-    }
-    CHECK(lora_kv_cache_alloc(kv) == -1);
-    CHECK(lora_kv_cache_alloc(kv) == -1);
-    CHECK(kv->n_free == 0);
-
-    /* A freed block is the one handed out next. */
-    lora_kv_cache_free(kv, ids[3]);
-    CHECK(kv->n_free == 1);
-    CHECK(lora_kv_cache_alloc(kv) == ids[3]);
-    CHECK(kv->n_free == 0);
-
-    /* Two freed: both come back, in some order, then none. */
-    lora_kv_cache_free(kv, ids[1]);
-    lora_kv_cache_free(kv, ids[4]);
-    CHECK(kv->n_free == 2);
-    int a = lora_kv_cache_alloc(kv), b = lora_kv_cache_alloc(kv);
-    CHECK((a == ids[1] && b == ids[4]) || (a == ids[4] && b == ids[1]));
-    CHECK(lora_kv_cache_alloc(kv) == -1);
-
-    /* All freed: the whole pool again, distinct. */
-    for (int i = 0; i < N; i++) {
-        lora_kv_cache_free(kv, ids[i]);
-        CHECK(kv->n_free == i + 1);
-    }
-    memset(seen, 0, sizeof(seen));
-    for (int i = 0; i < N; i++) {
-        int id = lora_kv_cache_alloc(kv);
-        CHECK(id >= 0 && id < N);
-        if (id >= 0 && id < N) {
-            CHECK(!seen[id]);
-            seen[id] = true;
-        }
-    }
-    CHECK(lora_kv_cache_alloc(kv) == -1);
 
     lora_kv_cache_destroy(&kv);
     CHECK(kv == NULL);
     lora_kv_cache_destroy(&kv); /* destroying NULL is a no-op */
     lora_kv_cache_destroy(NULL);
 
-    CHECK(lora_kv_cache_new(0, KV_DIM, BLOCK, N) == NULL);
-    CHECK(lora_kv_cache_new(LAYERS, 0, BLOCK, N) == NULL);
-    CHECK(lora_kv_cache_new(LAYERS, KV_DIM, 0, N) == NULL);
-    CHECK(lora_kv_cache_new(LAYERS, KV_DIM, BLOCK, 0) == NULL);
-    CHECK(lora_kv_cache_new(-1, KV_DIM, BLOCK, N) == NULL);
+    CHECK(lora_kv_cache_new(be, 0, KV_DIM, BLOCK, N) == NULL);
+    CHECK(lora_kv_cache_new(be, LAYERS, 0, BLOCK, N) == NULL);
+    CHECK(lora_kv_cache_new(be, LAYERS, KV_DIM, 0, N) == NULL);
+    CHECK(lora_kv_cache_new(be, LAYERS, KV_DIM, BLOCK, 0) == NULL);
+    CHECK(lora_kv_cache_new(be, -1, KV_DIM, BLOCK, N) == NULL);
+    CHECK(lora_kv_cache_new(NULL, LAYERS, KV_DIM, BLOCK, N) == NULL);
 }
 
 int main(void)
 {
+    be = fx_backend();
+    k_ = be->ops;
     RUN(test_matmul);
     RUN(test_matmul_batch_invariance);
     RUN(test_rmsnorm);
@@ -896,6 +851,6 @@ int main(void)
     RUN(test_embed);
     RUN(test_kv_write_attention);
     RUN(test_lora_sgmv);
-    RUN(test_kv_cache_pool);
+    RUN(test_kv_cache_storage);
     return check_done();
 }

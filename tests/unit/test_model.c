@@ -107,6 +107,9 @@ static int write_raw(const struct fx_tset *s, const char *path, enum lie lie, co
     return rc;
 }
 
+/* A weight's data: the CPU backend keeps every tensor in host memory. */
+#define H(t) ((const float *)lora_tensor_host(&(t)))
+
 /* ---- loading ------------------------------------------------------------------------------ */
 
 static char err_buf[ERR_BYTES];
@@ -117,7 +120,7 @@ static const char *load_err(const char *dir, int rank, int size)
     struct lora_model *m;
 
     memset(err_buf, 0, sizeof(err_buf));
-    m = lora_model_load(dir, rank, size, err_buf, sizeof(err_buf));
+    m = lora_model_load(fx_backend(), dir, rank, size, err_buf, sizeof(err_buf));
     CHECK(m == NULL);
     lora_model_destroy(&m);
     CHECK(err_buf[0] != '\0');
@@ -130,7 +133,7 @@ static const char *load_err(const char *dir, int rank, int size)
 static struct lora_model *load_ok(const char *dir, int rank, int size)
 {
     char err[ERR_BYTES] = "";
-    struct lora_model *m = lora_model_load(dir, rank, size, err, sizeof(err));
+    struct lora_model *m = lora_model_load(fx_backend(), dir, rank, size, err, sizeof(err));
 
     if (!m) {
         printf("# load %s (%d of %d): %s\n", dir, rank, size, err);
@@ -202,7 +205,7 @@ static void test_good_model_loads(void)
     CHECK(m->cfg.vocab_size == 320);
     CHECK(m->tp_rank == 0 && m->tp_size == 1);
     CHECK(m->n_heads == 4 && m->n_kv_heads == 2 && m->inter == 128);
-    CHECK(m->lm_head != m->embed);
+    CHECK(H(m->lm_head) != H(m->embed));
     for (int p = 0; p < LORA_PROJ_COUNT; p++) {
         CHECK(lora_model_proj_in(m, (enum lora_proj)p) == lora_proj_in(&m->cfg, (enum lora_proj)p));
         CHECK(lora_model_proj_out(m, (enum lora_proj)p) ==
@@ -217,28 +220,28 @@ static void test_good_model_loads(void)
         file_floats += (size_t)st->tensors[i].numel;
     /* The whole model in float32: every tensor of the file, once. */
     CHECK(m->weight_bytes == file_floats * sizeof(float));
-    CHECK(differ_from_file(st, "model.embed_tokens.weight", m->embed) == 0);
-    CHECK(differ_from_file(st, "model.norm.weight", m->final_norm) == 0);
-    CHECK(differ_from_file(st, "lm_head.weight", m->lm_head) == 0);
+    CHECK(differ_from_file(st, "model.embed_tokens.weight", H(m->embed)) == 0);
+    CHECK(differ_from_file(st, "model.norm.weight", H(m->final_norm)) == 0);
+    CHECK(differ_from_file(st, "lm_head.weight", H(m->lm_head)) == 0);
     for (int l = 0; l < 2; l++) {
         const struct lora_layer *y = &m->layers[l];
         struct {
             const char *suffix;
             const float *got;
         } want[] = {
-            {"input_layernorm.weight", y->attn_norm},
-            {"post_attention_layernorm.weight", y->mlp_norm},
-            {"self_attn.q_proj.weight", y->wq},
-            {"self_attn.k_proj.weight", y->wk},
-            {"self_attn.v_proj.weight", y->wv},
-            {"self_attn.o_proj.weight", y->wo},
-            {"mlp.gate_proj.weight", y->w_gate},
-            {"mlp.up_proj.weight", y->w_up},
-            {"mlp.down_proj.weight", y->w_down},
+            {"input_layernorm.weight", H(y->attn_norm)},
+            {"post_attention_layernorm.weight", H(y->mlp_norm)},
+            {"self_attn.q_proj.weight", H(y->wq)},
+            {"self_attn.k_proj.weight", H(y->wk)},
+            {"self_attn.v_proj.weight", H(y->wv)},
+            {"self_attn.o_proj.weight", H(y->wo)},
+            {"mlp.gate_proj.weight", H(y->w_gate)},
+            {"mlp.up_proj.weight", H(y->w_up)},
+            {"mlp.down_proj.weight", H(y->w_down)},
         };
         char name[128];
 
-        CHECK(y->bq == NULL && y->bk == NULL && y->bv == NULL);
+        CHECK(H(y->bq) == NULL && H(y->bk) == NULL && H(y->bv) == NULL);
         for (size_t k = 0; k < sizeof(want) / sizeof(want[0]); k++) {
             snprintf(name, sizeof(name), "model.layers.%d.%s", l, want[k].suffix);
             if (differ_from_file(st, name, want[k].got) != 0) {
@@ -297,27 +300,27 @@ static void test_tp2_shards(void)
                       2 * (size_t)(2 * hidden + q_dim * hidden + 2 * kv_dim * hidden +
                                    hidden * q_dim + 3 * inter * hidden);
         CHECK(m->weight_bytes == want_floats * sizeof(float));
-        CHECK(fx_n_differ(full->embed, m->embed, 320 * 64) == 0);
-        CHECK(fx_n_differ(full->lm_head, m->lm_head, 320 * 64) == 0);
-        CHECK(fx_n_differ(full->final_norm, m->final_norm, 64) == 0);
+        CHECK(fx_n_differ(H(full->embed), H(m->embed), 320 * 64) == 0);
+        CHECK(fx_n_differ(H(full->lm_head), H(m->lm_head), 320 * 64) == 0);
+        CHECK(fx_n_differ(H(full->final_norm), H(m->final_norm), 64) == 0);
         for (int l = 0; l < 2; l++) {
             const struct lora_layer *f = &full->layers[l], *y = &m->layers[l];
 
-            CHECK(fx_n_differ(f->attn_norm, y->attn_norm, hidden) == 0);
-            CHECK(fx_n_differ(f->mlp_norm, y->mlp_norm, hidden) == 0);
-            CHECK(differ_rows(f->wq, y->wq, hidden, r * q_dim, q_dim) == 0);
-            CHECK(differ_rows(f->wk, y->wk, hidden, r * kv_dim, kv_dim) == 0);
-            CHECK(differ_rows(f->wv, y->wv, hidden, r * kv_dim, kv_dim) == 0);
-            CHECK(differ_cols(f->wo, y->wo, hidden, 2 * q_dim, r * q_dim, q_dim) == 0);
-            CHECK(differ_rows(f->w_gate, y->w_gate, hidden, r * inter, inter) == 0);
-            CHECK(differ_rows(f->w_up, y->w_up, hidden, r * inter, inter) == 0);
-            CHECK(differ_cols(f->w_down, y->w_down, hidden, 2 * inter, r * inter, inter) == 0);
+            CHECK(fx_n_differ(H(f->attn_norm), H(y->attn_norm), hidden) == 0);
+            CHECK(fx_n_differ(H(f->mlp_norm), H(y->mlp_norm), hidden) == 0);
+            CHECK(differ_rows(H(f->wq), H(y->wq), hidden, r * q_dim, q_dim) == 0);
+            CHECK(differ_rows(H(f->wk), H(y->wk), hidden, r * kv_dim, kv_dim) == 0);
+            CHECK(differ_rows(H(f->wv), H(y->wv), hidden, r * kv_dim, kv_dim) == 0);
+            CHECK(differ_cols(H(f->wo), H(y->wo), hidden, 2 * q_dim, r * q_dim, q_dim) == 0);
+            CHECK(differ_rows(H(f->w_gate), H(y->w_gate), hidden, r * inter, inter) == 0);
+            CHECK(differ_rows(H(f->w_up), H(y->w_up), hidden, r * inter, inter) == 0);
+            CHECK(differ_cols(H(f->w_down), H(y->w_down), hidden, 2 * inter, r * inter, inter) == 0);
         }
     }
     /* The brief's own statement of the split, spelled out for rank 1 of layer 0. */
-    CHECK(memcmp(sh[1]->layers[0].wq, full->layers[0].wq + q_dim * hidden,
+    CHECK(memcmp(H(sh[1]->layers[0].wq), H(full->layers[0].wq) + q_dim * hidden,
                  (size_t)(q_dim * hidden) * sizeof(float)) == 0);
-    CHECK(sh[1]->layers[0].wo[5 * q_dim + 7] == full->layers[0].wo[5 * 2 * q_dim + q_dim + 7]);
+    CHECK(H(sh[1]->layers[0].wo)[5 * q_dim + 7] == H(full->layers[0].wo)[5 * 2 * q_dim + q_dim + 7]);
 out:
     lora_model_destroy(&full);
     lora_model_destroy(&sh[0]);
@@ -334,13 +337,13 @@ static void test_qwen2_bias_shards(void)
         goto out;
     CHECK(full->cfg.qkv_bias);
     st = lora_safetensors_open(fx_tmp_path("qwen2/model.safetensors"), err, sizeof(err));
-    CHECK(differ_from_file(st, "model.layers.1.self_attn.q_proj.bias", full->layers[1].bq) == 0);
-    CHECK(differ_from_file(st, "model.layers.1.self_attn.v_proj.bias", full->layers[1].bv) == 0);
+    CHECK(differ_from_file(st, "model.layers.1.self_attn.q_proj.bias", H(full->layers[1].bq)) == 0);
+    CHECK(differ_from_file(st, "model.layers.1.self_attn.v_proj.bias", H(full->layers[1].bv)) == 0);
     lora_safetensors_close(&st);
     for (int l = 0; l < 2; l++) {
-        CHECK(fx_n_differ(full->layers[l].bq + 32, r1->layers[l].bq, 32) == 0);
-        CHECK(fx_n_differ(full->layers[l].bk + 16, r1->layers[l].bk, 16) == 0);
-        CHECK(fx_n_differ(full->layers[l].bv + 16, r1->layers[l].bv, 16) == 0);
+        CHECK(fx_n_differ(H(full->layers[l].bq) + 32, H(r1->layers[l].bq), 32) == 0);
+        CHECK(fx_n_differ(H(full->layers[l].bk) + 16, H(r1->layers[l].bk), 16) == 0);
+        CHECK(fx_n_differ(H(full->layers[l].bv) + 16, H(r1->layers[l].bv), 16) == 0);
     }
 out:
     lora_model_destroy(&full);
@@ -359,17 +362,17 @@ static void test_bf16_model_loads(void)
     st = lora_safetensors_open(fx_tmp_path("bf16/model.safetensors"), err, sizeof(err));
     CHECK(st && lora_safetensors_find(st, "model.layers.0.self_attn.q_proj.weight")->dtype ==
                     LORA_DTYPE_BF16);
-    CHECK(differ_from_file(st, "model.embed_tokens.weight", m->embed) == 0);
-    CHECK(differ_from_file(st, "model.layers.1.mlp.down_proj.weight", m->layers[1].w_down) == 0);
-    CHECK(differ_from_file(st, "model.layers.0.self_attn.o_proj.weight", m->layers[0].wo) == 0);
+    CHECK(differ_from_file(st, "model.embed_tokens.weight", H(m->embed)) == 0);
+    CHECK(differ_from_file(st, "model.layers.1.mlp.down_proj.weight", H(m->layers[1].w_down)) == 0);
+    CHECK(differ_from_file(st, "model.layers.0.self_attn.o_proj.weight", H(m->layers[0].wo)) == 0);
     lora_safetensors_close(&st);
     /* Same seed, so each value is the f32 model's value rounded to bfloat16. */
     for (long i = 0; i < 64 * 64; i++) {
-        uint16_t h = lora_f32_to_bf16(f32->layers[0].wq[i]);
+        uint16_t h = lora_f32_to_bf16(H(f32->layers[0].wq)[i]);
         float want;
 
         lora_dtype_to_f32(LORA_DTYPE_BF16, &h, &want, 1);
-        bad += want != m->layers[0].wq[i];
+        bad += want != H(m->layers[0].wq)[i];
     }
     CHECK(bad == 0);
     CHECK(m->weight_bytes == f32->weight_bytes);
@@ -384,10 +387,10 @@ static void test_tied_model(void)
 
     if (m) {
         CHECK(m->cfg.tie_word_embeddings);
-        CHECK(m->lm_head == m->embed);
+        CHECK(H(m->lm_head) == H(m->embed));
     }
     if (r1)
-        CHECK(r1->lm_head == r1->embed);
+        CHECK(H(r1->lm_head) == H(r1->embed));
     lora_model_destroy(&m);
     lora_model_destroy(&r1);
 }
@@ -400,10 +403,10 @@ static void test_sharded_model_loads(void)
         goto out;
     CHECK(m->n_files == 3);
     /* Values depend only on seed and tensor name, so the shards hold the base model. */
-    CHECK(fx_n_differ(ref->embed, m->embed, 320 * 64) == 0);
-    CHECK(fx_n_differ(ref->lm_head, m->lm_head, 320 * 64) == 0);
-    CHECK(fx_n_differ(ref->layers[1].w_down, m->layers[1].w_down, 64 * 128) == 0);
-    CHECK(fx_n_differ(ref->layers[0].wq, m->layers[0].wq, 64 * 64) == 0);
+    CHECK(fx_n_differ(H(ref->embed), H(m->embed), 320 * 64) == 0);
+    CHECK(fx_n_differ(H(ref->lm_head), H(m->lm_head), 320 * 64) == 0);
+    CHECK(fx_n_differ(H(ref->layers[1].w_down), H(m->layers[1].w_down), 64 * 128) == 0);
+    CHECK(fx_n_differ(H(ref->layers[0].wq), H(m->layers[0].wq), 64 * 64) == 0);
     CHECK(m->weight_bytes == ref->weight_bytes);
 out:
     lora_model_destroy(&m);
@@ -426,13 +429,13 @@ static void test_unaligned_f32_loads(void)
     if (!m || !ref)
         goto out;
     /* Copies are float-aligned; the mapping's data is not. */
-    CHECK((uintptr_t)m->embed % sizeof(float) == 0);
-    CHECK((uintptr_t)m->layers[0].wq % sizeof(float) == 0);
-    CHECK((uintptr_t)m->layers[1].mlp_norm % sizeof(float) == 0);
-    CHECK(fx_n_differ(ref->embed, m->embed, 320 * 64) == 0);
-    CHECK(fx_n_differ(ref->layers[1].wq, m->layers[1].wq, 32 * 64) == 0);
-    CHECK(fx_n_differ(ref->layers[1].w_down, m->layers[1].w_down, 64 * 64) == 0);
-    CHECK(fx_n_differ(ref->layers[0].attn_norm, m->layers[0].attn_norm, 64) == 0);
+    CHECK((uintptr_t)H(m->embed) % sizeof(float) == 0);
+    CHECK((uintptr_t)H(m->layers[0].wq) % sizeof(float) == 0);
+    CHECK((uintptr_t)H(m->layers[1].mlp_norm) % sizeof(float) == 0);
+    CHECK(fx_n_differ(H(ref->embed), H(m->embed), 320 * 64) == 0);
+    CHECK(fx_n_differ(H(ref->layers[1].wq), H(m->layers[1].wq), 32 * 64) == 0);
+    CHECK(fx_n_differ(H(ref->layers[1].w_down), H(m->layers[1].w_down), 64 * 64) == 0);
+    CHECK(fx_n_differ(H(ref->layers[0].attn_norm), H(m->layers[0].attn_norm), 64) == 0);
 out:
     lora_model_destroy(&m);
     lora_model_destroy(&ref);
@@ -812,13 +815,13 @@ static void test_invalid_tp_rank(void)
 /* A caller without an error buffer still gets NULL, never a crash. */
 static void test_no_error_buffer(void)
 {
-    CHECK(lora_model_load(fx_tmp_path("no_such_dir"), 0, 1, NULL, 0) == NULL);
-    CHECK(lora_model_load(base_dir, 2, 2, NULL, 0) == NULL);
-    CHECK(lora_model_load(fx_tmp_path("truncated"), 0, 1, NULL, 0) == NULL);
-    CHECK(lora_model_load(fx_tmp_path("missing"), 0, 1, NULL, 0) == NULL);
+    CHECK(lora_model_load(fx_backend(), fx_tmp_path("no_such_dir"), 0, 1, NULL, 0) == NULL);
+    CHECK(lora_model_load(fx_backend(), base_dir, 2, 2, NULL, 0) == NULL);
+    CHECK(lora_model_load(fx_backend(), fx_tmp_path("truncated"), 0, 1, NULL, 0) == NULL);
+    CHECK(lora_model_load(fx_backend(), fx_tmp_path("missing"), 0, 1, NULL, 0) == NULL);
     /* A one-byte buffer holds the empty string. */
     char one[1] = {'x'};
-    CHECK(lora_model_load(fx_tmp_path("shape_q"), 0, 1, one, sizeof(one)) == NULL);
+    CHECK(lora_model_load(fx_backend(), fx_tmp_path("shape_q"), 0, 1, one, sizeof(one)) == NULL);
     CHECK(one[0] == '\0');
 }
 

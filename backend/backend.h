@@ -1,0 +1,278 @@
+/* backend: the compute interface of lora-stack: element types, tensors in a backend's memory,
+ * and the one table of operations through which lib/runtime reaches a device (docs/design.md,
+ * "Backend").
+ *
+ * What it owns and why. The runtime decides what to compute and where each piece of data lives
+ * (weights in lib/runtime/model, the KV cache in kv_cache, activations, scratch and adapter
+ * slots in forward); a backend decides how: backend/cpu today, a CUDA backend next. Nothing above
+ * backend/ calls a kernel by name: every operation goes through struct lora_backend_ops, so no
+ * two backends ever share a symbol (the CPU's functions are static or lora_cpu_*), and a program
+ * picks its device at run time with lora_backend_open("cpu" | "cuda" | "cuda:N").
+ *
+ * Element types (enum lora_dtype). The values are those of the safetensors format, which parses
+ * into this enum. A backend computes with four of them: F32, BF16, F16 and I8. I8 names two
+ * things: on disk, a plain int8 tensor (no model uses one); in a backend's memory, int8 rows each
+ * scaled by one float32 (x = q * scale[row]), the scales stored after the rows
+ * (lora_tensor_bytes counts them): the layout a quantized matmul will read. Nothing quantizes yet.
+ *
+ * Memory. A buffer (struct lora_buffer) is one allocation of one backend, zero-filled, or host
+ * memory it wraps without copying (the CPU backend wraps mmapped float32 weights). Its base is the
+ * address the operations use: host memory on the CPU, device memory elsewhere; `host` says
+ * whether the caller may also read and write it directly. upload and download copy between host
+ * memory and a buffer. A tensor (struct lora_tensor) is (rows, cols), row-major, of one dtype, at
+ * an offset in a buffer.
+ *
+ * Operations. Weights (and the KV cache, and adapter weights) are passed as tensors, so a backend
+ * sees their dtype; activations are float32 addresses inside the backend's buffers (base +
+ * offset, carved by the caller); the small per-step index arrays (token ids, positions, KV
+ * slots, the attention and LoRA segment tables) are host memory, which a device backend copies
+ * in. supports(op, dtype) says which dtypes an operation takes for its tensor argument; the caller
+ * asks before it keeps a tensor in a dtype and converts otherwise (the model loader: to float32).
+ * Passing an unsupported dtype is a bug; the CPU backend aborts naming it. Operations allocate
+ * nothing: scratch is the caller's, sized by scratch_bytes. The shapes and the arithmetic of each
+ * operation are those of backend/ref, the double-precision twins every backend is tested against
+ * (tests/backend/test_backend.c).
+ *
+ * Threads: one thread calls into a backend at a time; the backend may use many inside a call.
+ */
+#ifndef LORA_BACKEND_H
+#define LORA_BACKEND_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+/* ---- element types ---------------------------------------------------------------------- */
+
+/* The safetensors dtypes, in their order; values only grow at the end. */
+enum lora_dtype {
+    LORA_DTYPE_F32,
+    LORA_DTYPE_F16,
+    LORA_DTYPE_BF16,
+    LORA_DTYPE_F64,
+    LORA_DTYPE_I64,
+    LORA_DTYPE_I32,
+    LORA_DTYPE_I16,
+    LORA_DTYPE_I8,
+    LORA_DTYPE_U8,
+    LORA_DTYPE_BOOL,
+};
+
+/* Element size in bytes (I8: 1, its row scales not counted); 0 for a value outside the enum. */
+size_t lora_dtype_size(enum lora_dtype dtype);
+
+/* "F32", "F16", "BF16", ... as safetensors writes them; "?" outside the enum. */
+const char *lora_dtype_name(enum lora_dtype dtype);
+
+/* Sets *dtype from a name of lora_dtype_name. Returns 0, or -1 for an unknown name. */
+int lora_dtype_parse(const char *name, enum lora_dtype *dtype);
+
+/* Whether a backend may compute with dtype: F32, BF16, F16 or I8. */
+bool lora_dtype_is_compute(enum lora_dtype dtype);
+
+/* Converts n elements of src (F32, F16 or BF16, possibly unaligned) to float. Returns -1 for any
+ * other dtype. BF16 converts exactly; F16 handles subnormals, infinities and NaN. */
+int lora_dtype_to_f32(enum lora_dtype dtype, const void *src, float *dst, size_t n);
+
+/* Float to BF16 or F16 with round-to-nearest-even. */
+uint16_t lora_f32_to_bf16(float f);
+uint16_t lora_f32_to_f16(float f);
+
+/* Bytes of a (rows, cols) tensor of dtype in a backend's memory: rows * cols elements, plus
+ * rows float32 scales for I8. */
+size_t lora_tensor_bytes(enum lora_dtype dtype, int64_t rows, int64_t cols);
+
+/* Converts row `row` of a (rows, cols) compute-dtype tensor at data (host memory) to float:
+ * the I8 scale applied. Returns -1 for a dtype that is not a compute dtype. */
+int lora_tensor_row_to_f32(enum lora_dtype dtype, const void *data, int64_t rows, int64_t cols,
+                           int64_t row, float *dst);
+
+/* ---- memory and tensors ----------------------------------------------------------------- */
+
+struct lora_backend;
+
+struct lora_buffer {
+    struct lora_backend *be; /* the backend it belongs to */
+    void *base;              /* where the operations find it */
+    size_t bytes;
+    bool host;    /* base is host memory the caller may also read and write */
+    bool wrapped; /* host memory the backend borrowed (buffer_wrap): never freed by it */
+    void *ctx;    /* the backend's own */
+};
+
+struct lora_tensor {
+    struct lora_buffer *buf; /* NULL: no tensor (a bias the model does not have) */
+    size_t offset;           /* bytes from buf->base */
+    enum lora_dtype dtype;
+    int64_t rows, cols; /* row-major; a vector is one row */
+};
+
+/* The tensor's address as the operations see it. */
+static inline void *lora_tensor_addr(const struct lora_tensor *t)
+{
+    return (char *)t->buf->base + t->offset;
+}
+
+/* The tensor's data as host memory, or NULL when it has none or lives on a device. */
+static inline void *lora_tensor_host(const struct lora_tensor *t)
+{
+    return t->buf && t->buf->host ? (char *)t->buf->base + t->offset : NULL;
+}
+
+/* ---- the operations ----------------------------------------------------------------------- */
+
+/* Each operation of the table, for supports() and scratch_bytes(). */
+enum lora_kernel {
+    LORA_KERNEL_MATMUL,
+    LORA_KERNEL_ADD_BIAS,
+    LORA_KERNEL_EMBED,
+    LORA_KERNEL_RMSNORM,
+    LORA_KERNEL_ROPE,
+    LORA_KERNEL_SILU_MUL,
+    LORA_KERNEL_ADD,
+    LORA_KERNEL_KV_WRITE,
+    LORA_KERNEL_ATTENTION,
+    LORA_KERNEL_LORA_SGMV,
+    LORA_KERNEL_ALLREDUCE,
+    LORA_KERNEL_COUNT,
+};
+
+/* "matmul", "add_bias", ... */
+const char *lora_kernel_name(enum lora_kernel op);
+
+/* One sequence's part of a batch for attention: query rows [row, row + n_rows) of the batch sit
+ * at positions [pos, pos + n_rows); keys and values of positions [0, pos + n_rows) are in the
+ * cache (this step's already written). Position p lives in cache row block_table[p / block_size]
+ * * block_size + p % block_size. Attention is causal. */
+struct lora_attn_seq {
+    int row;
+    int n_rows;
+    int pos;
+    const int *block_table;
+};
+
+/* One adapter's rows of the batch for the multi-LoRA shrink/expand (Punica's SGMV layout):
+ * rows [row, row + n_rows) of x and y use a (rank, in) and b_t (rank, out), scaled by scale.
+ * a and b_t are tensors of at least rank rows; the first rank are used. */
+struct lora_sgmv_seg {
+    int row;
+    int n_rows;
+    int rank;
+    float scale;
+    struct lora_tensor a;   /* (rank, in) */
+    struct lora_tensor b_t; /* (rank, out): B transposed */
+};
+
+/* A tensor-parallel group of ranks (the backend's own). */
+struct lora_collective;
+
+struct lora_backend_ops {
+    /* -- memory -- */
+
+    /* A zero-filled buffer of bytes (0 allowed), or NULL with err. */
+    struct lora_buffer *(*buffer_alloc)(struct lora_backend *be, size_t bytes, char *err,
+                                        size_t err_len);
+    /* Host memory [host, host + bytes) used in place, which must outlive the buffer; NULL when
+     * the backend cannot (the member itself is NULL on a backend that never can). */
+    struct lora_buffer *(*buffer_wrap)(struct lora_backend *be, void *host, size_t bytes, char *err,
+                                       size_t err_len);
+    /* Frees buf (not the memory it wraps); NULL is a no-op. */
+    void (*buffer_free)(struct lora_backend *be, struct lora_buffer *buf);
+    /* Copies bytes from host memory into buf at offset, or from buf at offset into host memory.
+     * Returns 0, or -1 with err (outside the buffer, a device error). */
+    int (*upload)(struct lora_backend *be, struct lora_buffer *dst, size_t offset, const void *src,
+                  size_t bytes, char *err, size_t err_len);
+    int (*download)(struct lora_backend *be, void *dst, const struct lora_buffer *src,
+                    size_t offset, size_t bytes, char *err, size_t err_len);
+    /* The device memory: total and available now, in bytes. Returns 0 or -1. */
+    int (*memory)(struct lora_backend *be, size_t *total, size_t *available);
+
+    /* Whether op takes its tensor argument in dtype (the weight of matmul, add_bias, embed and
+     * rmsnorm; the cache of kv_write and attention; the adapter weights of lora_sgmv; F32 for
+     * the operations on activations alone: rope, silu_mul, add, allreduce). */
+    bool (*supports)(struct lora_backend *be, enum lora_kernel op, enum lora_dtype dtype);
+
+    /* Bytes of scratch op needs for at most max_rows rows of a step, contexts of at most
+     * max_ctx positions and adapters of rank at most max_rank (0 for an op that needs none). */
+    size_t (*scratch_bytes)(struct lora_backend *be, enum lora_kernel op, int max_rows, int max_ctx,
+                            int max_rank);
+
+    /* -- compute; shapes as (rows, cols) -- */
+
+    /* y (m, w->rows) = alpha · x (m, w->cols) · wᵀ, or y += that when accumulate. w is a Hugging
+     * Face [out, in] weight. Batch-invariant: row i of y depends only on row i of x, bit for bit,
+     * whatever m is, so a request's results do not depend on what else is in its step. */
+    void (*matmul)(struct lora_backend *be, float *y, const float *x, const struct lora_tensor *w,
+                   int m, float alpha, bool accumulate);
+    /* y (m, bias->cols) += bias broadcast over rows. */
+    void (*add_bias)(struct lora_backend *be, float *y, const struct lora_tensor *bias, int m);
+    /* out (m, table->cols) = rows ids[i] of table. ids are validated by the caller. */
+    void (*embed)(struct lora_backend *be, float *out, const struct lora_tensor *table,
+                  const int *ids, int m);
+    /* out (m, w->cols) = x / sqrt(mean(x²) + eps) * w. out may equal x. */
+    void (*rmsnorm)(struct lora_backend *be, float *out, const float *x,
+                    const struct lora_tensor *w, int m, float eps);
+    /* Rotary embedding, rotate-half convention, in place on x (m, n_heads * head_dim): row i is at
+     * position pos[i]; pair (j, j + head_dim/2) rotates by pos * theta^(-2j/head_dim). */
+    void (*rope)(struct lora_backend *be, float *x, const int *pos, int m, int n_heads,
+                 int head_dim, float theta);
+    /* gate (n) = silu(gate) * up: the SwiGLU activation. */
+    void (*silu_mul)(struct lora_backend *be, float *gate, const float *up, size_t n);
+    /* y (n) += x (n). */
+    void (*add)(struct lora_backend *be, float *y, const float *x, size_t n);
+    /* Writes rows k, v (m, cache->cols) into rows slot[i] of the caches of one layer. */
+    void (*kv_write)(struct lora_backend *be, const struct lora_tensor *k_cache,
+                     const struct lora_tensor *v_cache, const float *k, const float *v,
+                     const int *slot, int m);
+    /* out (rows, n_heads * head_dim) = softmax(q · kᵀ / sqrt(head_dim)) · v over one layer's
+     * paged cache, grouped-query: query head h reads KV head h / (n_heads / n_kv_heads).
+     * scratch holds scratch_bytes(ATTENTION, rows, max_ctx, 0); max_ctx >= the longest context
+     * in the batch. */
+    void (*attention)(struct lora_backend *be, float *out, const float *q,
+                      const struct lora_tensor *k_cache, const struct lora_tensor *v_cache,
+                      const struct lora_attn_seq *seqs, int n_seqs, int n_heads, int n_kv_heads,
+                      int head_dim, int block_size, void *scratch, int max_ctx);
+    /* For each segment: t (n_rows, rank) = x · aᵀ (shrink), y += scale · t · b (expand).
+     * Batch-invariant like matmul. x is (rows, in), y (rows, out); tmp holds
+     * scratch_bytes(LORA_SGMV, rows, 0, max_rank). */
+    void (*lora_sgmv)(struct lora_backend *be, float *y, const float *x,
+                      const struct lora_sgmv_seg *segs, int n_segs, int in, int out, void *tmp,
+                      int max_rank);
+
+    /* -- the tensor-parallel collective of the ranks of one host -- */
+
+    /* Joins (creating it when first) the group name ("/x") as rank of world_size, for sums of
+     * at most max_floats floats; timeout_ms bounds every wait. NULL with err. */
+    struct lora_collective *(*collective_open)(struct lora_backend *be, const char *name, int rank,
+                                               int world_size, size_t max_floats, int timeout_ms,
+                                               char *err, size_t err_len);
+    /* Replaces buf (n floats, in the backend's memory) with its sum over the group's ranks, the
+     * same bits on every rank. Returns 0, or -1 with errno (the group is then broken). */
+    int (*allreduce_sum)(struct lora_backend *be, struct lora_collective *c, float *buf, size_t n);
+    /* Leaves the group and frees *c, nulling it; NULL or *NULL is a no-op. */
+    void (*collective_close)(struct lora_backend *be, struct lora_collective **c);
+
+    /* Frees the backend's own state (lora_backend_close calls it). */
+    void (*close)(struct lora_backend *be);
+};
+
+struct lora_backend {
+    const struct lora_backend_ops *ops;
+    const char *kind;      /* "cpu", "cuda" */
+    char device[32];       /* as opened: "cpu", "cuda:0" */
+    char description[160]; /* one line for logs and --version: "cpu (AVX2, 16 threads)" */
+    void *ctx;             /* the backend's own */
+};
+
+/* Opens device: "cpu", "cuda" (device 0) or "cuda:N". Returns NULL with one line in err: an
+ * unknown device, a CUDA device in a build without CUDA ("this build has no CUDA backend (built
+ * with CUDA=0)"), or the CUDA backend, whose kernels are not in this version yet. */
+struct lora_backend *lora_backend_open(const char *device, char *err, size_t err_len);
+
+/* Closes *be and nulls it; NULL or *NULL is a no-op. Every buffer must be freed first. */
+void lora_backend_close(struct lora_backend **be);
+
+/* The backends this build has, for --version: "cpu" or "cpu, cuda: 2 devices". */
+void lora_backend_builds(char *buf, size_t len);
+
+#endif

@@ -1,0 +1,285 @@
+/* backend_cpu: the CPU backend: backend/backend.h's table over the kernels of kernels_cpu.c and
+ * matmul_cpu.c, host memory, and the shared-memory all-reduce of allreduce_shm.c as its
+ * tensor-parallel collective.
+ *
+ * Owns what makes the CPU a device (docs/design.md, "Backend"): buffers are host memory
+ * (zero-filled with calloc, or mmapped weights wrapped in place, so a float32 checkpoint is never
+ * copied), upload and download are memcpy, and memory is the machine's (MemAvailable). Every
+ * operation takes float32 tensors today; the bf16, f16 and int8 kernels of the next step say so in
+ * supports() and add a case where a tensor's address is resolved. Why one file: the kernels stay
+ * free of tensors and tables, and this file is the only place that knows both.
+ */
+#include "backend/cpu/backend_cpu.h"
+
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "backend/cpu/allreduce_shm.h"
+#include "backend/cpu/kernels_cpu.h"
+
+/* The float32 data of tensor t, which supports() accepted. */
+static const float *f32(const struct lora_tensor *t, const char *what)
+{
+    if (t->dtype != LORA_DTYPE_F32) {
+        fprintf(stderr, "lora: fatal: cpu backend: %s of dtype %s is not supported\n", what,
+                lora_dtype_name(t->dtype));
+        abort();
+    }
+    return lora_tensor_addr(t);
+}
+
+/* ---- memory ---- */
+
+static struct lora_buffer *new_buffer(struct lora_backend *be, void *base, size_t bytes,
+                                      bool wrapped, char *err, size_t err_len)
+{
+    struct lora_buffer *b = calloc(1, sizeof(*b));
+
+    if (!b) {
+        snprintf(err, err_len, "cpu: out of memory");
+        return NULL;
+    }
+    *b = (struct lora_buffer){
+        .be = be, .base = base, .bytes = bytes, .host = true, .wrapped = wrapped};
+    return b;
+}
+
+static struct lora_buffer *cpu_buffer_alloc(struct lora_backend *be, size_t bytes, char *err,
+                                            size_t err_len)
+{
+    /* One byte more: a zero-byte buffer still has an address of its own. */
+    void *p = calloc(1, bytes + 1);
+
+    if (!p) {
+        snprintf(err, err_len, "cpu: unable to allocate %zu bytes", bytes);
+        return NULL;
+    }
+    struct lora_buffer *b = new_buffer(be, p, bytes, false, err, err_len);
+    if (!b)
+        free(p);
+    return b;
+}
+
+static struct lora_buffer *cpu_buffer_wrap(struct lora_backend *be, void *host, size_t bytes,
+                                           char *err, size_t err_len)
+{
+    return new_buffer(be, host, bytes, true, err, err_len);
+}
+
+static void cpu_buffer_free(struct lora_backend *be, struct lora_buffer *b)
+{
+    if (!b)
+        return;
+    if (!b->wrapped)
+        free(b->base);
+    free(b);
+}
+
+static int in_bounds(const struct lora_buffer *b, size_t offset, size_t bytes, char *err,
+                     size_t err_len)
+{
+    if (offset <= b->bytes && bytes <= b->bytes - offset)
+        return 0;
+    snprintf(err, err_len, "cpu: %zu bytes at %zu lie outside a buffer of %zu", bytes, offset,
+             b->bytes);
+    return -1;
+}
+
+static int cpu_upload(struct lora_backend *be, struct lora_buffer *dst, size_t offset,
+                      const void *src, size_t bytes, char *err, size_t err_len)
+{
+    if (in_bounds(dst, offset, bytes, err, err_len) < 0)
+        return -1;
+    if (bytes)
+        memcpy((char *)dst->base + offset, src, bytes);
+    return 0;
+}
+
+static int cpu_download(struct lora_backend *be, void *dst, const struct lora_buffer *src,
+                        size_t offset, size_t bytes, char *err, size_t err_len)
+{
+    if (in_bounds(src, offset, bytes, err, err_len) < 0)
+        return -1;
+    if (bytes)
+        memcpy(dst, (const char *)src->base + offset, bytes);
+    return 0;
+}
+
+/* MemTotal and MemAvailable of /proc/meminfo, else what sysconf says. */
+static int cpu_memory(struct lora_backend *be, size_t *total, size_t *available)
+{
+    unsigned long long t = 0, a = 0;
+    char line[256];
+    FILE *f = fopen("/proc/meminfo", "r");
+
+    while (f && fgets(line, sizeof(line), f)) {
+        sscanf(line, "MemTotal: %llu kB", &t);
+        sscanf(line, "MemAvailable: %llu kB", &a);
+    }
+    if (f)
+        fclose(f);
+    long page = sysconf(_SC_PAGESIZE);
+    *total = t ? (size_t)t * 1024 : (size_t)sysconf(_SC_PHYS_PAGES) * (size_t)page;
+    *available = a ? (size_t)a * 1024 : (size_t)sysconf(_SC_AVPHYS_PAGES) * (size_t)page;
+    return *total ? 0 : -1;
+}
+
+static bool cpu_supports(struct lora_backend *be, enum lora_kernel op, enum lora_dtype dtype)
+{
+    return (int)op >= 0 && op < LORA_KERNEL_COUNT && dtype == LORA_DTYPE_F32;
+}
+
+static size_t cpu_scratch_bytes(struct lora_backend *be, enum lora_kernel op, int max_rows,
+                                int max_ctx, int max_rank)
+{
+    switch (op) {
+    case LORA_KERNEL_ATTENTION: /* one row of scores per thread */
+        return (size_t)lora_cpu_n_threads() * (size_t)max_ctx * sizeof(float);
+    case LORA_KERNEL_LORA_SGMV: /* the shrink's t, one row per row of the step */
+        return (size_t)max_rows * (size_t)max_rank * sizeof(float);
+    default:
+        return 0;
+    }
+}
+
+/* ---- compute ---- */
+
+static void cpu_matmul(struct lora_backend *be, float *y, const float *x,
+                       const struct lora_tensor *w, int m, float alpha, bool accumulate)
+{
+    lora_cpu_matmul(y, x, f32(w, "matmul weight"), m, (int)w->rows, (int)w->cols, alpha,
+                    accumulate);
+}
+
+static void cpu_add_bias(struct lora_backend *be, float *y, const struct lora_tensor *bias, int m)
+{
+    lora_cpu_add_bias(y, f32(bias, "bias"), m, (int)bias->cols);
+}
+
+static void cpu_embed(struct lora_backend *be, float *out, const struct lora_tensor *table,
+                      const int *ids, int m)
+{
+    lora_cpu_embed(out, f32(table, "embedding"), ids, m, (int)table->cols);
+}
+
+static void cpu_rmsnorm(struct lora_backend *be, float *out, const float *x,
+                        const struct lora_tensor *w, int m, float eps)
+{
+    lora_cpu_rmsnorm(out, x, f32(w, "norm weight"), m, (int)w->cols, eps);
+}
+
+static void cpu_rope(struct lora_backend *be, float *x, const int *pos, int m, int n_heads,
+                     int head_dim, float theta)
+{
+    lora_cpu_rope(x, pos, m, n_heads, head_dim, theta);
+}
+
+static void cpu_silu_mul(struct lora_backend *be, float *gate, const float *up, size_t n)
+{
+    lora_cpu_silu_mul(gate, up, n);
+}
+
+static void cpu_add(struct lora_backend *be, float *y, const float *x, size_t n)
+{
+    lora_cpu_add(y, x, n);
+}
+
+static void cpu_kv_write(struct lora_backend *be, const struct lora_tensor *k_cache,
+                         const struct lora_tensor *v_cache, const float *k, const float *v,
+                         const int *slot, int m)
+{
+    lora_cpu_kv_write((float *)f32(k_cache, "key cache"), (float *)f32(v_cache, "value cache"), k,
+                      v, slot, m, (int)k_cache->cols);
+}
+
+static void cpu_attention(struct lora_backend *be, float *out, const float *q,
+                          const struct lora_tensor *k_cache, const struct lora_tensor *v_cache,
+                          const struct lora_attn_seq *seqs, int n_seqs, int n_heads, int n_kv_heads,
+                          int head_dim, int block_size, void *scratch, int max_ctx)
+{
+    lora_cpu_attention(out, q, f32(k_cache, "key cache"), f32(v_cache, "value cache"), seqs, n_seqs,
+                       n_heads, n_kv_heads, head_dim, block_size, scratch, max_ctx);
+}
+
+static void cpu_lora_sgmv(struct lora_backend *be, float *y, const float *x,
+                          const struct lora_sgmv_seg *segs, int n_segs, int in, int out, void *tmp,
+                          int max_rank)
+{
+    for (int s = 0; s < n_segs; s++) {
+        f32(&segs[s].a, "LoRA A");
+        f32(&segs[s].b_t, "LoRA B");
+    }
+    lora_cpu_lora_sgmv(y, x, segs, n_segs, in, out, tmp, max_rank);
+}
+
+/* ---- the collective: allreduce_shm ---- */
+
+static struct lora_collective *cpu_collective_open(struct lora_backend *be, const char *name,
+                                                   int rank, int world_size, size_t max_floats,
+                                                   int timeout_ms, char *err, size_t err_len)
+{
+    return (struct lora_collective *)lora_allreduce_open(name, rank, world_size, max_floats,
+                                                         timeout_ms, err, err_len);
+}
+
+static int cpu_allreduce_sum(struct lora_backend *be, struct lora_collective *c, float *buf,
+                             size_t n)
+{
+    return lora_allreduce_sum(buf, n, c);
+}
+
+static void cpu_collective_close(struct lora_backend *be, struct lora_collective **c)
+{
+    lora_allreduce_close((struct lora_allreduce **)c);
+}
+
+static void cpu_close(struct lora_backend *be)
+{
+}
+
+static const struct lora_backend_ops cpu_ops = {
+    .buffer_alloc = cpu_buffer_alloc,
+    .buffer_wrap = cpu_buffer_wrap,
+    .buffer_free = cpu_buffer_free,
+    .upload = cpu_upload,
+    .download = cpu_download,
+    .memory = cpu_memory,
+    .supports = cpu_supports,
+    .scratch_bytes = cpu_scratch_bytes,
+    .matmul = cpu_matmul,
+    .add_bias = cpu_add_bias,
+    .embed = cpu_embed,
+    .rmsnorm = cpu_rmsnorm,
+    .rope = cpu_rope,
+    .silu_mul = cpu_silu_mul,
+    .add = cpu_add,
+    .kv_write = cpu_kv_write,
+    .attention = cpu_attention,
+    .lora_sgmv = cpu_lora_sgmv,
+    .collective_open = cpu_collective_open,
+    .allreduce_sum = cpu_allreduce_sum,
+    .collective_close = cpu_collective_close,
+    .close = cpu_close,
+};
+
+struct lora_backend *lora_cpu_backend_new(char *err, size_t err_len)
+{
+    struct lora_backend *be = calloc(1, sizeof(*be));
+
+    if (!be) {
+        snprintf(err, err_len, "cpu: out of memory");
+        return NULL;
+    }
+    be->ops = &cpu_ops;
+    be->kind = "cpu";
+    snprintf(be->device, sizeof(be->device), "cpu");
+    /* The matmul's path: one per machine (matmul_cpu.c). */
+    bool avx512 = __builtin_cpu_supports("avx512f") && !getenv("LORA_NO_AVX512");
+    snprintf(be->description, sizeof(be->description), "cpu (%s, %d thread%s)",
+             avx512 ? "AVX-512" : "AVX2", omp_get_max_threads(),
+             omp_get_max_threads() == 1 ? "" : "s");
+    return be;
+}

@@ -1,0 +1,959 @@
+/* test_backend: every backend of backend/backend.h that this build has, times every operation
+ * of its table, times every compute dtype the backend says it supports for that operation,
+ * against the double-precision twins of backend/ref (docs/design.md, "Backend").
+ *
+ * Why a separate program: tests/unit/test_kernels.c knows the CPU backend (its threads, its
+ * exact sums); this one knows only the interface, so a new backend is tested by adding its
+ * device name to `devices` below, and a new dtype by its kernels saying yes in supports().
+ * Everything goes through the table: inputs are uploaded into the backend's buffers, outputs
+ * downloaded, so a device backend runs exactly these checks.
+ *
+ * Shapes: several per operation, odd sizes among them (1, 5, 7, 33, 37, 257, 897, a block size of
+ * 5, a head of 6). Tolerances: a float32 result must lie within REL_TOL * (1 + mag) of the
+ * twin's, where mag is the sum of the magnitudes of the terms the twin summed (its rounding
+ * scale); weights are generated in the tensor's dtype and the twin reads the same values, so the
+ * dtype adds no error of its own, and the tolerance is the same for all. Results the interface
+ * promises to be exact (copies, single additions, cache writes of float32, the all-reduce of two
+ * ranks, matmul batch invariance) are compared bit for bit.
+ *
+ * A backend this build or machine lacks (cuda without a CUDA build, a device, or kernels) is
+ * reported as one skipped test per operation, with the reason lora_backend_open gave. Output is
+ * TAP; tests/run counts it with the unit tests.
+ */
+#include <errno.h>
+#include <math.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "backend/backend.h"
+#include "backend/ref/ref.h"
+#include "tests/unit/check.h"
+
+#define REL_TOL 1e-5
+
+/* The devices to test, in order: each one's operations are run or skipped. */
+static const char *const devices[] = {"cpu", "cuda"};
+
+static const enum lora_dtype compute_dtypes[] = {LORA_DTYPE_F32, LORA_DTYPE_BF16, LORA_DTYPE_F16,
+                                                 LORA_DTYPE_I8};
+
+static struct lora_backend *be;
+static const struct lora_backend_ops *k_;
+static enum lora_dtype dt; /* the dtype of the case that runs */
+
+/* ---- helpers ---- */
+
+static void *xmalloc(size_t bytes)
+{
+    void *p = malloc(bytes ? bytes : 1);
+
+    if (!p) {
+        printf("Bail out! unable to allocate %zu bytes\n", bytes);
+        exit(1);
+    }
+    return p;
+}
+
+static float *new_floats(size_t n)
+{
+    return xmalloc(n * sizeof(float));
+}
+
+static double *new_doubles(size_t n)
+{
+    return xmalloc(n * sizeof(double));
+}
+
+static uint64_t rng_state = 0x452821e638d01377ULL;
+
+/* splitmix64: fixed seed, so every run tests the same numbers. */
+static uint64_t rng_next(void)
+{
+    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
+
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Uniform in [-1, 1), a multiple of 2^-23. */
+static float rng_uniform(void)
+{
+    return (float)((int32_t)(rng_next() >> 40) - (1 << 23)) / (float)(1 << 23);
+}
+
+static void fill_random(float *x, size_t n, float scale)
+{
+    for (size_t i = 0; i < n; i++)
+        x[i] = scale * rng_uniform();
+}
+
+/* Index of the first got[i] farther than rel * (1 + mag[i]) from want[i] (NaN is always far),
+ * or -1. mag may be NULL for a bound relative to |want|. */
+static long first_far(const float *got, const double *want, const double *mag, size_t n, double rel)
+{
+    for (size_t i = 0; i < n; i++) {
+        double scale = mag ? mag[i] : fabs(want[i]);
+        if (!(fabs((double)got[i] - want[i]) <= rel * (1.0 + scale)))
+            return (long)i;
+    }
+    return -1;
+}
+
+static void check_far(const char *what, const float *got, const double *want, const double *mag,
+                      size_t n)
+{
+    long bad = first_far(got, want, mag, n, REL_TOL);
+
+    if (bad >= 0) {
+        printf("# %s: element %ld\n", what, bad);
+        CHECK_NEAR(got[bad], want[bad], REL_TOL * (1.0 + (mag ? mag[bad] : fabs(want[bad]))));
+    }
+}
+
+/* ---- weights in a dtype ---- */
+
+/* A (rows, cols) weight of dtype dt: its host bytes (for the twin) and its copy in a backend
+ * buffer (for the operation). */
+struct weight {
+    void *host;
+    struct lora_ref_w ref;
+    struct lora_buffer *buf;
+    struct lora_tensor t;
+};
+
+/* Encodes src (rows, cols) into dtype at dst: I8 with one scale per row, max |x| / 127. */
+static void encode(enum lora_dtype dtype, const float *src, int64_t rows, int64_t cols, void *dst)
+{
+    size_t n = (size_t)(rows * cols);
+    char *d = dst;
+
+    switch (dtype) {
+    case LORA_DTYPE_BF16:
+    case LORA_DTYPE_F16:
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h =
+                dtype == LORA_DTYPE_BF16 ? lora_f32_to_bf16(src[i]) : lora_f32_to_f16(src[i]);
+            memcpy(d + 2 * i, &h, 2);
+        }
+        break;
+    case LORA_DTYPE_I8:
+        for (int64_t r = 0; r < rows; r++) {
+            float max = 0, scale;
+            for (int64_t c = 0; c < cols; c++)
+                max = fmaxf(max, fabsf(src[r * cols + c]));
+            scale = max > 0 ? max / 127.0f : 1.0f;
+            for (int64_t c = 0; c < cols; c++)
+                d[r * cols + c] = (char)(signed char)lrintf(src[r * cols + c] / scale);
+            memcpy(d + n + (size_t)r * sizeof(float), &scale, sizeof(scale));
+        }
+        break;
+    default:
+        memcpy(dst, src, n * sizeof(float));
+    }
+}
+
+static struct weight weight_new(const float *src, int64_t rows, int64_t cols)
+{
+    struct weight w = {0};
+    size_t bytes = lora_tensor_bytes(dt, rows, cols);
+    char err[256];
+
+    w.host = xmalloc(bytes);
+    encode(dt, src, rows, cols, w.host);
+    w.ref = (struct lora_ref_w){dt, w.host, rows, cols};
+    w.buf = k_->buffer_alloc(be, bytes, err, sizeof(err));
+    if (!w.buf || k_->upload(be, w.buf, 0, w.host, bytes, err, sizeof(err)) < 0) {
+        printf("Bail out! %s\n", err);
+        exit(1);
+    }
+    w.t = (struct lora_tensor){w.buf, 0, dt, rows, cols};
+    return w;
+}
+
+static struct weight weight_random(int64_t rows, int64_t cols, float scale)
+{
+    float *src = new_floats((size_t)(rows * cols));
+
+    fill_random(src, (size_t)(rows * cols), scale);
+    struct weight w = weight_new(src, rows, cols);
+    free(src);
+    return w;
+}
+
+static void weight_free(struct weight *w)
+{
+    k_->buffer_free(be, w->buf);
+    free(w->host);
+    memset(w, 0, sizeof(*w));
+}
+
+/* ---- activations in the backend's memory ---- */
+
+/* One buffer of float32 regions, carved in order. */
+struct arena {
+    struct lora_buffer *buf;
+    size_t used;
+};
+
+static struct arena arena_new(size_t bytes)
+{
+    char err[256];
+    struct arena a = {k_->buffer_alloc(be, bytes + 4096, err, sizeof(err)), 0};
+
+    if (!a.buf) {
+        printf("Bail out! %s\n", err);
+        exit(1);
+    }
+    return a;
+}
+
+/* n floats (at least one) of the arena: an address for the operations. */
+static float *dev(struct arena *a, size_t n)
+{
+    size_t off = (a->used + 63) / 64 * 64;
+
+    a->used = off + (n ? n : 1) * sizeof(float);
+    if (a->used > a->buf->bytes) {
+        printf("Bail out! arena of %zu bytes too small\n", a->buf->bytes);
+        exit(1);
+    }
+    return (float *)((char *)a->buf->base + off);
+}
+
+static size_t off_of(const struct arena *a, const void *p)
+{
+    return (size_t)((const char *)p - (const char *)a->buf->base);
+}
+
+static void put(struct arena *a, float *d, const float *h, size_t n)
+{
+    char err[256];
+
+    if (k_->upload(be, a->buf, off_of(a, d), h, n * sizeof(float), err, sizeof(err)) < 0) {
+        printf("Bail out! upload: %s\n", err);
+        exit(1);
+    }
+}
+
+static void get(const struct arena *a, float *h, const float *d, size_t n)
+{
+    char err[256];
+
+    if (k_->download(be, h, a->buf, off_of(a, d), n * sizeof(float), err, sizeof(err)) < 0) {
+        printf("Bail out! download: %s\n", err);
+        exit(1);
+    }
+}
+
+static void arena_free(struct arena *a)
+{
+    k_->buffer_free(be, a->buf);
+}
+
+/* ---- the operations ---- */
+
+static void case_matmul(void)
+{
+    static const int shapes[][3] = {{1, 1, 1},      {3, 5, 7},      {2, 4, 8},   {5, 33, 9},
+                                    {17, 129, 100}, {64, 300, 257}, {7, 64, 897}}; /* m n k */
+
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        int m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
+        size_t mn = (size_t)m * n;
+        struct weight w = weight_random(n, k, 1.0f);
+        float *x = new_floats((size_t)m * k), *y0 = new_floats(mn), *y = new_floats(mn);
+        float *alone = new_floats(n);
+        double *dot = new_doubles(mn), *absdot = new_doubles(mn);
+        double *want = new_doubles(mn), *mag = new_doubles(mn);
+        struct arena a = arena_new(((size_t)m * k + 2 * mn) * sizeof(float) + 256);
+        float *dx = dev(&a, (size_t)m * k), *dy = dev(&a, mn), *d1 = dev(&a, n);
+        char what[96];
+
+        fill_random(x, (size_t)m * k, 1.0f);
+        fill_random(y0, mn, 2.0f);
+        put(&a, dx, x, (size_t)m * k);
+        lora_ref_matmul(dot, absdot, x, &w.ref, m);
+        for (int mode = 0; mode < 2; mode++) { /* plain; accumulate with alpha */
+            bool acc = mode == 1;
+            float alpha = acc ? -0.75f : 1.0f;
+            put(&a, dy, y0, mn);
+            k_->matmul(be, dy, dx, &w.t, m, alpha, acc);
+            get(&a, y, dy, mn);
+            for (size_t i = 0; i < mn; i++) {
+                want[i] = alpha * dot[i] + (acc ? y0[i] : 0.0);
+                mag[i] = fabs(alpha) * absdot[i] + (acc ? fabs(y0[i]) : 0.0);
+            }
+            snprintf(what, sizeof(what), "m=%d n=%d k=%d acc=%d", m, n, k, acc);
+            check_far(what, y, want, mag, mn);
+        }
+        /* Batch invariance: each row alone gives the batch's bits. */
+        int n_bad = 0;
+        put(&a, dy, y0, mn);
+        k_->matmul(be, dy, dx, &w.t, m, 1.0f, false);
+        get(&a, y, dy, mn);
+        for (int r = 0; r < m; r++) {
+            k_->matmul(be, d1, dx + (size_t)r * k, &w.t, 1, 1.0f, false);
+            get(&a, alone, d1, n);
+            n_bad += memcmp(alone, y + (size_t)r * n, (size_t)n * sizeof(float)) != 0;
+        }
+        if (n_bad)
+            printf("# m=%d n=%d k=%d: %d rows differ from the row alone\n", m, n, k, n_bad);
+        CHECK(n_bad == 0);
+        arena_free(&a);
+        weight_free(&w);
+        free(x);
+        free(y0);
+        free(y);
+        free(alone);
+        free(dot);
+        free(absdot);
+        free(want);
+        free(mag);
+    }
+}
+
+static void case_add_bias(void)
+{
+    static const int shapes[][2] = {{1, 1}, {5, 33}, {7, 257}};
+
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        int m = shapes[si][0], n = shapes[si][1];
+        size_t mn = (size_t)m * n;
+        struct weight b = weight_random(1, n, 1.0f);
+        float *y0 = new_floats(mn), *y = new_floats(mn);
+        double *want = new_doubles(mn);
+        struct arena a = arena_new(mn * sizeof(float));
+        float *dy = dev(&a, mn);
+
+        fill_random(y0, mn, 1.0f);
+        put(&a, dy, y0, mn);
+        k_->add_bias(be, dy, &b.t, m);
+        get(&a, y, dy, mn);
+        lora_ref_add_bias(want, y0, &b.ref, m);
+        /* One addition per element: exact to float rounding. */
+        int n_bad = 0;
+        for (size_t i = 0; i < mn; i++)
+            n_bad += y[i] != (float)want[i];
+        CHECK(n_bad == 0);
+        arena_free(&a);
+        weight_free(&b);
+        free(y0);
+        free(y);
+        free(want);
+    }
+}
+
+static void case_embed(void)
+{
+    static const int shapes[][2] = {{10, 13}, {3, 1}, {40, 257}}; /* vocab, dim */
+
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        int vocab = shapes[si][0], dim = shapes[si][1];
+        int ids[7];
+        const int m = 7;
+        for (int i = 0; i < m; i++)
+            ids[i] = (int)(rng_next() % (uint64_t)vocab);
+        ids[m - 1] = ids[0]; /* a repeated id */
+        struct weight t = weight_random(vocab, dim, 1.0f);
+        float *out = new_floats((size_t)m * dim);
+        double *want = new_doubles((size_t)m * dim);
+        struct arena a = arena_new((size_t)m * dim * sizeof(float));
+        float *d = dev(&a, (size_t)m * dim);
+
+        k_->embed(be, d, &t.t, ids, m);
+        get(&a, out, d, (size_t)m * dim);
+        lora_ref_embed(want, &t.ref, ids, m);
+        int n_bad = 0;
+        for (size_t i = 0; i < (size_t)m * dim; i++)
+            n_bad += out[i] != (float)want[i]; /* a copy: exact */
+        CHECK(n_bad == 0);
+        arena_free(&a);
+        weight_free(&t);
+        free(out);
+        free(want);
+    }
+}
+
+static void case_rmsnorm(void)
+{
+    static const int dims[] = {1, 7, 64, 897};
+    static const int ms[] = {1, 6};
+    const float eps = 1e-6f;
+
+    for (size_t di = 0; di < sizeof(dims) / sizeof(dims[0]); di++) {
+        for (size_t mi = 0; mi < sizeof(ms) / sizeof(ms[0]); mi++) {
+            int dim = dims[di], m = ms[mi];
+            size_t total = (size_t)m * dim;
+            struct weight w = weight_random(1, dim, 2.0f);
+            float *x = new_floats(total), *out = new_floats(total);
+            double *want = new_doubles(total);
+            struct arena a = arena_new(2 * total * sizeof(float) + 128);
+            float *dx = dev(&a, total), *dout = dev(&a, total);
+            char what[64];
+
+            fill_random(x, total, 3.0f);
+            if (m > 1) /* an all-zero row: eps keeps it finite */
+                memset(x + (size_t)(m - 1) * dim, 0, (size_t)dim * sizeof(float));
+            lora_ref_rmsnorm(want, x, &w.ref, m, eps);
+            put(&a, dx, x, total);
+            k_->rmsnorm(be, dout, dx, &w.t, m, eps);
+            get(&a, out, dout, total);
+            snprintf(what, sizeof(what), "m=%d dim=%d out of place", m, dim);
+            check_far(what, out, want, NULL, total);
+            k_->rmsnorm(be, dx, dx, &w.t, m, eps);
+            get(&a, out, dx, total);
+            snprintf(what, sizeof(what), "m=%d dim=%d in place", m, dim);
+            check_far(what, out, want, NULL, total);
+            arena_free(&a);
+            weight_free(&w);
+            free(x);
+            free(out);
+            free(want);
+        }
+    }
+}
+
+static void case_rope(void)
+{
+    static const int configs[][2] = {{1, 2}, {4, 16}, {3, 128}, {2, 6}}; /* heads, head_dim */
+    static const int pos[] = {0, 1, 2, 17, 1000, 10000, 32767};
+    const int m = sizeof(pos) / sizeof(pos[0]);
+
+    for (size_t ci = 0; ci < sizeof(configs) / sizeof(configs[0]); ci++) {
+        int n_heads = configs[ci][0], head_dim = configs[ci][1], dim = n_heads * head_dim;
+        size_t total = (size_t)m * dim;
+        float *x = new_floats(total), *got = new_floats(total);
+        double *want = new_doubles(total);
+        struct arena a = arena_new(total * sizeof(float));
+        float *d = dev(&a, total);
+        char what[64];
+
+        fill_random(x, total, 2.0f);
+        for (int ti = 0; ti < 2; ti++) {
+            float theta = ti ? 1000000.0f : 10000.0f;
+            lora_ref_rope(want, x, pos, m, n_heads, head_dim, theta);
+            put(&a, d, x, total);
+            k_->rope(be, d, pos, m, n_heads, head_dim, theta);
+            get(&a, got, d, total);
+            snprintf(what, sizeof(what), "heads=%d head_dim=%d theta=%g", n_heads, head_dim,
+                     (double)theta);
+            check_far(what, got, want, NULL, total);
+            /* Position 0 is the identity, exactly. */
+            CHECK(memcmp(got, x, (size_t)dim * sizeof(float)) == 0);
+        }
+        arena_free(&a);
+        free(x);
+        free(got);
+        free(want);
+    }
+}
+
+static void case_silu_mul(void)
+{
+    static const size_t sizes[] = {1, 5, 20001};
+
+    for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+        size_t n = sizes[si];
+        float *gate = new_floats(n), *up = new_floats(n), *got = new_floats(n);
+        double *want = new_doubles(n);
+        struct arena a = arena_new(2 * n * sizeof(float) + 128);
+        float *dg = dev(&a, n), *du = dev(&a, n);
+
+        fill_random(gate, n, 12.0f);
+        fill_random(up, n, 3.0f);
+        gate[0] = n > 1 ? -100.0f : 0.0f;
+        lora_ref_silu_mul(want, gate, up, n);
+        put(&a, dg, gate, n);
+        put(&a, du, up, n);
+        k_->silu_mul(be, dg, du, n);
+        get(&a, got, dg, n);
+        check_far("silu_mul", got, want, NULL, n);
+        arena_free(&a);
+        free(gate);
+        free(up);
+        free(got);
+        free(want);
+    }
+}
+
+static void case_add(void)
+{
+    static const size_t sizes[] = {1, 1003};
+
+    for (size_t si = 0; si < sizeof(sizes) / sizeof(sizes[0]); si++) {
+        size_t n = sizes[si];
+        float *y = new_floats(n), *x = new_floats(n), *got = new_floats(n);
+        double *want = new_doubles(n);
+        struct arena a = arena_new(2 * n * sizeof(float) + 128);
+        float *dy = dev(&a, n), *dx = dev(&a, n);
+        int n_bad = 0;
+
+        fill_random(y, n, 1.0f);
+        fill_random(x, n, 1.0f);
+        lora_ref_add(want, y, x, n);
+        put(&a, dy, y, n);
+        put(&a, dx, x, n);
+        k_->add(be, dy, dx, n);
+        get(&a, got, dy, n);
+        for (size_t i = 0; i < n; i++)
+            n_bad += got[i] != (float)want[i]; /* exact sums of two multiples of 2^-23 */
+        CHECK(n_bad == 0);
+        arena_free(&a);
+        free(y);
+        free(x);
+        free(got);
+        free(want);
+    }
+}
+
+/* A (rows, kv_dim) cache of dtype dt, zero-filled, in a buffer of its own. */
+static struct lora_tensor cache_new(int rows, int kv_dim)
+{
+    char err[256];
+    struct lora_buffer *b =
+        k_->buffer_alloc(be, lora_tensor_bytes(dt, rows, kv_dim), err, sizeof(err));
+
+    if (!b) {
+        printf("Bail out! %s\n", err);
+        exit(1);
+    }
+    return (struct lora_tensor){b, 0, dt, rows, kv_dim};
+}
+
+/* Row r of cache c, downloaded and converted to float. */
+static void cache_row(const struct lora_tensor *c, int r, float *dst)
+{
+    size_t bytes = lora_tensor_bytes(dt, c->rows, c->cols);
+    char err[256], *host = xmalloc(bytes);
+
+    if (k_->download(be, host, c->buf, c->offset, bytes, err, sizeof(err)) < 0) {
+        printf("Bail out! %s\n", err);
+        exit(1);
+    }
+    lora_tensor_row_to_f32(dt, host, c->rows, c->cols, r, dst);
+    free(host);
+}
+
+/* Rounds (rows, cols) floats through dtype dt and back: the values a cache of dt holds. */
+static void round_through(float *x, int rows, int cols)
+{
+    void *tmp = xmalloc(lora_tensor_bytes(dt, rows, cols));
+
+    encode(dt, x, rows, cols, tmp);
+    for (int r = 0; r < rows; r++)
+        lora_tensor_row_to_f32(dt, tmp, rows, cols, r, x + (size_t)r * cols);
+    free(tmp);
+}
+
+static void case_kv_write(void)
+{
+    static const int kv_dims[] = {1, 16, 37};
+    enum { ROWS = 24, M = 9 };
+
+    for (size_t di = 0; di < sizeof(kv_dims) / sizeof(kv_dims[0]); di++) {
+        int kv_dim = kv_dims[di];
+        struct lora_tensor kc = cache_new(ROWS, kv_dim), vc = cache_new(ROWS, kv_dim);
+        float *k = new_floats((size_t)M * kv_dim), *v = new_floats((size_t)M * kv_dim);
+        float *row = new_floats((size_t)kv_dim);
+        struct arena a = arena_new(2 * (size_t)M * kv_dim * sizeof(float) + 128);
+        float *dk = dev(&a, (size_t)M * kv_dim), *dv = dev(&a, (size_t)M * kv_dim);
+        int slot[M], n_bad = 0, used[ROWS] = {0};
+
+        for (int i = 0; i < M; i++) {
+            slot[i] = (i * 7 + 3) % ROWS; /* scattered, distinct */
+            used[slot[i]] = 1;
+        }
+        fill_random(k, (size_t)M * kv_dim, 1.0f);
+        fill_random(v, (size_t)M * kv_dim, 1.0f);
+        round_through(k, M, kv_dim);
+        round_through(v, M, kv_dim);
+        put(&a, dk, k, (size_t)M * kv_dim);
+        put(&a, dv, v, (size_t)M * kv_dim);
+        k_->kv_write(be, &kc, &vc, dk, dv, slot, M);
+        for (int i = 0; i < M; i++) {
+            cache_row(&kc, slot[i], row);
+            n_bad += memcmp(row, k + (size_t)i * kv_dim, (size_t)kv_dim * sizeof(float)) != 0;
+            cache_row(&vc, slot[i], row);
+            n_bad += memcmp(row, v + (size_t)i * kv_dim, (size_t)kv_dim * sizeof(float)) != 0;
+        }
+        for (int r = 0; r < ROWS; r++) { /* every other row stays zero */
+            if (used[r])
+                continue;
+            cache_row(&kc, r, row);
+            for (int c = 0; c < kv_dim; c++)
+                n_bad += row[c] != 0.0f;
+        }
+        if (n_bad)
+            printf("# kv_dim=%d: %d rows wrong\n", kv_dim, n_bad);
+        CHECK(n_bad == 0);
+        arena_free(&a);
+        k_->buffer_free(be, kc.buf);
+        k_->buffer_free(be, vc.buf);
+        free(k);
+        free(v);
+        free(row);
+    }
+}
+
+/* Attention of sequences (pos, n_rows) over caches written through kv_write, against the twin
+ * over the same keys and values, contiguous. */
+static void attention_case(int block_size, int n_heads, int n_kv_heads, int head_dim)
+{
+    static const int specs[][2] = {{0, 9}, {7, 5}, {20, 1}, {0, 1}, {16, 16}, {33, 1}};
+    enum { N_SEQS = sizeof(specs) / sizeof(specs[0]) };
+    int kv_dim = n_kv_heads * head_dim, q_dim = n_heads * head_dim, group = n_heads / n_kv_heads;
+    int n_rows = 0, max_ctx = 0, n_blocks = 0, first_block[N_SEQS], first_row[N_SEQS];
+    int *tables[N_SEQS];
+    float *kseq[N_SEQS], *vseq[N_SEQS];
+
+    for (int s = 0; s < N_SEQS; s++) {
+        int ctx = specs[s][0] + specs[s][1];
+        first_row[s] = n_rows;
+        first_block[s] = n_blocks;
+        n_rows += specs[s][1];
+        n_blocks += (ctx + block_size - 1) / block_size;
+        max_ctx = ctx > max_ctx ? ctx : max_ctx;
+    }
+    n_blocks += 2;
+    struct lora_tensor kc = cache_new(n_blocks * block_size, kv_dim);
+    struct lora_tensor vc = cache_new(n_blocks * block_size, kv_dim);
+    struct lora_attn_seq seqs[N_SEQS];
+    size_t n_out = (size_t)n_rows * q_dim;
+    size_t scratch = k_->scratch_bytes(be, LORA_KERNEL_ATTENTION, n_rows, max_ctx, 0);
+    struct arena a =
+        arena_new((2 * n_out + 2 * (size_t)max_ctx * kv_dim) * sizeof(float) + scratch + 512);
+    float *dq = dev(&a, n_out), *dout = dev(&a, n_out);
+    float *dk = dev(&a, (size_t)max_ctx * kv_dim), *dv = dev(&a, (size_t)max_ctx * kv_dim);
+    void *dscratch = dev(&a, scratch / sizeof(float) + 1);
+    float *q = new_floats(n_out), *out = new_floats(n_out);
+    double *want = new_doubles(n_out), *scores = new_doubles((size_t)max_ctx);
+    int *slots = xmalloc(sizeof(int) * (size_t)max_ctx);
+
+    for (int s = 0; s < N_SEQS; s++) {
+        int ctx = specs[s][0] + specs[s][1], nb = (ctx + block_size - 1) / block_size;
+        /* Blocks in reverse order, after those of the sequences before: not contiguous. */
+        tables[s] = xmalloc(sizeof(int) * (size_t)nb);
+        for (int b = 0; b < nb; b++)
+            tables[s][b] = first_block[s] + nb - 1 - b;
+        kseq[s] = new_floats((size_t)ctx * kv_dim);
+        vseq[s] = new_floats((size_t)ctx * kv_dim);
+        fill_random(kseq[s], (size_t)ctx * kv_dim, 1.0f);
+        fill_random(vseq[s], (size_t)ctx * kv_dim, 1.0f);
+        round_through(kseq[s], ctx, kv_dim);
+        round_through(vseq[s], ctx, kv_dim);
+        for (int p = 0; p < ctx; p++)
+            slots[p] = tables[s][p / block_size] * block_size + p % block_size;
+        put(&a, dk, kseq[s], (size_t)ctx * kv_dim);
+        put(&a, dv, vseq[s], (size_t)ctx * kv_dim);
+        k_->kv_write(be, &kc, &vc, dk, dv, slots, ctx);
+        seqs[s] = (struct lora_attn_seq){first_row[s], specs[s][1], specs[s][0], tables[s]};
+    }
+    fill_random(q, n_out, 2.0f);
+    put(&a, dq, q, n_out);
+    k_->attention(be, dout, dq, &kc, &vc, seqs, N_SEQS, n_heads, n_kv_heads, head_dim, block_size,
+                  dscratch, max_ctx);
+    get(&a, out, dout, n_out);
+    for (int s = 0; s < N_SEQS; s++) {
+        for (int r = 0; r < specs[s][1]; r++) {
+            size_t row = (size_t)(first_row[s] + r);
+            for (int h = 0; h < n_heads; h++) {
+                size_t off = row * q_dim + (size_t)h * head_dim;
+                lora_ref_attend(want + off, q + off, kseq[s], vseq[s], specs[s][0] + r,
+                                (h / group) * head_dim, kv_dim, head_dim, scores);
+            }
+        }
+    }
+    char what[96];
+    snprintf(what, sizeof(what), "block_size=%d heads=%d/%d head_dim=%d", block_size, n_heads,
+             n_kv_heads, head_dim);
+    check_far(what, out, want, NULL, n_out);
+    for (int s = 0; s < N_SEQS; s++) {
+        free(tables[s]);
+        free(kseq[s]);
+        free(vseq[s]);
+    }
+    arena_free(&a);
+    k_->buffer_free(be, kc.buf);
+    k_->buffer_free(be, vc.buf);
+    free(q);
+    free(out);
+    free(want);
+    free(scores);
+    free(slots);
+}
+
+static void case_attention(void)
+{
+    attention_case(16, 4, 2, 16);
+    attention_case(5, 4, 1, 6);
+    attention_case(1, 3, 3, 8);
+}
+
+static void sgmv_case(int in, int out)
+{
+    enum { ROWS = 16, N_SEGS = 5, MAX_RANK = 16 };
+    /* {row, n_rows, rank}, not in row order; rows 3, 4, 9, 13 belong to no segment. */
+    static const int layout[N_SEGS][3] = {
+        {5, 4, 16}, {0, 3, 4}, {10, 1, 1}, {14, 2, 4}, {11, 2, 3},
+    };
+    static const float scales[N_SEGS] = {0.5f, 2.0f, -1.25f, 0.125f, 3.0f};
+    struct lora_sgmv_seg segs[N_SEGS];
+    struct weight wa[N_SEGS], wb[N_SEGS];
+    size_t nx = (size_t)ROWS * in, ny = (size_t)ROWS * out;
+    float *x = new_floats(nx), *y0 = new_floats(ny), *y = new_floats(ny), *x_after = new_floats(nx);
+    double *want = new_doubles((size_t)out), *mag = new_doubles((size_t)out);
+    size_t scratch = k_->scratch_bytes(be, LORA_KERNEL_LORA_SGMV, ROWS, 0, MAX_RANK);
+    struct arena a = arena_new((nx + ny) * sizeof(float) + scratch + 256);
+    float *dx = dev(&a, nx), *dy = dev(&a, ny);
+    void *dtmp = dev(&a, scratch / sizeof(float) + 1);
+    bool in_seg[ROWS] = {false};
+    char what[96];
+
+    fill_random(x, nx, 1.0f);
+    fill_random(y0, ny, 1.0f);
+    for (int s = 0; s < N_SEGS; s++) {
+        /* Tensors of MAX_RANK rows, of which the segment uses its rank: as a slot holds them. */
+        wa[s] = weight_random(MAX_RANK, in, 1.0f);
+        wb[s] = weight_random(MAX_RANK, out, 1.0f);
+        segs[s] = (struct lora_sgmv_seg){layout[s][0], layout[s][1], layout[s][2],
+                                         scales[s],    wa[s].t,      wb[s].t};
+        for (int r = 0; r < layout[s][1]; r++)
+            in_seg[layout[s][0] + r] = true;
+    }
+    put(&a, dx, x, nx);
+    put(&a, dy, y0, ny);
+    k_->lora_sgmv(be, dy, dx, segs, N_SEGS, in, out, dtmp, MAX_RANK);
+    get(&a, y, dy, ny);
+    get(&a, x_after, dx, nx);
+    for (int s = 0; s < N_SEGS; s++) {
+        for (int r = 0; r < layout[s][1]; r++) {
+            size_t row = (size_t)(layout[s][0] + r);
+            lora_ref_lora_row(want, mag, x + row * in, y0 + row * out, &wa[s].ref, &wb[s].ref,
+                              layout[s][2], scales[s]);
+            snprintf(what, sizeof(what), "in=%d out=%d segment %d row %zu", in, out, s, row);
+            check_far(what, y + row * out, want, mag, (size_t)out);
+        }
+    }
+    for (int r = 0; r < ROWS; r++)
+        if (!in_seg[r])
+            CHECK(memcmp(y + (size_t)r * out, y0 + (size_t)r * out, (size_t)out * 4) == 0);
+    CHECK(memcmp(x, x_after, nx * sizeof(float)) == 0);
+    for (int s = 0; s < N_SEGS; s++) {
+        weight_free(&wa[s]);
+        weight_free(&wb[s]);
+    }
+    arena_free(&a);
+    free(x);
+    free(y0);
+    free(y);
+    free(x_after);
+    free(want);
+    free(mag);
+}
+
+static void case_lora_sgmv(void)
+{
+    sgmv_case(37, 29);
+    sgmv_case(96, 257);
+}
+
+/* Ranks 0 (this process) and 1 (a child) sum their buffers; both must get the twin's sum, the
+ * same bits. */
+static void case_allreduce(void)
+{
+    enum { N = 1001 };
+    char name[64], err[256];
+    float *mine = new_floats(N), *theirs = new_floats(N), *got = new_floats(N);
+    float *child_got = new_floats(N);
+    double *want = new_doubles(N);
+    int fds[2];
+
+    snprintf(name, sizeof(name), "/lora-test-backend-%ld", (long)getpid());
+    fill_random(mine, N, 1.0f);
+    fill_random(theirs, N, 1.0f);
+    const float *bufs[2] = {mine, theirs};
+    lora_ref_allreduce(want, bufs, 2, N);
+    if (pipe(fds) < 0) {
+        printf("Bail out! pipe: %s\n", strerror(errno));
+        exit(1);
+    }
+    fflush(stdout);
+    pid_t pid = fork();
+    if (pid == 0) { /* rank 1 */
+        struct lora_collective *c = k_->collective_open(be, name, 1, 2, N, 5000, err, sizeof(err));
+        struct arena a = arena_new(N * sizeof(float));
+        float *d = dev(&a, N);
+        int ok = c != NULL;
+        put(&a, d, theirs, N);
+        ok = ok && k_->allreduce_sum(be, c, d, N) == 0;
+        get(&a, child_got, d, N);
+        ok = ok && write(fds[1], child_got, N * sizeof(float)) == (ssize_t)(N * sizeof(float));
+        k_->collective_close(be, &c);
+        _exit(ok ? 0 : 1);
+    }
+    close(fds[1]);
+    struct lora_collective *c = k_->collective_open(be, name, 0, 2, N, 5000, err, sizeof(err));
+    CHECK(c != NULL);
+    if (!c)
+        printf("# collective_open: %s\n", err);
+    struct arena a = arena_new(N * sizeof(float));
+    float *d = dev(&a, N);
+    put(&a, d, mine, N);
+    CHECK(c && k_->allreduce_sum(be, c, d, N) == 0);
+    get(&a, got, d, N);
+    size_t n_read = 0;
+    ssize_t r;
+    while (n_read < N * sizeof(float) &&
+           (r = read(fds[0], (char *)child_got + n_read, N * sizeof(float) - n_read)) > 0)
+        n_read += (size_t)r;
+    close(fds[0]);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK(n_read == N * sizeof(float));
+    int n_bad = 0;
+    for (int i = 0; i < N; i++)
+        n_bad += got[i] != (float)want[i]; /* one addition: exact to float rounding */
+    CHECK(n_bad == 0);
+    CHECK(memcmp(got, child_got, N * sizeof(float)) == 0);
+    k_->collective_close(be, &c);
+    CHECK(c == NULL);
+    arena_free(&a);
+    free(mine);
+    free(theirs);
+    free(got);
+    free(child_got);
+    free(want);
+}
+
+/* ---- the twins' own input ---- */
+
+/* The twins read every compute dtype as backend.h lays it out: lora_ref_at and
+ * lora_tensor_row_to_f32 agree (to float rounding), and each value is its source within the dtype's
+ * rounding (F32 exact, BF16 2^-8 and F16 2^-11 relative, I8 half a step of its row's scale). */
+static void check_ref_dtypes(void)
+{
+    enum { ROWS = 3, COLS = 37 };
+    float src[ROWS * COLS], row[COLS];
+    int n_bad = 0;
+
+    fill_random(src, ROWS * COLS, 1.0f);
+    src[5] = 0.0f;
+    for (size_t di = 0; di < sizeof(compute_dtypes) / sizeof(compute_dtypes[0]); di++) {
+        enum lora_dtype d = compute_dtypes[di];
+        void *host = xmalloc(lora_tensor_bytes(d, ROWS, COLS));
+        struct lora_ref_w w = {d, host, ROWS, COLS};
+
+        encode(d, src, ROWS, COLS, host);
+        for (int r = 0; r < ROWS; r++) {
+            float max = 0;
+            for (int c = 0; c < COLS; c++)
+                max = fmaxf(max, fabsf(src[r * COLS + c]));
+            CHECK(lora_tensor_row_to_f32(d, host, ROWS, COLS, r, row) == 0);
+            for (int c = 0; c < COLS; c++) {
+                double x = src[r * COLS + c], got = lora_ref_at(&w, r, c);
+                double tol = d == LORA_DTYPE_F32    ? 0
+                             : d == LORA_DTYPE_BF16 ? 0x1p-8 * fabs(x)
+                             : d == LORA_DTYPE_F16  ? 0x1p-11 * fabs(x) + 0x1p-24
+                                                    : 0.5 * max / 127 * (1 + 1e-6);
+                /* I8's q * scale is exact in the twin, rounded once in a float row. */
+                n_bad += fabs(got - row[c]) > 0x1p-24 * fabs(got) || !(fabs(got - x) <= tol);
+            }
+        }
+        if (n_bad)
+            printf("# %s: %d values read wrong\n", lora_dtype_name(d), n_bad);
+        free(host);
+    }
+    CHECK(n_bad == 0);
+    CHECK(lora_tensor_bytes(LORA_DTYPE_I8, ROWS, COLS) == ROWS * COLS + ROWS * sizeof(float));
+    CHECK(lora_tensor_bytes(LORA_DTYPE_BF16, ROWS, COLS) == ROWS * COLS * 2);
+    CHECK(lora_tensor_row_to_f32(LORA_DTYPE_I32, src, ROWS, COLS, 0, row) == -1);
+}
+
+/* ---- the matrix ---- */
+
+static void (*const cases[LORA_KERNEL_COUNT])(void) = {
+    [LORA_KERNEL_MATMUL] = case_matmul,
+    [LORA_KERNEL_ADD_BIAS] = case_add_bias,
+    [LORA_KERNEL_EMBED] = case_embed,
+    [LORA_KERNEL_RMSNORM] = case_rmsnorm,
+    [LORA_KERNEL_ROPE] = case_rope,
+    [LORA_KERNEL_SILU_MUL] = case_silu_mul,
+    [LORA_KERNEL_ADD] = case_add,
+    [LORA_KERNEL_KV_WRITE] = case_kv_write,
+    [LORA_KERNEL_ATTENTION] = case_attention,
+    [LORA_KERNEL_LORA_SGMV] = case_lora_sgmv,
+    [LORA_KERNEL_ALLREDUCE] = case_allreduce,
+};
+
+/* Operations on activations alone take no tensor: they are run once, as F32. */
+static bool takes_tensor(enum lora_kernel op)
+{
+    return op != LORA_KERNEL_ROPE && op != LORA_KERNEL_SILU_MUL && op != LORA_KERNEL_ADD &&
+           op != LORA_KERNEL_ALLREDUCE;
+}
+
+static void report(bool ok, const char *name, const char *skip)
+{
+    check_n_run++;
+    if (!ok)
+        check_n_failed++;
+    if (skip)
+        printf("ok %d - %s # skip %s\n", check_n_run, name, skip);
+    else
+        printf("%s %d - %s\n", ok ? "ok" : "not ok", check_n_run, name);
+    fflush(stdout);
+}
+
+static void run_device(const char *device)
+{
+    char err[512], name[96];
+
+    be = lora_backend_open(device, err, sizeof(err));
+    if (!be) {
+        for (int op = 0; op < LORA_KERNEL_COUNT; op++) {
+            snprintf(name, sizeof(name), "%s %s", device, lora_kernel_name(op));
+            report(true, name, err);
+        }
+        return;
+    }
+    k_ = be->ops;
+    printf("# %s: %s\n", device, be->description);
+    for (int op = 0; op < LORA_KERNEL_COUNT; op++) {
+        char unsupported[96] = "";
+        for (size_t di = 0; di < sizeof(compute_dtypes) / sizeof(compute_dtypes[0]); di++) {
+            dt = compute_dtypes[di];
+            if (!takes_tensor(op) && dt != LORA_DTYPE_F32)
+                continue;
+            if (!k_->supports(be, op, dt)) {
+                size_t len = strlen(unsupported);
+                snprintf(unsupported + len, sizeof(unsupported) - len, " %s", lora_dtype_name(dt));
+                continue;
+            }
+            snprintf(name, sizeof(name), "%s %s %s", device, lora_kernel_name(op),
+                     lora_dtype_name(dt));
+            check_cur_failed = 0;
+            cases[op]();
+            report(!check_cur_failed, name, NULL);
+        }
+        if (*unsupported)
+            printf("# %s %s: not supported:%s\n", device, lora_kernel_name(op), unsupported);
+    }
+    lora_backend_close(&be);
+}
+
+int main(void)
+{
+    check_cur_failed = 0;
+    check_ref_dtypes();
+    report(!check_cur_failed, "ref twins read F32 BF16 F16 I8", NULL);
+    for (size_t i = 0; i < sizeof(devices) / sizeof(devices[0]); i++)
+        run_device(devices[i]);
+    return check_done();
+}
