@@ -1,5 +1,6 @@
 /* allreduce_shm: sums float buffers across the ranks of one host through POSIX shared memory;
  * see allreduce_shm.h for the segment, the barrier and the failure rules. */
+#include "base/clock.h"
 #include "backend/cpu/allreduce_shm.h"
 
 #include "base/errbuf.h"
@@ -79,14 +80,6 @@ struct lora_allreduce {
     uint64_t n_calls; /* successful sums: call k uses bank k & 1 */
     bool broken;
 };
-
-static uint64_t now_ns(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
 
 static void sleep_ns(uint64_t ns)
 {
@@ -201,7 +194,7 @@ static int wait_sized(int fd, const char *name, uint64_t deadline, int timeout_m
         }
         if (st.st_size > 0)
             break;
-        if (now_ns() >= deadline) {
+        if (lora_clock_mono_ns() >= deadline) {
             lora_errf(err, err_len, "segment '%s' was not sized within %d ms", name, timeout_ms);
             errno = ETIMEDOUT;
             return -1;
@@ -227,7 +220,7 @@ static int check_header(const struct lora_allreduce *ar, off_t size, size_t byte
 
     errno = EINVAL;
     while ((magic = atomic_load_explicit(&h->magic, memory_order_acquire)) == 0) {
-        if (now_ns() >= deadline) {
+        if (lora_clock_mono_ns() >= deadline) {
             lora_errf(err, err_len,
                       "segment '%s' was not initialised within %d ms (its creator died?)", name,
                       ar->timeout_ms);
@@ -278,7 +271,7 @@ static int attach_segment(struct lora_allreduce *ar, int fd, size_t bytes, const
 static int open_segment(struct lora_allreduce *ar, size_t bytes, const char *name, char *err,
                         size_t err_len)
 {
-    uint64_t deadline = now_ns() + (uint64_t)ar->timeout_ms * 1000000ull;
+    uint64_t deadline = lora_clock_mono_ns() + (uint64_t)ar->timeout_ms * 1000000ull;
 
     for (;;) {
         int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
@@ -286,7 +279,7 @@ static int open_segment(struct lora_allreduce *ar, size_t bytes, const char *nam
 
         if (!created && errno == EEXIST)
             fd = shm_open(name, O_RDWR, 0);
-        if (fd < 0 && errno == ENOENT && now_ns() < deadline) {
+        if (fd < 0 && errno == ENOENT && lora_clock_mono_ns() < deadline) {
             /* Removed between the two calls (a group that just formed, or an unlink): again. */
             sleep_ns(1000000);
             continue;
@@ -429,18 +422,18 @@ static void sleep_on(struct shm_header *h, uint32_t gen, uint64_t ns)
 static int wait_release(struct lora_allreduce *ar, uint32_t gen)
 {
     struct shm_header *h = ar->hdr;
-    uint64_t start = now_ns(), timeout_ns = (uint64_t)ar->timeout_ms * 1000000ull;
+    uint64_t start = lora_clock_mono_ns(), timeout_ns = (uint64_t)ar->timeout_ms * 1000000ull;
     uint64_t progress_at = start;
     uint32_t seen = atomic_load_explicit(&h->arrived, memory_order_relaxed);
 
     for (unsigned i = 0;; i++) {
         if (is_released(h, gen))
             return 0;
-        if ((i & 63) == 63 && now_ns() - start >= SPIN_NS)
+        if ((i & 63) == 63 && lora_clock_mono_ns() - start >= SPIN_NS)
             break;
         cpu_relax();
     }
-    while (now_ns() - start < YIELD_NS) {
+    while (lora_clock_mono_ns() - start < YIELD_NS) {
         if (is_released(h, gen))
             return 0;
         sched_yield();
@@ -453,7 +446,7 @@ static int wait_release(struct lora_allreduce *ar, uint32_t gen)
             errno = ENOTRECOVERABLE;
             return -1;
         }
-        uint64_t now = now_ns();
+        uint64_t now = lora_clock_mono_ns();
         uint32_t arrived = atomic_load_explicit(&h->arrived, memory_order_relaxed);
         if (arrived != seen) {
             seen = arrived;

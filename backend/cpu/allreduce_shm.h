@@ -1,10 +1,10 @@
 /* allreduce_shm: sums float buffers across the ranks of one host through POSIX shared memory.
  *
- * The tensor-parallel ranks of one engine are separate lora-worker processes on one host (DESIGN.md
- * section 3). After the attention output projection and the MLP down projection each rank holds a
- * partial sum; lora_allreduce_sum() replaces it, on every rank, with the sum over all ranks. It is
- * the CPU backend's collective: the runtime reaches it through backend/backend.h's table
- * (collective_open, allreduce_sum, collective_close), never by name.
+ * The tensor-parallel ranks of one engine are separate lora-worker processes on one host
+ * (docs/design.md, "Programs"). After the attention output projection and the MLP down projection
+ * each rank holds a partial sum; lora_allreduce_sum() replaces it, on every rank, with the sum over
+ * all ranks. It is the CPU backend's collective: the runtime reaches it through backend/backend.h's
+ * table (collective_open, allreduce_sum, collective_close), never by name.
  *
  * Segment: one POSIX shared-memory object per group, mode 0600, named by the caller ("/name",
  * unique per group: e.g. the engine's pid, index and a group generation). Layout: a header (magic,

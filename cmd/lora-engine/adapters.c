@@ -1,6 +1,6 @@
-/* lora-engine: adapter operations on every rank (DESIGN section 6): load and register, activate
- * into a slot, unload (at once, or once its running requests are done), pin and unpin, and the
- * reload of an adapter that requests wait for and no rank caches any more. Each change is
+/* lora-engine: adapter operations on every rank (docs/design.md, "Residency"): load and register,
+ * activate into a slot, unload (at once, or once its running requests are done), pin and unpin, and
+ * the reload of an adapter that requests wait for and no rank caches any more. Each change is
  * followed by a gather of the ranks' notifications, the registry broadcast and the registry file.
  *
  * Calls: frontends.c (the requests an unload fails), workers.c, publish.c, registry.c. */

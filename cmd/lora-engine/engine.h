@@ -37,11 +37,11 @@
 #include "wire/msg.h"
 #include "wire/sock.h"
 
-#define ENGINE_MAX_WORLD 16
+#define ENGINE_MAX_WORLD     16
 #define ENGINE_MAX_FRONTENDS 64
-#define ENGINE_MAX_ADAPTERS 1024
-#define ENGINE_NAME_MAX 255
-#define ENGINE_MAX_LOADS 16 /* runtime adapter loads in flight at once */
+#define ENGINE_MAX_ADAPTERS  1024
+#define ENGINE_NAME_MAX      255
+#define ENGINE_MAX_LOADS     16 /* runtime adapter loads in flight at once */
 
 struct eng_peer {
     unsigned char rid[LORA_SOCK_MAX_RID];
@@ -54,14 +54,14 @@ struct eng_peer {
 
 /* A log line that may repeat without bound (malformed input from a peer): at most
  * LOGRATE_BURST lines per LOGRATE_WINDOW_MS, then one line that says how many more there were. */
-#define LOGRATE_BURST 5
+#define LOGRATE_BURST     5
 #define LOGRATE_WINDOW_MS 10000
 
 struct eng_lograte {
     const char *what; /* for the summary: "malformed control messages" */
     uint64_t window_start_ms;
-    int n_logged;      /* in the current window */
-    uint64_t n_held;   /* not logged in the current window */
+    int n_logged;    /* in the current window */
+    uint64_t n_held; /* not logged in the current window */
 };
 
 struct eng_adapter {
@@ -105,13 +105,13 @@ struct eng_request {
     int n_banned;
     int32_t *allowed; /* allowed_token_ids, (n_allowed); NULL: any token */
     int n_allowed;
-    double arrival;        /* QUEUED, Unix time */
-    double scheduled_at;   /* the first SCHEDULED, 0 before */
-    double first_token_at; /* 0 before the first token */
-    const char *error_code; /* with an error output: "not_found", "invalid" or "unavailable" */
-    float *prompt_lps; /* (n_prompt), filled as prefill chunks run */
-    int32_t *prompt_ranks; /* (n_prompt), beside prompt_lps; [0] is 0 */
-    int prompt_top_n;      /* the top tokens of each prompt position wanted, or 0 */
+    double arrival;          /* QUEUED, Unix time */
+    double scheduled_at;     /* the first SCHEDULED, 0 before */
+    double first_token_at;   /* 0 before the first token */
+    const char *error_code;  /* with an error output: "not_found", "invalid" or "unavailable" */
+    float *prompt_lps;       /* (n_prompt), filled as prefill chunks run */
+    int32_t *prompt_ranks;   /* (n_prompt), beside prompt_lps; [0] is 0 */
+    int prompt_top_n;        /* the top tokens of each prompt position wanted, or 0 */
     int32_t *prompt_top_ids; /* (n_prompt * prompt_top_n), row 0 unused */
     float *prompt_top_lps;
     bool sent_first;
@@ -211,7 +211,8 @@ struct engine {
     uint64_t next_id;
     struct lora_msg_arena *frontends_arena;
 
-    /* registry.c and adapters.c: the adapter table (the one source of truth, DESIGN section 6). */
+    /* registry.c and adapters.c: the adapter table (the one source of truth, docs/design.md,
+     * "Residency"). */
     struct eng_adapter adapters[ENGINE_MAX_ADAPTERS];
     uint64_t next_seq;
     int n_unloading; /* adapters waiting for a plan to release them: a step is due */

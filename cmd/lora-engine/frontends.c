@@ -1,6 +1,7 @@
-/* lora-engine: frontends (DESIGN sections 2, 4, 6): hello (answered with ready and the registry),
- * requests checked and queued in the scheduler, aborts, outputs routed back to the frontend that
- * sent the request, frontends that went silent, and requests failed when a rank dies.
+/* lora-engine: frontends (docs/design.md, "Programs", "Wire protocol", "Residency"): hello
+ * (answered with ready and the registry), requests checked and queued in the scheduler, aborts,
+ * outputs routed back to the frontend that sent the request, frontends that went silent, and
+ * requests failed when a rank dies.
  *
  * Calls: publish.c (every send), registry.c (an adapter by name), lograte.c. */
 #include <math.h>

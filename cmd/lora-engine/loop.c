@@ -1,10 +1,10 @@
-/* lora-engine: the loop (DESIGN sections 2 to 7). Each turn: frontend requests and aborts, control
- * commands, worker traffic (heartbeats, hellos, replies to loads in flight), frontends gone
- * silent, loads every rank has answered, the rate-limited warnings; then one scheduled step while
- * there is work, else the notifications of every rank every --idle-notify-ms; then the whole
- * state published every --publish-interval-ms and whenever the engine turns idle. After each
- * phase it fails what a dead rank left in flight (workers_mark_dead sets fail_due): every request
- * and every load, before anything else runs.
+/* lora-engine: the loop (docs/design.md, "Programs", "Wire protocol", "Backend", "Residency"). Each
+ * turn: frontend requests and aborts, control commands, worker traffic (heartbeats, hellos, replies
+ * to loads in flight), frontends gone silent, loads every rank has answered, the rate-limited
+ * warnings; then one scheduled step while there is work, else the notifications of every rank every
+ * --idle-notify-ms; then the whole state published every --publish-interval-ms and whenever the
+ * engine turns idle. After each phase it fails what a dead rank left in flight (workers_mark_dead
+ * sets fail_due): every request and every load, before anything else runs.
  *
  * Calls: step.c, control.c, loads.c, frontends.c, workers.c, publish.c, lograte.c. */
 #include <errno.h>

@@ -1,4 +1,5 @@
-/* lora-engine: the engine core of lora-stack (DESIGN sections 2 to 7): options and start-up.
+/* lora-engine: the engine core of lora-stack (docs/design.md, "Programs", "Wire protocol",
+ * "Backend", "Residency"): options and start-up.
  *
  * Binds four sockets: frontends (ROUTER), workers (ROUTER), control (ROUTER) and publish (PUB).
  * Start-up: read the registry file (a corrupt one stops the engine here), wait for every worker
@@ -34,8 +35,7 @@
 static int open_sockets(struct engine *e, const char *run_dir, const char **eps, char *err,
                         size_t len)
 {
-    static const char *names[4] = {"frontend.sock", "worker.sock", "control.sock",
-                                   "publish.sock"};
+    static const char *names[4] = {"frontend.sock", "worker.sock", "control.sock", "publish.sock"};
     static const int types[4] = {ZMQ_ROUTER, ZMQ_ROUTER, ZMQ_ROUTER, ZMQ_PUB};
     struct lora_sock **socks[4] = {&e->front, &e->work, &e->ctl, &e->pub};
     char ep[4200];
@@ -99,8 +99,7 @@ static int check_options(const struct engine *e, const struct lora_model_config 
         return -1;
     }
     if (e->max_model_len < 2) {
-        snprintf(err, len, "the context (--max-model-len %d) must hold 2 tokens",
-                 e->max_model_len);
+        snprintf(err, len, "the context (--max-model-len %d) must hold 2 tokens", e->max_model_len);
         return -1;
     }
     return 0;
@@ -139,8 +138,9 @@ static int restore_adapters(struct engine *e, const struct lora_registry *file, 
         }
         bool pinned = a->pinned;
         if (pinned && adapters_pin(e, a->name, true, why, sizeof(why)) < 0) {
-            fprintf(stderr, "lora-engine: warning: registry '%s': adapter '%s' is restored "
-                            "unpinned: %s\n",
+            fprintf(stderr,
+                    "lora-engine: warning: registry '%s': adapter '%s' is restored "
+                    "unpinned: %s\n",
                     e->registry_path, a->name, why);
             pinned = false;
         }
@@ -158,14 +158,16 @@ static int restore_adapters(struct engine *e, const struct lora_registry *file, 
         if (k >= 0) {
             /* The file's entry wins: it holds what was loaded under that name. */
             if (strcmp(file->adapters[k].path, m.path) != 0)
-                fprintf(stderr, "lora-engine: note: start-up adapter '%s' keeps the registry's "
-                                "path '%s', not '%s' (registry '%s')\n",
+                fprintf(stderr,
+                        "lora-engine: note: start-up adapter '%s' keeps the registry's "
+                        "path '%s', not '%s' (registry '%s')\n",
                         m.name, file->adapters[k].path, m.path, e->registry_path);
             continue;
         }
         if (lora_registry_file_has_startup(file, m.name)) {
-            fprintf(stderr, "lora-engine: note: start-up adapter '%s' stays unloaded: it was "
-                            "unloaded at run time (registry '%s')\n",
+            fprintf(stderr,
+                    "lora-engine: note: start-up adapter '%s' stays unloaded: it was "
+                    "unloaded at run time (registry '%s')\n",
                     m.name, e->registry_path);
             continue;
         }
@@ -298,8 +300,8 @@ int main(int argc, char **argv)
          ENGINE_MAX_WORLD},
         {"engine-index", LORA_OPT_INT, &idx, "N", "the engine label (default 0)", 0, 1e6},
         {"max-loras", LORA_OPT_INT, &max_loras, "N", "adapter slots (default 4)", 1, 1024},
-        {"max-cpu-loras", LORA_OPT_INT, &max_cpu, "N", "CPU adapter cache (default max-loras)",
-         0, 65536},
+        {"max-cpu-loras", LORA_OPT_INT, &max_cpu, "N", "CPU adapter cache (default max-loras)", 0,
+         65536},
         {"max-lora-rank", LORA_OPT_INT, &max_rank, "R", "highest adapter rank (default 64)", 1,
          4096},
         {"lora-modules", LORA_OPT_LIST, &mods, "NAME=PATH",
@@ -316,8 +318,8 @@ int main(int argc, char **argv)
         {"max-num-batched-tokens", LORA_OPT_INT, &mbt, "N", "token budget (default 512)", 1,
          1 << 20},
         {"max-num-seqs", LORA_OPT_INT, &mns, "N", "sequences per step (default 64)", 1, 4096},
-        {"max-model-len", LORA_OPT_INT, &mml, "N", "context (default the model's, at most 4096)",
-         0, 1 << 22},
+        {"max-model-len", LORA_OPT_INT, &mml, "N", "context (default the model's, at most 4096)", 0,
+         1 << 22},
         {"max-requests", LORA_OPT_INT, &maxreq, "N", "requests in the engine (default 1024)", 1,
          1 << 20},
         {"idle-notify-ms", LORA_OPT_INT, &idle, "MS", "gather notifications when idle (100)", 1,
@@ -353,8 +355,10 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!lora_generation_config_is_source(gen_source)) {
-        fprintf(stderr, "lora-engine: fatal: --generation-config '%s' must be auto, vllm or a "
-                        "directory\n", gen_source);
+        fprintf(stderr,
+                "lora-engine: fatal: --generation-config '%s' must be auto, vllm or a "
+                "directory\n",
+                gen_source);
         return EXIT_USAGE;
     }
     struct lora_model_config cfg;
@@ -384,9 +388,8 @@ int main(int argc, char **argv)
     e.vocab_size = cfg.vocab_size;
     e.n_eos = cfg.n_eos;
     memcpy(e.eos_ids, cfg.eos_token_ids, sizeof(int) * (size_t)cfg.n_eos);
-    e.max_model_len = mml ? (int)mml
-                          : (cfg.max_position_embeddings < 4096 ? cfg.max_position_embeddings
-                                                                : 4096);
+    e.max_model_len =
+        mml ? (int)mml : (cfg.max_position_embeddings < 4096 ? cfg.max_position_embeddings : 4096);
     /* The budget each rank sizes its KV cache from (workers.c sends it in setup). */
     e.kv_cache_fraction = kv_fraction;
     e.kv_cache_bytes = kv_fraction > 0 ? 0 : (uint64_t)kv_bytes;

@@ -5,12 +5,13 @@
  * messages). One encode buffer, owned here and reached only through these functions: each
  * encodes and sends before it returns. A send to a peer counts for its heartbeat schedule.
  *
- * The periodic publication (DESIGN sections 9 and 10): PUB drops what a subscriber missed, and an
- * idle engine publishes no steps, so every --publish-interval-ms, right after ready and whenever
- * the engine turns idle, the loop publishes the whole truth again: its limits (ready, topic
- * "config"), the registry (topic "registry"), every rank's last gathered state (residency_reply,
- * topic "residency") and the request counts (a stats message with step_tokens 0: no step ran).
- * A subscriber that joins late, or an exporter that restarts, is complete after one interval.
+ * The periodic publication (docs/design.md, "Metrics", "Inspection"): PUB drops what a subscriber
+ * missed, and an idle engine publishes no steps, so every --publish-interval-ms, right after ready
+ * and whenever the engine turns idle, the loop publishes the whole truth again: its limits (ready,
+ * topic "config"), the registry (topic "registry"), every rank's last gathered state
+ * (residency_reply, topic "residency") and the request counts (a stats message with step_tokens 0:
+ * no step ran). A subscriber that joins late, or an exporter that restarts, is complete after one
+ * interval.
  *
  * Calls: registry.c (whether an adapter is being unloaded). */
 #include <errno.h>

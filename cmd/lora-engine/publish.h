@@ -20,8 +20,8 @@ void publish_step_stats(struct engine *e, double step_seconds, double model_seco
 void publish_registry(struct engine *e, bool to_frontends);
 /* A rank's notifications, on the publish socket and to every frontend. */
 void publish_notifications(struct engine *e, const struct lora_msg_notifications *m);
-/* The whole truth again (DESIGN sections 9 and 10): limits, registry, every rank's state and,
- * when idle, the request counts. */
+/* The whole truth again (docs/design.md, "Metrics", "Inspection"): limits, registry, every rank's
+ * state and, when idle, the request counts. */
 void publish_state(struct engine *e, bool idle);
 
 /* ---- the frontends' socket ---- */

@@ -1,6 +1,6 @@
-/* lora-engine: the adapter table (the one source of truth, DESIGN section 6) and the registry
- * file that keeps it across restarts: lookups, new entries, the cached flag that follows the
- * ranks' gathered states, and the file written after every change. Calls no other file of the
+/* lora-engine: the adapter table (the one source of truth, docs/design.md, "Residency") and the
+ * registry file that keeps it across restarts: lookups, new entries, the cached flag that follows
+ * the ranks' gathered states, and the file written after every change. Calls no other file of the
  * engine (only the scheduler, for an adapter's state). */
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,7 +1,8 @@
-/* lora-engine: one scheduled step (DESIGN sections 4 to 7): the reload of adapters that requests
- * wait for, the plan's adapter activations and unloads on every rank (answering an unload that
- * waited for its running requests), the step itself, the outputs to the frontends, lifecycle
- * events, per-step stats, and the notification gather when a rank rang the doorbell.
+/* lora-engine: one scheduled step (docs/design.md, "Wire protocol", "Backend", "Residency"): the
+ * reload of adapters that requests wait for, the plan's adapter activations and unloads on every
+ * rank (answering an unload that waited for its running requests), the step itself, the outputs to
+ * the frontends, lifecycle events, per-step stats, and the notification gather when a rank rang the
+ * doorbell.
  *
  * Calls: adapters.c, frontends.c (outputs), workers.c, publish.c. */
 #include <math.h>
@@ -19,9 +20,9 @@
 bool step_has_work(const struct engine *e)
 {
     /* An adapter being unloaded needs a plan to release it once its requests are done. */
-    return e->healthy && (lora_scheduler_n_running(e->sched) + lora_scheduler_n_waiting(e->sched) >
-                              0 ||
-                          e->n_unloading > 0);
+    return e->healthy &&
+           (lora_scheduler_n_running(e->sched) + lora_scheduler_n_waiting(e->sched) > 0 ||
+            e->n_unloading > 0);
 }
 
 static struct eng_request *request_of(struct engine *e, uint64_t id)
@@ -55,7 +56,7 @@ static int apply_adapters(struct engine *e)
             fprintf(stderr, "lora-engine: warning: unloading '%s': %s\n", ad->name, err);
         if (ad->unload_reply_due)
             publish_control_reply(e, ad->unload_rid, ad->unload_rid_len, ad->unload_ctl_id,
-                               rc < 0 ? err : NULL, NULL, 0);
+                                  rc < 0 ? err : NULL, NULL, 0);
         ad->used = false;
         ad->unload_reply_due = false;
         if (ad->unloading)
@@ -73,7 +74,7 @@ static int apply_adapters(struct engine *e)
         int rc = workers_adapter_op(e, LORA_OP_REMOVE, ad->name, NULL, -1, err, sizeof(err));
         if (ad->unload_reply_due)
             publish_control_reply(e, ad->unload_rid, ad->unload_rid_len, ad->unload_ctl_id,
-                               rc < 0 ? err : NULL, NULL, 0);
+                                  rc < 0 ? err : NULL, NULL, 0);
         ad->used = ad->unload_reply_due = ad->unloading = false;
         e->n_unloading--;
         changed = released = true;

@@ -1,10 +1,10 @@
-/* lora-engine: the worker group (DESIGN sections 2 to 7). Every exchange with the ranks is a
- * broadcast followed by a gather of one reply per rank, bounded by the ranks' liveness and a
- * timeout, so a dead worker fails the exchange instead of hanging the engine. Also: start-up
- * (hellos, setup), the ranks' liveness outside of exchanges, the notifications gathered from
- * every rank, asynchronous adapter operations whose replies are taken wherever worker traffic is
- * read, and a dead rank: marked here (fail_due, for the loop), replaced here when the engine can
- * re-admit a new process for it (one rank).
+/* lora-engine: the worker group (docs/design.md, "Programs", "Wire protocol", "Backend",
+ * "Residency"). Every exchange with the ranks is a broadcast followed by a gather of one reply per
+ * rank, bounded by the ranks' liveness and a timeout, so a dead worker fails the exchange instead
+ * of hanging the engine. Also: start-up (hellos, setup), the ranks' liveness outside of exchanges,
+ * the notifications gathered from every rank, asynchronous adapter operations whose replies are
+ * taken wherever worker traffic is read, and a dead rank: marked here (fail_due, for the loop),
+ * replaced here when the engine can re-admit a new process for it (one rank).
  *
  * Calls: publish.c (every send), registry.c (the adapter table), lograte.c. */
 #include <errno.h>
@@ -213,8 +213,8 @@ int workers_gather(struct engine *e, enum lora_msg_type type, struct lora_msg_fr
         }
         publish_frontend_heartbeats(e);
         if (now >= deadline) {
-            snprintf(err, err_len, "no %s from every worker within %d ms",
-                     lora_msg_type_name(type), timeout_ms);
+            snprintf(err, err_len, "no %s from every worker within %d ms", lora_msg_type_name(type),
+                     timeout_ms);
             goto fail;
         }
         struct lora_msg_frames f;
@@ -386,8 +386,9 @@ static void choose_kv_blocks(struct engine *e, const int *blocks)
         at += (size_t)snprintf(list + at, sizeof(list) - at, "%s%d", r ? ", " : "", blocks[r]);
     }
     if (differ)
-        fprintf(stderr, "lora-engine: note: the ranks have room for %s KV blocks; the engine "
-                        "uses %d, the smallest\n",
+        fprintf(stderr,
+                "lora-engine: note: the ranks have room for %s KV blocks; the engine "
+                "uses %d, the smallest\n",
                 list, e->num_kv_blocks);
 }
 
@@ -418,8 +419,8 @@ int workers_wait_setup(struct engine *e, char *err, size_t err_len)
         if (lora_sock_recv(e->work, &f, 100, rerr, sizeof(rerr)) != 1)
             continue;
         lora_msg_arena_reset(e->workers_arena);
-        bool worker = lora_msg_decode_hello(f.body, f.body_len, NULL, 0, e->workers_arena, &h,
-                                            rerr, sizeof(rerr)) == 0 &&
+        bool worker = lora_msg_decode_hello(f.body, f.body_len, NULL, 0, e->workers_arena, &h, rerr,
+                                            sizeof(rerr)) == 0 &&
                       h.role == LORA_ROLE_WORKER && h.rank >= 0 && h.rank < e->world;
         if (worker && e->workers[h.rank].present && e->workers[h.rank].pid != h.pid) {
             refuse_hello(e, &f, &h);
@@ -481,8 +482,8 @@ int workers_rank_states(struct engine *e, struct lora_msg_arena *arena,
         memset(&out[r], 0, sizeof(out[r]));
         out[r].rank = r;
         if (e->rank_state[r] &&
-            lora_msg_decode_residency_reply(e->rank_state[r], e->rank_state_len[r], NULL, 0,
-                                            arena, &out[r], err, sizeof(err)) < 0)
+            lora_msg_decode_residency_reply(e->rank_state[r], e->rank_state_len[r], NULL, 0, arena,
+                                            &out[r], err, sizeof(err)) < 0)
             return -1;
     }
     return 0;
@@ -578,8 +579,9 @@ int workers_gather_notifications(struct engine *e)
         d = count_disagreement(e, st);
     }
     if (d != e->disagreement && d > 0)
-        fprintf(stderr, "lora-engine: warning: %d adapter%s held at different levels by the ranks\n",
-                d, d == 1 ? " is" : "s are");
+        fprintf(stderr,
+                "lora-engine: warning: %d adapter%s held at different levels by the ranks\n", d,
+                d == 1 ? " is" : "s are");
     e->disagreement = d;
     return 0;
 }
@@ -664,8 +666,8 @@ static int restore_rank(struct engine *e, int r, char *list, size_t list_len)
         if (!ad)
             continue;
         if (workers_adapter_op(e, LORA_OP_ADD, ad->name, ad->path, -1, err, sizeof(err)) < 0) {
-            fprintf(stderr, "lora-engine: warning: rank %d: adapter '%s' is not restored: %s\n",
-                    r, ad->name, err);
+            fprintf(stderr, "lora-engine: warning: rank %d: adapter '%s' is not restored: %s\n", r,
+                    ad->name, err);
             continue;
         }
         n_loaded++;
@@ -709,15 +711,18 @@ static void readmit(struct engine *e)
         rc = gather_setup_done(e, e->num_kv_blocks, blocks, err, sizeof(err));
     if (rc != 0) {
         if (!e->stopping)
-            fprintf(stderr, "lora-engine: error: the new worker for rank %d (pid %lld) failed "
-                            "its setup: %s\n", r, (long long)pid, err);
+            fprintf(stderr,
+                    "lora-engine: error: the new worker for rank %d (pid %lld) failed "
+                    "its setup: %s\n",
+                    r, (long long)pid, err);
         w->lost = true;
         return;
     }
     if (blocks[r] != e->num_kv_blocks) {
-        fprintf(stderr, "lora-engine: error: the new worker for rank %d (pid %lld) has room for "
-                        "%d KV blocks, not the %d the engine runs with; it is refused and told "
-                        "to stop\n",
+        fprintf(stderr,
+                "lora-engine: error: the new worker for rank %d (pid %lld) has room for "
+                "%d KV blocks, not the %d the engine runs with; it is refused and told "
+                "to stop\n",
                 r, (long long)pid, blocks[r], e->num_kv_blocks);
         publish_worker_empty(e, r, LORA_MSG_SHUTDOWN);
         w->lost = true;
@@ -731,10 +736,11 @@ static void readmit(struct engine *e)
         return;
     }
     e->unhealthy_reason[0] = 0;
-    fprintf(stderr, "lora-engine: rank %d is back: pid %lld took over from pid %lld in %llu ms; "
-                    "restored %d adapter%s%s%s; serving again\n",
-            r, (long long)pid, (long long)old_pid, (unsigned long long)(lora_clock_mono_ms() - t0), n,
-            n == 1 ? "" : "s", n ? ": " : "", list);
+    fprintf(stderr,
+            "lora-engine: rank %d is back: pid %lld took over from pid %lld in %llu ms; "
+            "restored %d adapter%s%s%s; serving again\n",
+            r, (long long)pid, (long long)old_pid, (unsigned long long)(lora_clock_mono_ms() - t0),
+            n, n == 1 ? "" : "s", n ? ": " : "", list);
 }
 
 /* A hello outside start-up: a repeat is ignored, a newcomer for a rank held by a live worker is
@@ -771,9 +777,10 @@ static int hello(struct engine *e, const struct lora_msg_frames *f, bool in_exch
         return 1; /* the exchange fails; the newcomer says hello again to the loop */
     if (!can_readmit(e)) {
         char why[160];
-        snprintf(why, sizeof(why), "worker rank %d (pid %lld) restarted as pid %lld; an engine "
-                 "of %d ranks cannot take it back", h.rank, (long long)w->pid, (long long)h.pid,
-                 e->world);
+        snprintf(why, sizeof(why),
+                 "worker rank %d (pid %lld) restarted as pid %lld; an engine "
+                 "of %d ranks cannot take it back",
+                 h.rank, (long long)w->pid, (long long)h.pid, e->world);
         workers_mark_dead(e, why);
         return 0;
     }

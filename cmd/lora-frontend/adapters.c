@@ -1,6 +1,6 @@
-/* lora-frontend: runtime adapter load and unload (DESIGN sections 6 and 12), as vLLM's
- * /v1/load_lora_adapter and /v1/unload_lora_adapter, with what vLLM does not do: the engine
- * loads the adapter on every rank before the answer, unload removes it from every rank (the
+/* lora-frontend: runtime adapter load and unload (docs/design.md, "Residency"; docs/security.md),
+ * as vLLM's /v1/load_lora_adapter and /v1/unload_lora_adapter, with what vLLM does not do: the
+ * engine loads the adapter on every rank before the answer, unload removes it from every rank (the
  * engine answers once no running request uses it), and every frontend on the engine sees the
  * change through the engine's registry. Client paths are confined to --lora-root: checked here
  * as a first filter (no "..", no symbolic link unless --lora-allow-symlinks, a directory under
@@ -29,8 +29,7 @@ static const char *name_field(struct frontend *fe, struct lora_http_request *req
                     "--enable-runtime-lora (or VLLM_ALLOW_RUNTIME_LORA_UPDATING=true)");
         return NULL;
     }
-    if (!json_is_string(n) || json_string_length(n) == 0 ||
-        json_string_length(n) > FE_NAME_MAX) {
+    if (!json_is_string(n) || json_string_length(n) == 0 || json_string_length(n) > FE_NAME_MAX) {
         reply_error(req, 400, "lora_name", "'lora_name' must be a string of 1 to %d bytes",
                     FE_NAME_MAX);
         return NULL;

@@ -1,5 +1,5 @@
-/* lora-frontend: /v1/completions and /v1/chat/completions (DESIGN section 8): the life of a
- * request, and its answer when it is not streamed (sse.c streams it); see completions.h.
+/* lora-frontend: /v1/completions and /v1/chat/completions (docs/design.md, "HTTP API"): the life of
+ * a request, and its answer when it is not streamed (sse.c streams it); see completions.h.
  *
  * A request becomes one engine request per prompt and choice (n). Each choice keeps its own
  * copy of what the engine sent, a streaming detokenizer and its text; stop strings are found in
@@ -109,7 +109,7 @@ static int ids_from_json(struct completion *g, json_t *a, const char *field, cha
         lora_errf(err, err_len, "out of memory");
         return -1;
     }
-    json_array_foreach(a, i, v) {
+    json_array_foreach (a, i, v) {
         if (!json_is_integer(v) || json_integer_value(v) < 0 || json_integer_value(v) >= vocab) {
             lora_errf(err, err_len, "'%s' must hold token ids from 0 to %d", field, vocab - 1);
             free(ids);
@@ -141,8 +141,9 @@ static int read_prompts(struct completion *g, char *err, size_t err_len)
                            err_len);
     }
     if (!json_is_array(pr) || json_array_size(pr) == 0) {
-        lora_errf(err, err_len, "'prompt' must be a string, a list of strings, a list of token "
-                                "ids or a list of lists of token ids, and not empty");
+        lora_errf(err, err_len,
+                  "'prompt' must be a string, a list of strings, a list of token "
+                  "ids or a list of lists of token ids, and not empty");
         return -1;
     }
     json_t *first = json_array_get(pr, 0);
@@ -154,7 +155,7 @@ static int read_prompts(struct completion *g, char *err, size_t err_len)
     }
     size_t i;
     json_t *v;
-    json_array_foreach(pr, i, v) {
+    json_array_foreach (pr, i, v) {
         int rc;
         if (json_is_string(v) && json_string_length(v) > 0)
             rc = encode_text(g, json_string_value(v), json_string_length(v), add_special, err,
@@ -162,8 +163,10 @@ static int read_prompts(struct completion *g, char *err, size_t err_len)
         else if (json_is_array(v))
             rc = ids_from_json(g, v, "prompt", err, err_len);
         else {
-            lora_errf(err, err_len, "'prompt[%zu]' must be a non-empty string or a list of "
-                                    "token ids", i);
+            lora_errf(err, err_len,
+                      "'prompt[%zu]' must be a non-empty string or a list of "
+                      "token ids",
+                      i);
             rc = -1;
         }
         if (rc < 0)
@@ -188,7 +191,7 @@ static const char *message_text(json_t *content, size_t i, struct lora_buf *tmp,
     json_t *part;
     lora_buf_reset(tmp);
     lora_buf_add(tmp, "", 0);
-    json_array_foreach(content, k, part) {
+    json_array_foreach (content, k, part) {
         json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
         if (!json_is_string(type) || strcmp(json_string_value(type), "text") != 0 ||
             !json_is_string(text)) {
@@ -233,7 +236,7 @@ static int read_messages(struct completion *g, char *err, size_t err_len)
     int rc = cm && parts ? 0 : -1;
     if (rc)
         lora_errf(err, err_len, "out of memory");
-    json_array_foreach(msgs, i, m) {
+    json_array_foreach (msgs, i, m) {
         if (rc)
             break;
         json_t *role = json_object_get(m, "role");
@@ -353,7 +356,7 @@ static int submit(struct completion *g, unsigned *status, const char **param, ch
             .prompt_logprobs = (g->p.echo && g->p.logprobs >= 0) || g->p.prompt_logprobs >= 0,
             /* An explicit prompt_logprobs wins; else echo shows logprobs alternatives, as
              * vLLM sets prompt_logprobs from logprobs under echo. */
-            .prompt_top_n = g->p.prompt_logprobs >= 0     ? g->p.prompt_logprobs
+            .prompt_top_n = g->p.prompt_logprobs >= 0        ? g->p.prompt_logprobs
                             : g->p.echo && g->p.logprobs > 0 ? g->p.logprobs
                                                              : 0,
             .ignore_eos = g->p.ignore_eos,
@@ -399,8 +402,8 @@ static bool find_stop(const struct gen_params *p, struct choice *c, size_t old_l
     const char *which = NULL;
 
     for (int i = 0; i < p->n_stop; i++) {
-        const char *hit = memmem(c->text.data + from, c->text.len - from, p->stop[i],
-                                 strlen(p->stop[i]));
+        const char *hit =
+            memmem(c->text.data + from, c->text.len - from, p->stop[i], strlen(p->stop[i]));
         if (hit && (size_t)(hit - c->text.data) < best) {
             best = (size_t)(hit - c->text.data);
             which = p->stop[i];
@@ -616,10 +619,10 @@ json_t *completions_chat_logprobs(struct completion *g, const struct choice *c, 
         for (int k = 0; k < g->p.logprobs && k < c->top_n; k++) {
             int32_t id = c->top_ids[i * (size_t)c->top_n + (size_t)k];
             json_t *tt = token_json(g, id);
-            json_array_append_new(
-                tops, json_pack("{s:O, s:f, s:o}", "token", tt, "logprob",
-                                lp_value(c->top_lps[i * (size_t)c->top_n + (size_t)k]), "bytes",
-                                bytes_json(tt)));
+            json_array_append_new(tops,
+                                  json_pack("{s:O, s:f, s:o}", "token", tt, "logprob",
+                                            lp_value(c->top_lps[i * (size_t)c->top_n + (size_t)k]),
+                                            "bytes", bytes_json(tt)));
             json_decref(tt);
         }
         json_array_append_new(content, json_pack("{s:O, s:f, s:o, s:o}", "token", t, "logprob",
@@ -633,10 +636,9 @@ json_t *completions_chat_logprobs(struct completion *g, const struct choice *c, 
 /* Completions log-probabilities (the legacy format) of tokens [from, to), with the prompt's
  * tokens first when echo is set; offset is the text offset of the first token. */
 json_t *completions_text_logprobs(struct completion *g, const struct choice *c, bool with_prompt,
-                                   size_t from, size_t to, size_t offset)
+                                  size_t from, size_t to, size_t offset)
 {
-    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(),
-           *offs = json_array();
+    json_t *tokens = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
     size_t np = g->n_prompt[c->prompt_index];
     const int32_t *prompt = g->prompts[c->prompt_index];
 
@@ -756,8 +758,8 @@ json_t *completions_stop_reason_json(const struct choice *c)
 
 json_t *completions_head_json(const struct completion *g, const char *object)
 {
-    return json_pack("{s:s, s:s, s:I, s:s}", "id", g->id, "object", object, "created",
-                     g->created, "model", g->p.model);
+    return json_pack("{s:s, s:s, s:I, s:s}", "id", g->id, "object", object, "created", g->created,
+                     "model", g->p.model);
 }
 
 /* ---- per-request stats ------------------------------------------------------------------ */
@@ -793,8 +795,8 @@ void completions_publish_stats(struct completion *g)
 
 void completions_reply_engine_error(struct lora_http_request *req, const struct choice *c)
 {
-    reply_error(req, reply_status_of(c->error_code), c->error_code[0] == 'n' ? "model" : NULL,
-                "%s", c->error[0] ? c->error : "the request failed in the engine");
+    reply_error(req, reply_status_of(c->error_code), c->error_code[0] == 'n' ? "model" : NULL, "%s",
+                c->error[0] ? c->error : "the request failed in the engine");
 }
 
 const char *completions_prompt_text(struct completion *g, const struct choice *c, char **decoded)
@@ -804,8 +806,8 @@ const char *completions_prompt_text(struct completion *g, const struct choice *c
 
     *decoded = NULL;
     if (!text && g->fe->tok &&
-        lora_tokenizer_decode(g->fe->tok, g->prompts[c->prompt_index],
-                              g->n_prompt[c->prompt_index], false, decoded, &n, NULL, 0) == 0)
+        lora_tokenizer_decode(g->fe->tok, g->prompts[c->prompt_index], g->n_prompt[c->prompt_index],
+                              false, decoded, &n, NULL, 0) == 0)
         text = *decoded;
     return text;
 }
@@ -875,8 +877,8 @@ static void respond_whole(struct completion *g, struct lora_http_request *req)
     json_object_set_new(r, "choices", choices);
     json_object_set_new(r, "usage", completions_usage_json(g));
     if (g->p.chat) /* one prompt: its log-probabilities sit beside the choices */
-        json_object_set_new(r, "prompt_logprobs", g->p.prompt_logprobs >= 0
-                                                      ? prompt_logprobs_json(g, &g->choices[0])
+        json_object_set_new(r, "prompt_logprobs",
+                            g->p.prompt_logprobs >= 0 ? prompt_logprobs_json(g, &g->choices[0])
                                                       : json_null());
     reply_json(req, 200, r);
     double last = 0;

@@ -1,4 +1,4 @@
-/* lora-frontend: the engine connection (DESIGN sections 3, 4 and 6).
+/* lora-frontend: the engine connection (docs/design.md, "Programs", "Wire protocol", "Residency").
  *
  * One thread (the link thread, in link_run) owns every ZeroMQ socket: a DEALER to the
  * engine's frontend socket (hello, requests, aborts; outputs, the registry, heartbeats), a
@@ -210,8 +210,8 @@ int link_submit(struct fe_link *l, struct fe_seq *seq, const struct lora_msg_req
         return -1;
     }
     memcpy(bin, bins[0].data, bins[0].len);
-    *o = (struct fe_out){.dest = OUT_ENGINE, .body = b.data, .len = b.len, .bin = bin,
-                         .bin_len = bins[0].len};
+    *o = (struct fe_out){
+        .dest = OUT_ENGINE, .body = b.data, .len = b.len, .bin = bin, .bin_len = bins[0].len};
     snprintf(o->request_id, sizeof(o->request_id), "%s", seq->id);
     pthread_mutex_lock(&l->mu);
     int rc = 0;
@@ -219,8 +219,7 @@ int link_submit(struct fe_link *l, struct fe_seq *seq, const struct lora_msg_req
         lora_errf(err, err_len, "the engine is not reachable");
         rc = -1;
     } else if (l->n_inflight >= max_pending) {
-        lora_errf(err, err_len, "the server is overloaded: %d requests in flight",
-                  l->n_inflight);
+        lora_errf(err, err_len, "the server is overloaded: %d requests in flight", l->n_inflight);
         rc = -1;
     } else {
         unsigned h = hash_id(seq->id);
@@ -466,8 +465,7 @@ static void flush_out(struct link_loop *lp)
             lp->ctl_last_sent_ms = lora_clock_mono_ms();
         } else {
             if (l->pub)
-                lora_sock_send(l->pub, NULL, 0, o->topic, o->body, o->len, NULL, 0,
-                               ZMQ_DONTWAIT);
+                lora_sock_send(l->pub, NULL, 0, o->topic, o->body, o->len, NULL, 0, ZMQ_DONTWAIT);
             if (l->metrics && strcmp(o->topic, "request") == 0)
                 metrics_feed(l->metrics, l->metrics->self_src, o->body, o->len);
         }
@@ -485,8 +483,8 @@ static void append_output_locked(struct fe_seq *s, const struct lora_msg_output 
 {
     s->last_recv = lora_clock_unix();
     size_t need = s->n + (size_t)m->n_tokens;
-    if (m->n_tokens > 0 && seq_grow_tokens(&s->tokens, &s->lps, &s->top_ids, &s->top_lps,
-                                           &s->cap, need, m->top_n) < 0) {
+    if (m->n_tokens > 0 && seq_grow_tokens(&s->tokens, &s->lps, &s->top_ids, &s->top_lps, &s->cap,
+                                           need, m->top_n) < 0) {
         s->finished = true;
         snprintf(s->finish_reason, sizeof(s->finish_reason), "error");
         snprintf(s->error, sizeof(s->error), "out of memory");
@@ -531,8 +529,8 @@ static void on_registry(struct link_loop *lp, const struct lora_msg_frames *f)
     struct lora_msg_registry m;
     char err[256];
 
-    if (lora_msg_decode_registry(f->body, f->body_len, NULL, 0, lp->arena, &m, err,
-                                 sizeof(err)) < 0) {
+    if (lora_msg_decode_registry(f->body, f->body_len, NULL, 0, lp->arena, &m, err, sizeof(err)) <
+        0) {
         fprintf(stderr, "lora-frontend: warning: dropping a registry message: %s\n", err);
         return;
     }
@@ -563,8 +561,8 @@ static void on_engine_message(struct link_loop *lp, const struct lora_msg_frames
     lora_liveness_heard(&lp->engine, lora_clock_mono_ms());
     if (type == LORA_MSG_READY) {
         struct lora_msg_ready m;
-        if (lora_msg_decode_ready(f->body, f->body_len, NULL, 0, lp->arena, &m, err,
-                                  sizeof(err)) < 0) {
+        if (lora_msg_decode_ready(f->body, f->body_len, NULL, 0, lp->arena, &m, err, sizeof(err)) <
+            0) {
             fprintf(stderr, "lora-frontend: warning: dropping a ready message: %s\n", err);
             return;
         }

@@ -1,4 +1,5 @@
-/* lora-frontend: the OpenAI-compatible HTTP API of lora-stack (DESIGN sections 2, 8 and 12).
+/* lora-frontend: the OpenAI-compatible HTTP API of lora-stack (docs/design.md, "Programs", "HTTP
+ * API"; docs/security.md).
  *
  * Connects to one engine (its frontend and control sockets), learns the model, the limits and
  * the adapter registry from it, loads the model's tokenizer and chat template, loads the
@@ -90,8 +91,10 @@ static int load_model_files(struct frontend *fe, const char *chat_name, char *er
         if (!fe->tok)
             return -1;
     } else {
-        fprintf(stderr, "lora-frontend: note: '%s' has no tokenizer.json: prompts must be "
-                        "token ids\n", fe->model_dir);
+        fprintf(stderr,
+                "lora-frontend: note: '%s' has no tokenizer.json: prompts must be "
+                "token ids\n",
+                fe->model_dir);
     }
     char why[1024];
     snprintf(path, sizeof(path), "%s/tokenizer_config.json", fe->model_dir);
@@ -127,8 +130,10 @@ static void wait_metrics(struct frontend *fe, const char *ep)
     pthread_mutex_unlock(&fe->link.mu);
     while (!metrics_engine_ready(&fe->metrics, index)) {
         if (lora_clock_mono_ms() >= deadline) {
-            fprintf(stderr, "lora-frontend: note: nothing complete from '%s' yet: /metrics "
-                            "shows the engine's gauges once it is\n", ep);
+            fprintf(stderr,
+                    "lora-frontend: note: nothing complete from '%s' yet: /metrics "
+                    "shows the engine's gauges once it is\n",
+                    ep);
             return;
         }
         usleep(10000);
@@ -158,8 +163,7 @@ int main(int argc, char **argv)
         {"lora-info", LORA_OPT_STRING, &lora_info, "MODE",
          "vllm:lora_requests_info on /metrics: resident (default) or inflight"},
         {"host", LORA_OPT_STRING, &host, "ADDR", "HTTP address (default 127.0.0.1)"},
-        {"port", LORA_OPT_INT, &port, "N", "HTTP port (default 8000; 0: any free port)", 0,
-         65535},
+        {"port", LORA_OPT_INT, &port, "N", "HTTP port (default 8000; 0: any free port)", 0, 65535},
         {"model", LORA_OPT_STRING, &fe.model_dir, "DIR",
          "tokenizer and chat template from DIR (default the engine's model)"},
         {"served-model-name", LORA_OPT_STRING, &fe.served_name, "NAME",
@@ -186,16 +190,17 @@ int main(int argc, char **argv)
          1L << 30},
         {"max-connections", LORA_OPT_INT, &max_conn, "N", "concurrent connections (1024)", 1,
          65536},
-        {"http-timeout", LORA_OPT_INT, &timeout_s, "S", "close idle connections (60 s)", 1,
-         86400},
+        {"http-timeout", LORA_OPT_INT, &timeout_s, "S", "close idle connections (60 s)", 1, 86400},
         {"request-timeout", LORA_OPT_INT, &request_timeout_s, "S",
          "close a connection that sends no whole request (headers and body) within S seconds "
-         "(30; 0: no deadline)", 0, 86400},
+         "(30; 0: no deadline)",
+         0, 86400},
         {"max-connections-per-ip", LORA_OPT_INT, &per_ip, "N",
          "concurrent connections from one client address (256; 0: no limit)", 0, 65536},
         {"max-body-memory", LORA_OPT_INT, &body_memory, "N",
          "bytes of request bodies held at once, all connections together, before 503 (32 MiB; "
-         "0: no limit)", 0, 1L << 40},
+         "0: no limit)",
+         0, 1L << 40},
         {"max-pending", LORA_OPT_INT, &max_pending, "N",
          "engine requests in flight before 503 (4096)", 1, 1 << 20},
         {"engine-timeout-ms", LORA_OPT_INT, &wait_ms, "MS",
@@ -208,12 +213,13 @@ int main(int argc, char **argv)
 
     int parsed = lora_cli_parse(options, "LORA_FRONTEND", argc, argv, 1, err, sizeof(err));
     if (parsed == 0 && body_memory > 0 && body_memory < max_body) {
-        snprintf(err, sizeof(err), "--max-body-memory %ld is below --max-body-bytes %ld: no "
-                 "body of the largest size could be taken", body_memory, max_body);
+        snprintf(err, sizeof(err),
+                 "--max-body-memory %ld is below --max-body-bytes %ld: no "
+                 "body of the largest size could be taken",
+                 body_memory, max_body);
         parsed = -1;
     }
-    if (parsed < 0 ||
-        (!help && !version && !run_dir && (!engine_ep || !control_ep))) {
+    if (parsed < 0 || (!help && !version && !run_dir && (!engine_ep || !control_ep))) {
         fprintf(stderr, "lora-frontend: fatal: %s\n",
                 *err ? err : "give --run-dir DIR, or --engine-endpoint and --control-endpoint");
         return EXIT_USAGE;
@@ -229,8 +235,10 @@ int main(int argc, char **argv)
         return 0;
     }
     if (!lora_generation_config_is_source(gen_source)) {
-        fprintf(stderr, "lora-frontend: fatal: --generation-config '%s' must be auto, vllm or a "
-                        "directory\n", gen_source);
+        fprintf(stderr,
+                "lora-frontend: fatal: --generation-config '%s' must be auto, vllm or a "
+                "directory\n",
+                gen_source);
         return EXIT_USAGE;
     }
     if (strcmp(lora_info, "resident") != 0 && strcmp(lora_info, "inflight") != 0) {
@@ -352,8 +360,8 @@ int main(int argc, char **argv)
     }
     if (engine_pub_ep)
         wait_metrics(&fe, engine_pub_ep);
-    fprintf(stderr, "lora-frontend: ready: http://%s%s%s:%d\n", strchr(host, ':') ? "[" : "",
-            host, strchr(host, ':') ? "]" : "", lora_http_port(http));
+    fprintf(stderr, "lora-frontend: ready: http://%s%s%s:%d\n", strchr(host, ':') ? "[" : "", host,
+            strchr(host, ':') ? "]" : "", lora_http_port(http));
     pthread_join(th, NULL);
     rc = la.rc < 0 ? EXIT_SYSTEM : 0;
     lora_http_stop(&http);

@@ -1,4 +1,4 @@
-/* lora-frontend: HTTP dispatch (DESIGN section 8). Every handler runs on its connection's
+/* lora-frontend: HTTP dispatch (docs/design.md, "HTTP API"). Every handler runs on its connection's
  * thread. With a key (--api-key, else VLLM_API_KEY), paths that start with /v1 need the bearer
  * token and every other path (/metrics, /health, /version, /tokenize, /detokenize) stays open,
  * OPTIONS too, exactly as vLLM's authentication middleware decides (it passes any path that does
@@ -49,8 +49,8 @@ static json_t *json_body(struct lora_http_request *req)
     }
     json_t *j = json_loadb(s, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
     if (!j) {
-        reply_error(req, 400, NULL, "invalid JSON at line %d column %d: %s", je.line,
-                    je.column, je.text);
+        reply_error(req, 400, NULL, "invalid JSON at line %d column %d: %s", je.line, je.column,
+                    je.text);
         return NULL;
     }
     if (!json_is_object(j)) {
@@ -76,16 +76,15 @@ static void models(struct frontend *fe, struct lora_http_request *req)
     struct fe_link *l = &fe->link;
 
     pthread_mutex_lock(&l->mu);
-    json_array_append_new(
-        data, json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:i}", "id", fe->served_name, "object",
-                        "model", "created", created, "owned_by", "lora-stack", "root",
-                        fe->model_dir, "parent", "max_model_len", l->limits.max_model_len));
+    json_array_append_new(data, json_pack("{s:s, s:s, s:I, s:s, s:s, s:n, s:i}", "id",
+                                          fe->served_name, "object", "model", "created", created,
+                                          "owned_by", "lora-stack", "root", fe->model_dir, "parent",
+                                          "max_model_len", l->limits.max_model_len));
     for (int i = 0; i < l->n_registry; i++)
         json_array_append_new(
-            data, json_pack("{s:s, s:s, s:I, s:s, s:s, s:s}", "id", l->registry[i].name,
-                            "object", "model", "created", created, "owned_by", "lora-stack",
-                            "root", l->registry[i].path, "parent",
-                            module_base(fe, l->registry[i].name)));
+            data, json_pack("{s:s, s:s, s:I, s:s, s:s, s:s}", "id", l->registry[i].name, "object",
+                            "model", "created", created, "owned_by", "lora-stack", "root",
+                            l->registry[i].path, "parent", module_base(fe, l->registry[i].name)));
     pthread_mutex_unlock(&l->mu);
     reply_json(req, 200, json_pack("{s:s, s:o}", "object", "list", "data", data));
 }
@@ -126,7 +125,7 @@ static void tokenize(struct frontend *fe, struct lora_http_request *req, json_t 
         json_t *m;
         struct lora_chat_message *cm = calloc(cnt, sizeof(*cm));
         int bad = cm ? 0 : -1;
-        json_array_foreach(msgs, k, m) {
+        json_array_foreach (msgs, k, m) {
             json_t *r = json_object_get(m, "role"), *c = json_object_get(m, "content");
             if (!cm || !json_is_string(r) || !json_is_string(c)) {
                 bad = -1;
@@ -155,8 +154,8 @@ static void tokenize(struct frontend *fe, struct lora_http_request *req, json_t 
         reply_error(req, 400, "prompt", "give 'prompt' (a string) or 'messages' (a list)");
         return;
     }
-    if (!text || lora_tokenizer_encode(fe->tok, text, len, add_special, &ids, &n, err,
-                                       sizeof(err)) < 0) {
+    if (!text ||
+        lora_tokenizer_encode(fe->tok, text, len, add_special, &ids, &n, err, sizeof(err)) < 0) {
         free(text);
         reply_error(req, 400, "prompt", "%s", text ? err : "out of memory");
         return;
@@ -166,9 +165,9 @@ static void tokenize(struct frontend *fe, struct lora_http_request *req, json_t 
     for (size_t i = 0; i < n; i++)
         json_array_append_new(a, json_integer(ids[i]));
     free(ids);
-    reply_json(req, 200, json_pack("{s:I, s:i, s:o, s:n}", "count", (json_int_t)n,
-                                   "max_model_len", fe->link.limits.max_model_len, "tokens", a,
-                                   "token_strs"));
+    reply_json(req, 200,
+               json_pack("{s:I, s:i, s:o, s:n}", "count", (json_int_t)n, "max_model_len",
+                         fe->link.limits.max_model_len, "tokens", a, "token_strs"));
 }
 
 static void detokenize(struct frontend *fe, struct lora_http_request *req, json_t *body)
@@ -191,7 +190,7 @@ static void detokenize(struct frontend *fe, struct lora_http_request *req, json_
         reply_error(req, 503, NULL, "out of memory");
         return;
     }
-    json_array_foreach(toks, i, v) {
+    json_array_foreach (toks, i, v) {
         if (!json_is_integer(v) || json_integer_value(v) < 0 ||
             json_integer_value(v) >= INT32_MAX) {
             free(ids);
@@ -222,8 +221,8 @@ static void health(struct frontend *fe, struct lora_http_request *req)
         reply_error(req, 503, NULL, "the engine is not reachable");
         return;
     }
-    if (link_control(&fe->link, LORA_CTL_HEALTH, NULL, NULL, 2000, NULL, NULL, err,
-                     sizeof(err)) < 0) {
+    if (link_control(&fe->link, LORA_CTL_HEALTH, NULL, NULL, 2000, NULL, NULL, err, sizeof(err)) <
+        0) {
         reply_error(req, 503, NULL, "the engine is unhealthy: %s", err);
         return;
     }
@@ -248,8 +247,7 @@ static void metrics(struct frontend *fe, struct lora_http_request *req)
 
 /* POST /v1/completions and /v1/chat/completions: the request (completions.c), answered whole
  * or streamed as server-sent events (sse.c). */
-static void completions(struct frontend *fe, struct lora_http_request *req, json_t *body,
-                        bool chat)
+static void completions(struct frontend *fe, struct lora_http_request *req, json_t *body, bool chat)
 {
     struct completion *g = completions_start(fe, req, body, chat);
 
@@ -266,8 +264,7 @@ static void post_completions(struct frontend *fe, struct lora_http_request *req,
     completions(fe, req, body, false);
 }
 
-static void post_chat_completions(struct frontend *fe, struct lora_http_request *req,
-                                  json_t *body)
+static void post_chat_completions(struct frontend *fe, struct lora_http_request *req, json_t *body)
 {
     completions(fe, req, body, true);
 }

@@ -1,6 +1,6 @@
 /* lora-frontend: a /v1/completions or /v1/chat/completions request answered as server-sent
- * events (DESIGN section 8). The request itself (its choices, what the engine sent them, the
- * JSON pieces) is completions.c's; this file decides when the status goes out, turns what
+ * events (docs/design.md, "HTTP API"). The request itself (its choices, what the engine sent them,
+ * the JSON pieces) is completions.c's; this file decides when the status goes out, turns what
  * changed into events and hands them to the HTTP server through a reader, which runs on the
  * connection's thread as the server asks for bytes.
  */

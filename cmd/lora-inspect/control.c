@@ -4,8 +4,8 @@
  * only to completed connections (ZMQ_IMMEDIATE, lib/wire/sock.h), so the send is retried until the
  * connection is up; then the reply with our id is awaited. One deadline, timeout_ms after the
  * start, bounds both. While waiting, a heartbeat goes out after every
- * LORA_HEARTBEAT_INTERVAL_MS without sending, as every peer must (DESIGN section 4); heartbeats
- * and replies with another id are skipped. */
+ * LORA_HEARTBEAT_INTERVAL_MS without sending, as every peer must (docs/design.md, "Wire protocol");
+ * heartbeats and replies with another id are skipped. */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,6 +1,6 @@
 /* lora-inspect: residency dumps, live event streams, stats, config, health and msgpack decoding,
- * for people and pipes (DESIGN section 10). One file per job: main.c dispatches the commands,
- * args.c parses the options they share, output.c writes records in the four formats,
+ * for people and pipes (docs/design.md, "Inspection"). One file per job: main.c dispatches the
+ * commands, args.c parses the options they share, output.c writes records in the four formats,
  * control.c asks the engine's control socket, summary.c condenses a protocol message into one
  * line, and residency.c, record.c, events.c and decode.c are the commands (decode finds where
  * each message ends with lib/wire's lora_msg_scan).

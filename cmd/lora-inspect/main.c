@@ -1,6 +1,6 @@
 /* lora-inspect: git-style dispatch to one command per job. The connection options may also come
- * before the command (`lora-inspect --run-dir DIR residency`, as DESIGN section 11 writes it):
- * they are moved behind it, where the command's own table parses them. */
+ * before the command (`lora-inspect --run-dir DIR residency`, as docs/design.md, "Supervisor"
+ * writes it): they are moved behind it, where the command's own table parses them. */
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>

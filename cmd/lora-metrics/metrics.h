@@ -1,4 +1,5 @@
-/* lora-metrics: the Prometheus exporter of lora-stack (DESIGN section 9; man/lora-metrics.1).
+/* lora-metrics: the Prometheus exporter of lora-stack (docs/design.md, "Metrics";
+ * man/lora-metrics.1).
  *
  * Threads: the main thread owns the sources (SUB sockets, their connection monitors, standard
  * input and the signal pipe) and is the one writer of the state; libmicrohttpd's connection
@@ -27,9 +28,9 @@
 struct metrics_source {
     const char *endpoint; /* borrowed from argv or the environment, or m->run_dir_ep */
     enum lora_metrics_state_source_kind kind;
-    int id;               /* the state's source id */
+    int id; /* the state's source id */
     struct lora_sock *sock;
-    uint64_t n_logged;    /* malformed messages logged, for the rate limit */
+    uint64_t n_logged; /* malformed messages logged, for the rate limit */
 };
 
 struct metrics {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# lora-stack: starts, watches and stops the whole stack (DESIGN section 11): lora-worker ranks,
+# lora-stack: starts, watches and stops the whole stack (docs/design.md, "Supervisor"): lora-worker ranks,
 # lora-engine, lora-frontend(s) and lora-metrics, with their ipc sockets in one run directory.
 #
 #   lora-stack up [MODEL] [--run-dir DIR] [--model DIR] [--tp N] [--device DEVICE]

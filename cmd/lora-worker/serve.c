@@ -1,4 +1,5 @@
-/* lora-worker serve: one tensor-parallel rank under an engine (DESIGN sections 2 to 7).
+/* lora-worker serve: one tensor-parallel rank under an engine (docs/design.md, "Programs", "Wire
+ * protocol", "Backend", "Residency").
  *
  * Connects a DEALER (identity "worker-RANK-PID": unique, so that no connection can take over
  * another's routing id) to the engine's worker socket and says hello until the engine answers;
@@ -47,8 +48,8 @@ static void *beat_main(void *arg)
     struct beat *b = arg;
     char err[256];
     struct lora_buf hb = {0};
-    struct lora_sock *s = lora_sock_new(b->zctx, ZMQ_DEALER, b->endpoint, false, b->identity, err,
-                                        sizeof(err));
+    struct lora_sock *s =
+        lora_sock_new(b->zctx, ZMQ_DEALER, b->endpoint, false, b->identity, err, sizeof(err));
 
     if (!s || lora_msg_encode_empty(&hb, LORA_MSG_HEARTBEAT) < 0) {
         fprintf(stderr, "lora-worker: warning: no heartbeat thread: %s\n", s ? "no memory" : err);
@@ -225,8 +226,8 @@ static int setup(struct worker *w, const struct lora_msg_setup *s, char *err, si
             "lora-worker: rank %d: set up on %s: %.1f MB of weights, %.1f MB of KV cache, "
             "%.1f MB of activations and %d adapter slots (%.1f MB)\n",
             w->rank, w->be->description, w->model->weight_bytes / 1e6,
-            2.0 * (double)w->kv->layer_bytes * c->n_layers / 1e6,
-            (fwd_bytes - slot_bytes) / 1e6, l->max_loras, slot_bytes / 1e6);
+            2.0 * (double)w->kv->layer_bytes * c->n_layers / 1e6, (fwd_bytes - slot_bytes) / 1e6,
+            l->max_loras, slot_bytes / 1e6);
     w->set_up = true;
     worker_notify(w); /* the first state: nothing loaded */
     return 0;
@@ -268,8 +269,9 @@ static void report_refusal(struct worker *w, const struct lora_msg_frames *f)
     char err[256] = "no reason given";
 
     lora_msg_arena_reset(w->arena);
-    if (lora_msg_decode_setup_done(f->body, f->body_len, NULL, 0, w->arena, &d, err,
-                                   sizeof(err)) == 0 && d.error.s)
+    if (lora_msg_decode_setup_done(f->body, f->body_len, NULL, 0, w->arena, &d, err, sizeof(err)) ==
+            0 &&
+        d.error.s)
         snprintf(err, sizeof(err), "%s", d.error.s);
     fprintf(stderr, "lora-worker: fatal: rank %d: the engine refused this worker: %s\n", w->rank,
             err);
@@ -357,8 +359,8 @@ static int run(struct worker *w)
         bool readable[2] = {false, false};
         struct lora_sock *socks[1] = {w->sock};
         /* Until the engine answers, only the next hello is due (no death deadline). */
-        int timeout = w->engine_seen ? lora_liveness_timeout_ms(&w->engine, now)
-                                     : LORA_HEARTBEAT_INTERVAL_MS;
+        int timeout =
+            w->engine_seen ? lora_liveness_timeout_ms(&w->engine, now) : LORA_HEARTBEAT_INTERVAL_MS;
         /* poll watches the socket and the signals; while loads run, it wakes often enough to
          * answer a finished load within LOAD_POLL_MS. */
         if (w->n_loading > 0 && timeout > LOAD_POLL_MS)
@@ -394,7 +396,8 @@ int cmd_serve(int argc, char **argv)
     const struct lora_cli_opt options[] = {
         {"engine", LORA_OPT_STRING, &endpoint, "ENDPOINT", "the engine's worker socket"},
         {"rank", LORA_OPT_INT, &rank, "N", "tensor-parallel rank (default 0)", 0, 63},
-        {"device", LORA_OPT_STRING, &device, "DEVICE", "compute device: cpu, cuda or cuda:N "
+        {"device", LORA_OPT_STRING, &device, "DEVICE",
+         "compute device: cpu, cuda or cuda:N "
          "(default cpu)"},
         {"lora-root", LORA_OPT_STRING, &w.lora_root, "DIR",
          "read adapters under DIR beneath it, following no link"},

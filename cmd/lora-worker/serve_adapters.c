@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "base/clock.h"
 #include "base/path_confine.h"
 #include "serve.h"
 
@@ -39,9 +40,9 @@ struct load_job {
 
 struct loader {
     pthread_mutex_t mu;
-    pthread_cond_t cv;       /* a job queued, or stop */
-    pthread_cond_t exited;   /* a thread left */
-    struct load_job *jobs;   /* every job not yet answered, oldest first */
+    pthread_cond_t cv;     /* a job queued, or stop */
+    pthread_cond_t exited; /* a thread left */
+    struct load_job *jobs; /* every job not yet answered, oldest first */
     int n_threads, n_idle, n_stuck;
     bool stop, orphaned;
     const struct lora_model *model;
@@ -49,13 +50,6 @@ struct loader {
     struct lora_adapter_root root; /* fd -1: no --lora-root */
     const char *root_given;        /* --lora-root as given */
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void loader_free(struct loader *ld)
 {
@@ -95,8 +89,7 @@ static struct lora_adapter *load(struct loader *ld, struct load_job *j)
         return lora_adapter_load(j->path, ld->model, ld->max_rank, j->err, sizeof(j->err));
     char dir[4096 + 8];
     snprintf(dir, sizeof(dir), "%s/%s", ld->root.path, rel);
-    return lora_adapter_load_under(&ld->root, dir, ld->model, ld->max_rank, j->err,
-                                   sizeof(j->err));
+    return lora_adapter_load_under(&ld->root, dir, ld->model, ld->max_rank, j->err, sizeof(j->err));
 }
 
 static void *loader_main(void *arg)
@@ -120,10 +113,10 @@ static void *loader_main(void *arg)
         j->state = JOB_RUNNING;
         pthread_mutex_unlock(&ld->mu);
 
-        double t0 = now_s();
+        double t0 = lora_clock_mono();
         maybe_stuck(j);
         j->adapter = load(ld, j);
-        j->seconds = now_s() - t0;
+        j->seconds = lora_clock_mono() - t0;
 
         pthread_mutex_lock(&ld->mu);
         if (!j->abandoned) {
@@ -214,8 +207,7 @@ bool worker_adapters_stop(struct worker *w)
     struct timespec until;
     clock_gettime(CLOCK_REALTIME, &until);
     until.tv_sec += LOADER_STOP_MS / 1000;
-    while (ld->n_threads > 0 &&
-           pthread_cond_timedwait(&ld->exited, &ld->mu, &until) != ETIMEDOUT)
+    while (ld->n_threads > 0 && pthread_cond_timedwait(&ld->exited, &ld->mu, &until) != ETIMEDOUT)
         ;
     if (ld->n_threads > 0) {
         /* A thread is stuck in a read: the last one to leave frees the loader. */
@@ -262,8 +254,7 @@ void worker_notify(struct worker *w)
         .engine = -1, .rank = w->rank, .dropped = 0, .n_items = 1, .items = &item};
     lora_buf_reset(&w->item);
     if (lora_msg_encode_notifications(&w->item, &one, NULL, NULL) < 0 ||
-        lora_notify_ring_push(w->ring, LORA_NOTIFY_LORA_LOAD, w->item.data, w->item.len, NULL) <
-            0)
+        lora_notify_ring_push(w->ring, LORA_NOTIFY_LORA_LOAD, w->item.data, w->item.len, NULL) < 0)
         fprintf(stderr, "lora-worker: warning: rank %d: a notification was lost: %s\n", w->rank,
                 strerror(errno));
 }
@@ -378,10 +369,10 @@ int worker_handle_adapter_op(struct worker *w, const struct lora_msg_frames *f)
     int rc;
 
     lora_msg_arena_reset(w->arena);
-    if (lora_msg_decode_adapter_op(f->body, f->body_len, NULL, 0, w->arena, &op, err,
-                                   sizeof(err)) < 0) {
-        fprintf(stderr, "lora-worker: warning: rank %d: dropping an adapter command: %s\n",
-                w->rank, err);
+    if (lora_msg_decode_adapter_op(f->body, f->body_len, NULL, 0, w->arena, &op, err, sizeof(err)) <
+        0) {
+        fprintf(stderr, "lora-worker: warning: rank %d: dropping an adapter command: %s\n", w->rank,
+                err);
         return 0;
     }
     if (!w->set_up)

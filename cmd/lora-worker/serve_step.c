@@ -1,19 +1,15 @@
-/* lora-worker serve: running one step (DESIGN sections 4 and 5). Every rank runs the forward pass
- * (the all-reduce joins them); rank 0, the output rank, samples and reports log-probabilities. */
+/* lora-worker serve: running one step (docs/design.md, "Wire protocol", "Backend"). Every rank runs
+ * the forward pass (the all-reduce joins them); rank 0, the output rank, samples and reports
+ * log-probabilities. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
+#include "runtime/emit.h"
 #include "serve.h"
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 int worker_step_alloc(struct worker *w, char *err, size_t err_len)
 {
@@ -98,20 +94,6 @@ static int prepare(struct worker *w, const struct lora_msg_step *m, char *err, s
     return 0;
 }
 
-/* Whether every allowed token is also banned: then the ban gives way, since a step must draw
- * some token and the allowed set is the request's hard constraint. */
-static bool all_banned(const struct lora_msg_step_seq *q)
-{
-    for (int a = 0; a < q->n_allowed; a++) {
-        bool banned = false;
-        for (int b = 0; b < q->n_banned && !banned; b++)
-            banned = q->allowed[a] == q->banned[b];
-        if (!banned)
-            return false;
-    }
-    return true;
-}
-
 /* The rank of token in a row of logits as vLLM counts it: the number of tokens at least as
  * likely, itself included (1: the most likely). */
 static int32_t vocab_rank(const float *row, int vocab, int token)
@@ -158,37 +140,24 @@ static void emit(struct worker *w, const struct lora_msg_step *m, int i, const f
     if (!q->sample)
         return;
     const float *last = rows + (size_t)(q->all_logits ? st->n_tokens - 1 : 0) * vocab;
-    struct lora_sampling_params sp = {q->temperature, q->top_k, q->top_p};
-    struct lora_rng rng;
     int top_n = q->top_n < vocab ? q->top_n : vocab;
+    struct lora_emit_draw d = {
+        .row = last,
+        .sampling = {q->temperature, q->top_k, q->top_p},
+        .seed = q->seed,
+        .n_generated = q->n_generated,
+        .allowed = q->allowed,
+        .n_allowed = q->n_allowed,
+        .banned = q->banned,
+        .n_banned = q->n_banned,
+        .top_n = top_n,
+    };
 
-    lora_rng_seed_draw(&rng, q->seed, (uint64_t)q->n_generated);
-    const float *pick = last;
-    if (q->n_allowed > 0) {
-        /* allowed_token_ids: every other token is out, as vLLM's mask sets it to -inf. */
-        for (int t = 0; t < vocab; t++)
-            w->masked[t] = -INFINITY;
-        for (int a = 0; a < q->n_allowed; a++)
-            if (q->allowed[a] >= 0 && q->allowed[a] < vocab)
-                w->masked[q->allowed[a]] = last[q->allowed[a]];
-        pick = w->masked;
-    }
-    if (q->n_banned > 0 && !(q->n_allowed > 0 && all_banned(q))) {
-        /* min_tokens not reached: these tokens cannot be drawn, the log-probabilities stay
-         * those of the model. */
-        if (pick == last)
-            memcpy(w->masked, last, sizeof(float) * (size_t)vocab);
-        for (int b = 0; b < q->n_banned; b++)
-            if (q->banned[b] >= 0 && q->banned[b] < vocab)
-                w->masked[q->banned[b]] = -INFINITY;
-        pick = w->masked;
-    }
-    o->token = lora_sampler_sample(w->sampler, pick, &sp, &rng);
+    o->token = lora_emit_token(w->sampler, vocab, &d, w->masked, &o->logprob, w->top_ids + *top_at,
+                               w->top_lps + *top_at);
     o->top_ids = w->top_ids + *top_at;
     o->top_logprobs = w->top_lps + *top_at;
     o->n_top = top_n;
-    o->logprob = lora_sampler_logprobs(w->sampler, last, o->token, top_n, w->top_ids + *top_at,
-                                       w->top_lps + *top_at);
     *top_at += (size_t)top_n;
 }
 
@@ -224,7 +193,7 @@ int worker_handle_step(struct worker *w, const struct lora_msg_frames *f)
     struct lora_msg_bin bins[LORA_SOCK_MAX_BINS];
     char err[512];
     const float *logits;
-    double t0 = now_s();
+    double t0 = lora_clock_mono();
 
     for (int i = 0; i < f->n_bins; i++)
         bins[i] = (struct lora_msg_bin){f->bins[i].data, f->bins[i].len};
@@ -239,8 +208,7 @@ int worker_handle_step(struct worker *w, const struct lora_msg_frames *f)
         return reply_error(w, m.step_id, err);
     }
     if (prepare(w, &m, err, sizeof(err)) < 0 ||
-        lora_forward_step(w->fwd, w->steps, m.n_seqs, &logits, w->first_row, err, sizeof(err)) <
-            0)
+        lora_forward_step(w->fwd, w->steps, m.n_seqs, &logits, w->first_row, err, sizeof(err)) < 0)
         return reply_error(w, m.step_id, err);
     test_step_delay();
 
@@ -264,7 +232,7 @@ int worker_handle_step(struct worker *w, const struct lora_msg_frames *f)
         r.n_outs = m.n_seqs;
         r.outs = w->outs;
     }
-    r.step_seconds = now_s() - t0;
+    r.step_seconds = lora_clock_mono() - t0;
     lora_buf_reset(&w->out);
     if (lora_msg_encode_step_reply(&w->out, &r, NULL, NULL) < 0)
         return -1;

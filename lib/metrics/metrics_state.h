@@ -1,4 +1,5 @@
-/* metrics_state: lora-metrics' model of what engines and frontends publish (DESIGN section 9).
+/* metrics_state: lora-metrics' model of what engines and frontends publish (docs/design.md,
+ * "Metrics").
  *
  * Owns, per engine index: its config (the "ready" message), its registry, every rank's last
  * loaded state, its last stats, and the counters and histograms built from its events and from
@@ -15,8 +16,8 @@
  *   notification) and a stats message have arrived; before that, and while it is lost, its
  *   gauges are not to be shown (lora_metrics_state_engine_shows_gauges()).
  * - Cardinality: an engine tracks the adapters it has registered, those any rank holds, and
- *   those with requests in its last stats, at most LORA_METRICS_STATE_MAX_ADAPTERS; an adapter that is
- *   none of these any more is forgotten with its counters. Request ids are never stored.
+ *   those with requests in its last stats, at most LORA_METRICS_STATE_MAX_ADAPTERS; an adapter that
+ * is none of these any more is forgotten with its counters. Request ids are never stored.
  * - Restarts: an engine's epoch ends (its counters, histograms and state start again from zero)
  *   when the source it was heard on loses its connection (lora_metrics_state_source_lost), when its
  *   config changes (model, a limit, or an optional "start_time" key: a finite number, anything
@@ -77,13 +78,13 @@ enum lora_metrics_state_transition {
 /* One adapter of one engine. Read-only to callers. */
 struct lora_metrics_state_adapter {
     char *name;
-    bool registered;                           /* in the engine's last registry */
+    bool registered;                                  /* in the engine's last registry */
     uint8_t rank_level[LORA_METRICS_STATE_MAX_WORLD]; /* enum lora_metrics_state_level, per rank */
-    uint64_t rank_pinned;                      /* bit r: rank r pins it */
+    uint64_t rank_pinned;                             /* bit r: rank r pins it */
     enum lora_metrics_state_level level;              /* held at least here by every rank */
-    bool pinned;                               /* every rank pins it */
-    bool disagrees;                            /* the ranks hold it at different levels */
-    int running, waiting;                      /* its requests, from the last stats */
+    bool pinned;                                      /* every rank pins it */
+    bool disagrees;                                   /* the ranks hold it at different levels */
+    int running, waiting;                             /* its requests, from the last stats */
     bool accounted;                            /* a finished request was counted this epoch */
     uint64_t prompt_tokens, generation_tokens; /* of its finished requests, this epoch */
 };
@@ -110,9 +111,9 @@ enum lora_metrics_state_hist {
 /* One engine. Read-only to callers. */
 struct lora_metrics_state_engine {
     int index;
-    int source;         /* the source it was last heard on, or -1 */
-    bool from_engine;   /* heard from the engine itself, not only from frontends */
-    uint64_t epoch;     /* restarts seen so far */
+    int source;       /* the source it was last heard on, or -1 */
+    bool from_engine; /* heard from the engine itself, not only from frontends */
+    uint64_t epoch;   /* restarts seen so far */
     uint64_t last_heard_ms;
     /* config, from "ready" */
     bool has_config;
@@ -128,7 +129,8 @@ struct lora_metrics_state_engine {
     double kv_usage;
     uint64_t num_preemptions;
     bool has_dropped[LORA_METRICS_STATE_MAX_WORLD];
-    uint64_t dropped[LORA_METRICS_STATE_MAX_WORLD];  /* notifications a rank dropped since it started */
+    uint64_t
+        dropped[LORA_METRICS_STATE_MAX_WORLD]; /* notifications a rank dropped since it started */
     uint64_t last_seq[LORA_METRICS_STATE_MAX_WORLD]; /* highest notification sequence number seen */
     uint64_t first_seq[LORA_METRICS_STATE_MAX_WORLD]; /* the first one seen this epoch; 0: none */
     /* adapters, sorted by name (strcmp) */
@@ -160,8 +162,8 @@ struct lora_metrics_state_source {
     enum lora_metrics_state_source_kind kind;
     uint64_t last_heard_ms; /* 0: never */
     uint64_t n_messages, n_malformed, n_lost;
-    bool ended;  /* stdin: end of input, or input that cannot be framed */
-    char *why;   /* why it ended, or NULL */
+    bool ended; /* stdin: end of input, or input that cannot be framed */
+    char *why;  /* why it ended, or NULL */
 };
 
 struct lora_metrics_state {
@@ -170,7 +172,7 @@ struct lora_metrics_state {
     int n_engines;
     struct lora_metrics_state_source sources[LORA_METRICS_STATE_MAX_SOURCES];
     int n_sources;
-    uint64_t n_refused; /* messages dropped for a bound (engines, adapters) */
+    uint64_t n_refused;           /* messages dropped for a bound (engines, adapters) */
     struct lora_msg_arena *arena; /* decoded bodies, reset by every lora_metrics_state_apply() */
 };
 
@@ -179,13 +181,13 @@ void lora_metrics_state_destroy(struct lora_metrics_state **s);
 
 /* Registers a source (name copied); returns its id, or -1 (full, ENOMEM). */
 int lora_metrics_state_add_source(struct lora_metrics_state *s, const char *name,
-                           enum lora_metrics_state_source_kind kind);
+                                  enum lora_metrics_state_source_kind kind);
 
 /* Applies one message body received on source at now_ms (lora_clock_mono_ms()). Returns 1 when it
  * changed the model, 0 for a type of no interest here (heartbeat, ...), -1 when the body is
  * malformed or breaks a bound, with "TYPE: what" in err. */
 int lora_metrics_state_apply(struct lora_metrics_state *s, int source, const void *body, size_t len,
-                      uint64_t now_ms, char *err, size_t err_len);
+                             uint64_t now_ms, char *err, size_t err_len);
 
 /* The source's connection broke: every engine last heard on it ends its epoch. */
 void lora_metrics_state_source_lost(struct lora_metrics_state *s, int source, uint64_t now_ms);
@@ -194,30 +196,34 @@ void lora_metrics_state_source_lost(struct lora_metrics_state *s, int source, ui
 void lora_metrics_state_source_ended(struct lora_metrics_state *s, int source, const char *why);
 
 /* The engine with that index, or NULL. */
-const struct lora_metrics_state_engine *lora_metrics_state_engine(const struct lora_metrics_state *s, int index);
+const struct lora_metrics_state_engine *
+lora_metrics_state_engine(const struct lora_metrics_state *s, int index);
 
 /* Whether the engine was silent for longer than the timeout. */
-bool lora_metrics_state_engine_is_lost(const struct lora_metrics_state *s, const struct lora_metrics_state_engine *e,
-                                uint64_t now_ms);
+bool lora_metrics_state_engine_is_lost(const struct lora_metrics_state *s,
+                                       const struct lora_metrics_state_engine *e, uint64_t now_ms);
 /* Whether its whole state has arrived (config, registry, every rank, stats). */
 bool lora_metrics_state_engine_is_ready(const struct lora_metrics_state_engine *e);
 /* Ready and not lost: its gauges are true now. */
 bool lora_metrics_state_engine_shows_gauges(const struct lora_metrics_state *s,
-                                     const struct lora_metrics_state_engine *e, uint64_t now_ms);
+                                            const struct lora_metrics_state_engine *e,
+                                            uint64_t now_ms);
 /* The model_name label: --model-name, else the config's model; NULL when neither is known. */
 const char *lora_metrics_state_model_name(const struct lora_metrics_state *s,
-                                   const struct lora_metrics_state_engine *e);
+                                          const struct lora_metrics_state_engine *e);
 
 /* The two label values of vllm:lora_requests_info, names sorted and comma-joined (see the
  * man page for the two meanings). *running and *waiting are the caller's to free. 0 or -1. */
-int lora_metrics_state_lora_sets(const struct lora_metrics_state *s, const struct lora_metrics_state_engine *e,
-                          char **running, char **waiting);
+int lora_metrics_state_lora_sets(const struct lora_metrics_state *s,
+                                 const struct lora_metrics_state_engine *e, char **running,
+                                 char **waiting);
 
 /* Whether adapter a belongs in the default running set: registered and in a slot on every rank. */
 bool lora_metrics_state_adapter_is_ready(const struct lora_metrics_state_adapter *a);
 
 /* Health: true when every engine source was heard from within the timeout and every engine heard
  * is ready and not lost. Writes "ok" or one line per problem into buf (truncated at size). */
-bool lora_metrics_state_health(const struct lora_metrics_state *s, uint64_t now_ms, char *buf, size_t size);
+bool lora_metrics_state_health(const struct lora_metrics_state *s, uint64_t now_ms, char *buf,
+                               size_t size);
 
 #endif

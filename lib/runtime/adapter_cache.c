@@ -7,6 +7,7 @@
  * operation checks everything that can fail before it changes anything; the only step that can
  * fail midway is the caller's set_slot, which is undone on failure.
  */
+#include "base/clock.h"
 #include "runtime/adapter_cache.h"
 
 #include <stdio.h>
@@ -38,14 +39,6 @@ struct lora_adapter_cache {
 };
 
 static const char empty_name[] = "";
-
-static double mono_seconds(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 static void set_err(char *err, size_t err_len, const char *msg)
 {
@@ -131,10 +124,10 @@ static int call_set_slot(struct lora_adapter_cache *c, int slot,
 /* Destroys entry i's adapter, frees the entry and returns the destroy's wall time. */
 static double drop_entry(struct lora_adapter_cache *c, int i)
 {
-    double t0 = mono_seconds();
+    double t0 = lora_clock_mono();
 
     lora_adapter_destroy(&c->entries[i].adapter);
-    double seconds = mono_seconds() - t0;
+    double seconds = lora_clock_mono() - t0;
     clear_entry(&c->entries[i]);
     c->n_cached--;
     return seconds;
@@ -294,11 +287,11 @@ static int activate_index(struct lora_adapter_cache *c, int i, int slot, uint64_
                      p->name);
         return -1;
     }
-    double t0 = mono_seconds();
+    double t0 = lora_clock_mono();
 
     if (call_set_slot(c, slot, e, err, err_len) < 0)
         return -1;
-    double seconds = mono_seconds() - t0;
+    double seconds = lora_clock_mono() - t0;
 
     if (old_slot >= 0 && call_set_slot(c, old_slot, NULL, err, err_len) < 0) {
         /* Undo: slot gets its previous occupant back; nothing better is possible if that

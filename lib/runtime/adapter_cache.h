@@ -1,13 +1,13 @@
 /* adapter_cache: one worker rank's adapters: the CPU cache and the compute slots.
  *
  * The cache owns every adapter it holds (struct lora_adapter, host memory, destroyed on eviction
- * or removal) and knows which of them sit in the max_loras compute slots (DESIGN.md section 6:
- * gpu ⊂ cpu; an adapter in a slot is also in the cache and counts against max_cpu_loras). The
- * slots themselves, preallocated in the backend's memory, belong to lib/runtime/forward: whenever
- * a slot's content changes the cache calls set_slot (the worker wires it to
- * lora_forward_set_slot, which copies the adapter's weights into the slot), so the compute side
- * never holds a pointer into an adapter the cache may destroy. An ACTIVATE timing is the time of
- * that copy.
+ * or removal) and knows which of them sit in the max_loras compute slots (docs/design.md,
+ * "Residency": gpu ⊂ cpu; an adapter in a slot is also in the cache and counts against
+ * max_cpu_loras). The slots themselves, preallocated in the backend's memory, belong to
+ * lib/runtime/forward: whenever a slot's content changes the cache calls set_slot (the worker wires
+ * it to lora_forward_set_slot, which copies the adapter's weights into the slot), so the compute
+ * side never holds a pointer into an adapter the cache may destroy. An ACTIVATE timing is the time
+ * of that copy.
  *
  * Invariants a caller can rely on after every call, successful or not (lora_adapter_cache_check
  * verifies them):

@@ -21,9 +21,9 @@
 /* When a sequence ends. */
 struct lora_emit_rules {
     int max_tokens;
-    int min_tokens;          /* EOS and stop ids neither end it nor may be drawn before this */
+    int min_tokens; /* EOS and stop ids neither end it nor may be drawn before this */
     bool ignore_eos;
-    const int32_t *eos_ids;  /* the model's */
+    const int32_t *eos_ids; /* the model's */
     int n_eos;
     const int32_t *stop_ids; /* the request's stop_token_ids */
     int n_stop;
@@ -39,19 +39,19 @@ const char *lora_emit_finish(const struct lora_emit_rules *r, int n_generated, i
 
 /* One draw. */
 struct lora_emit_draw {
-    const float *row;                 /* (vocab) logits */
+    const float *row; /* (vocab) logits */
     struct lora_sampling_params sampling;
     uint64_t seed;
-    int n_generated;                  /* tokens generated before this one */
-    const int32_t *allowed;           /* NULL: every token */
+    int n_generated;        /* tokens generated before this one */
+    const int32_t *allowed; /* NULL: every token */
     int n_allowed;
-    const int32_t *banned;            /* lora_emit_banned's, while min_tokens is not reached */
+    const int32_t *banned; /* lora_emit_banned's, while min_tokens is not reached */
     int n_banned;
-    int top_n;                        /* log-probabilities of the top_n tokens (<= vocab) */
+    int top_n; /* log-probabilities of the top_n tokens (<= vocab) */
 };
 
 /* Draws the token, writes its log-probability and the top_n ids and log-probabilities.
- * masked is scratch of vocab floats. */
+ * masked is scratch of vocab floats (NULL will do when there is nothing to mask). */
 int lora_emit_token(struct lora_sampler *s, int vocab, const struct lora_emit_draw *d,
                     float *masked, float *logprob, int32_t *top_ids, float *top_logprobs);
 

@@ -7,6 +7,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
+#include "runtime/emit.h"
 #include "runtime/forward.h"
 #include "runtime/kv_cache.h"
 
@@ -31,21 +33,6 @@ struct gen_run {
     int *first_row;              /* (n) */
     int budget;
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static bool is_eos(const struct lora_model_config *c, int token)
-{
-    for (int i = 0; i < c->n_eos; i++)
-        if (c->eos_token_ids[i] == token)
-            return true;
-    return false;
-}
 
 static int validate(struct gen_run *g, int n_adapters, char *err, size_t err_len)
 {
@@ -107,8 +94,8 @@ static int setup(struct gen_run *g, const struct lora_adapter *const *adapters, 
         r->top_ids = calloc(n_top + 1, sizeof(int));
         r->top_logprobs = calloc(n_top + 1, sizeof(float));
         r->prompt_lps = calloc(ctx, sizeof(float));
-        if (!s->block_table || !s->all_tokens || !r->tokens || !r->token_logprobs ||
-            !r->top_ids || !r->top_logprobs || !r->prompt_lps)
+        if (!s->block_table || !s->all_tokens || !r->tokens || !r->token_logprobs || !r->top_ids ||
+            !r->top_logprobs || !r->prompt_lps)
             goto oom;
         memcpy(s->all_tokens, r->prompt, sizeof(int) * (size_t)r->n_prompt);
         for (int p = 0; p < r->n_prompt; p++)
@@ -121,8 +108,7 @@ static int setup(struct gen_run *g, const struct lora_adapter *const *adapters, 
     for (int i = 0; i < n_adapters; i++)
         max_rank = adapters[i]->rank > max_rank ? adapters[i]->rank : max_rank;
 
-    g->kv = lora_kv_cache_new(g->m->be, c->n_layers, g->m->n_kv_heads * c->head_dim, bs,
-                              n_blocks);
+    g->kv = lora_kv_cache_new(g->m->be, c->n_layers, g->m->n_kv_heads * c->head_dim, bs, n_blocks);
     if (!g->kv)
         goto oom;
     /* Every request is known up front: request i holds the contiguous blocks after those of
@@ -192,24 +178,26 @@ static void emit(struct gen_run *g, int i, const float *row)
 {
     struct lora_generate_request *r = &g->reqs[i];
     struct gen_seq *s = &g->seqs[i];
-    struct lora_rng rng;
+    const struct lora_model_config *c = &g->m->cfg;
     int k = r->n_tokens;
+    struct lora_emit_draw d = {
+        .row = row, .sampling = r->sampling, .seed = r->seed, .n_generated = k, .top_n = r->top_n};
+    struct lora_emit_rules rules = {.max_tokens = r->max_tokens,
+                                    .ignore_eos = r->ignore_eos,
+                                    .eos_ids = c->eos_token_ids,
+                                    .n_eos = c->n_eos};
+    int tok =
+        lora_emit_token(g->sampler, c->vocab_size, &d, NULL, &r->token_logprobs[k],
+                        r->top_ids + (size_t)k * r->top_n, r->top_logprobs + (size_t)k * r->top_n);
 
-    lora_rng_seed_draw(&rng, r->seed, (uint64_t)k);
-    int tok = lora_sampler_sample(g->sampler, row, &r->sampling, &rng);
-
-    r->token_logprobs[k] = lora_sampler_logprobs(g->sampler, row, tok, r->top_n,
-                                                 r->top_ids + (size_t)k * r->top_n,
-                                                 r->top_logprobs + (size_t)k * r->top_n);
     r->tokens[k] = tok;
     r->n_tokens++;
     s->all_tokens[r->n_prompt + k] = tok;
-    if (!r->ignore_eos && is_eos(&g->m->cfg, tok)) {
-        r->stopped_on_eos = true;
+    const char *why = lora_emit_finish(&rules, r->n_tokens, tok);
+    if (why) {
+        r->stopped_on_eos = strcmp(why, "stop") == 0;
         s->done = true;
     }
-    if (r->n_tokens >= r->max_tokens)
-        s->done = true;
 }
 
 /* Consumes one step's logits: prompt log-probabilities, then sampling. */
@@ -265,7 +253,7 @@ int lora_generate_run(const struct lora_model *m, const struct lora_adapter *con
 {
     struct gen_run g = {.m = m, .reqs = reqs, .n = n, .budget = o->max_batched_tokens};
     int rc = -1;
-    double t0 = now_s();
+    double t0 = lora_clock_mono();
 
     memset(stats, 0, sizeof(*stats));
     if (n < 1 || o->max_batched_tokens < 1 || o->block_size < 1) {
@@ -283,7 +271,7 @@ int lora_generate_run(const struct lora_model *m, const struct lora_adapter *con
         if (n_steps == 0)
             break;
         const float *logits;
-        double ts = now_s();
+        double ts = lora_clock_mono();
         if (lora_forward_step(g.fwd, g.steps, n_steps, &logits, g.first_row, err, err_len) < 0)
             goto out;
         absorb(&g, n_steps, logits);
@@ -291,12 +279,12 @@ int lora_generate_run(const struct lora_model *m, const struct lora_adapter *con
         if (!has_prefill) {
             stats->n_decode_steps++;
             stats->n_decode_tokens += n_steps;
-            stats->decode_seconds += now_s() - ts;
+            stats->decode_seconds += lora_clock_mono() - ts;
         }
     }
     rc = 0;
 out:
-    stats->total_seconds = now_s() - t0;
+    stats->total_seconds = lora_clock_mono() - t0;
     teardown(&g);
     return rc;
 }

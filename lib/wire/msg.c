@@ -1,6 +1,6 @@
-/* msg: the msgpack codec of the message catalogue (see msg.h, DESIGN.md section 4): type names,
- * the arena, the primitives every message family uses (msg_codec.h), and the messages all peers
- * share (hello, the empty ones). The families are in msg_worker.c, msg_frontend.c and
+/* msg: the msgpack codec of the message catalogue (see msg.h, docs/design.md, "Wire protocol"):
+ * type names, the arena, the primitives every message family uses (msg_codec.h), and the messages
+ * all peers share (hello, the empty ones). The families are in msg_worker.c, msg_frontend.c and
  * msg_publish.c; msgpack headers are read in msg_scan.c alone.
  *
  * Encoding packs straight into the caller's buffer through a msgpack_packer write callback; on

@@ -1,4 +1,4 @@
-/* notify_ring: a worker's bounded buffer of notifications (DESIGN.md section 7).
+/* notify_ring: a worker's bounded buffer of notifications (docs/design.md, "Residency").
  *
  * Holds at most `capacity` items (LORA_NOTIFY_RING_CAPACITY by default), oldest first. Each item
  * is an opaque byte string (the encoded notification: the ring knows no codec), a kind tag and a

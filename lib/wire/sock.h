@@ -1,7 +1,7 @@
 /* sock: ZeroMQ sockets with the project's framing and liveness.
  *
  * Owns one libzmq socket per struct lora_sock (ROUTER, DEALER, PUB or SUB; REQ/REP are not used),
- * its options, and the wire framing of DESIGN section 4:
+ * its options, and the wire framing of docs/design.md, "Wire protocol":
  *
  *     [routing id, ROUTER side only] ["LORA1"] [body: one msgpack map] [raw binary frames...]
  *     PUB/SUB:                 [topic] ["LORA1"] [body] [raw binary frames...]
@@ -63,8 +63,8 @@
  * libzmq removes the socket file when the socket is closed. Abstract names (ipc://@name) skip both
  * steps.
  *
- * Liveness (DESIGN section 4): every connection carries heartbeats. A side sends a "heartbeat"
- * message (lib/wire/msg) to a peer when it has sent that peer nothing for
+ * Liveness (docs/design.md, "Wire protocol"): every connection carries heartbeats. A side sends a
+ * "heartbeat" message (lib/wire/msg) to a peer when it has sent that peer nothing for
  * LORA_HEARTBEAT_INTERVAL_MS (500 ms); any message received from a peer counts as a heartbeat; a
  * peer silent for LORA_HEARTBEAT_LIVENESS (6) intervals, LORA_HEARTBEAT_DEAD_MS = 3 s, is dead.
  * struct lora_peer_liveness (liveness.h) does the arithmetic for one peer.
@@ -94,7 +94,6 @@
 #define LORA_SOCK_SEND_TIMEOUT_MS 1000          /* ZMQ_SNDTIMEO for blocking sends */
 #define LORA_SOCK_POLL_MAX        16            /* sockets in one lora_sock_poll() */
 #define LORA_SOCK_LOG_EVERY       1000          /* malformed warnings: the first, then every Nth */
-
 
 /* Why a received message was dropped. Values only grow at the end. */
 enum lora_sock_malformed {

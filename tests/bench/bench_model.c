@@ -1,6 +1,6 @@
-/* bench_model: decode throughput of the runtime on the CPU backend on a model with the shape of a 0.5B Llama
- * (Qwen2-0.5B's dimensions), against the machine's memory bandwidth, and the cost of serving
- * several LoRA adapters at once. Every figure is measured in this run, side by side.
+/* bench_model: decode throughput of the runtime on the CPU backend on a model with the shape of a
+ * 0.5B Llama (Qwen2-0.5B's dimensions), against the machine's memory bandwidth, and the cost of
+ * serving several LoRA adapters at once. Every figure is measured in this run, side by side.
  *
  *   build/main/tests/bench/bench_model [--model DIR] [--quick] [--only SECTION]
  *
@@ -17,6 +17,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "base/clock.h"
 #include "backend/backend.h"
 #include "base/fs.h"
 #include "runtime/adapter.h"
@@ -27,13 +28,6 @@
 #define N_ADAPTERS 8
 #define REPEATS    3
 #define AD_REPEATS 5
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -59,11 +53,11 @@ static double copy_bandwidth(size_t bytes)
         b[i] = 0;
     }
     for (int r = 0; r < 5; r++) {
-        double t = now_s();
+        double t = lora_clock_mono();
 #pragma omp parallel for schedule(static)
         for (size_t i = 0; i < n; i++)
             b[i] = a[i];
-        double bw = 2.0 * bytes / (now_s() - t);
+        double bw = 2.0 * bytes / (lora_clock_mono() - t);
         best = bw > best ? bw : best;
     }
     volatile float sink = b[n / 3];
@@ -91,7 +85,7 @@ static double read_bandwidth(size_t bytes)
     for (size_t i = 0; i < n; i++)
         a[i] = (float)(i & 7);
     for (int r = 0; r < 5; r++) {
-        double t = now_s();
+        double t = lora_clock_mono();
         float sum = 0;
 #pragma omp parallel reduction(+ : sum)
         {
@@ -106,7 +100,7 @@ static double read_bandwidth(size_t bytes)
                 for (int l = 0; l < 8; l++)
                     sum += acc[j][l];
         }
-        double bw = (double)n * sizeof(float) / (now_s() - t);
+        double bw = (double)n * sizeof(float) / (lora_clock_mono() - t);
         best = bw > best ? bw : best;
         total += sum;
     }
@@ -172,8 +166,8 @@ static void matmul_compare(struct lora_backend *be, int m, int n, int k)
     for (size_t i = 0; i < (size_t)m * k; i++)
         x[i] = (float)((i * 40503u) % 1000) * 1e-3f - 0.5f;
     char err[256];
-    struct lora_buffer *wb = be->ops->buffer_wrap(be, w, (size_t)n * k * sizeof(float), err,
-                                                  sizeof(err));
+    struct lora_buffer *wb =
+        be->ops->buffer_wrap(be, w, (size_t)n * k * sizeof(float), err, sizeof(err));
     if (!wb) {
         fprintf(stderr, "bench: fatal: %s\n", err);
         exit(111);
@@ -181,15 +175,15 @@ static void matmul_compare(struct lora_backend *be, int m, int n, int k)
     struct lora_tensor wt = {wb, 0, LORA_DTYPE_F32, n, k};
     int reps = (int)(2e9 / ((double)m * n * k + 1e6)) + 1;
     for (int r = 0; r < REPEATS; r++) {
-        double t = now_s();
+        double t = lora_clock_mono();
         for (int i = 0; i < reps; i++)
             be->ops->matmul(be, y, x, &wt, m, 1.0f, false);
-        t_ours[r] = (now_s() - t) / reps;
-        t = now_s();
+        t_ours[r] = (lora_clock_mono() - t) / reps;
+        t = lora_clock_mono();
         for (int i = 0; i < reps; i++)
             cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, m, n, k, 1.0f, x, k, w, k, 0.0f, y,
                         n);
-        t_blas[r] = (now_s() - t) / reps;
+        t_blas[r] = (lora_clock_mono() - t) / reps;
     }
     qsort(t_ours, REPEATS, sizeof(double), cmp_double);
     qsort(t_blas, REPEATS, sizeof(double), cmp_double);
@@ -236,10 +230,10 @@ int main(int argc, char **argv)
     }
     if (!model_dir) {
         snprintf(path, sizeof(path), "%s/model", tmp);
-        double t = now_s();
+        double t = lora_clock_mono();
         if (lora_synthetic_model_write(path, &mo, err, sizeof(err)) < 0)
             return fail("generating the model", err);
-        printf("generated the model in %.1f s\n", now_s() - t);
+        printf("generated the model in %.1f s\n", lora_clock_mono() - t);
         model_dir = path;
     }
     b.be = lora_backend_open("cpu", err, sizeof(err));

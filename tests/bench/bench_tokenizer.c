@@ -22,6 +22,7 @@
 
 #include <jansson.h>
 
+#include "base/clock.h"
 #include "text/tokenizer.h"
 
 #define PROG      "bench_tokenizer"
@@ -39,14 +40,6 @@ struct docs {
     struct doc *v;
     size_t n, cap, bytes;
 };
-
-static double now_s(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static int cmp_double(const void *a, const void *b)
 {
@@ -156,7 +149,7 @@ static void reference_speed(const char *node_dir, const char *corpus, double mb,
 static int bench_one(const char *path, const struct docs *d, int runs, bool ref,
                      const char *node_dir, const char *corpus, double mb)
 {
-    double enc[MAX_RUNS], dec[MAX_RUNS], t0 = now_s(), load_s, ref_enc, ref_dec;
+    double enc[MAX_RUNS], dec[MAX_RUNS], t0 = lora_clock_mono(), load_s, ref_enc, ref_dec;
     size_t n_tokens = 0, out_bytes = 0;
     char err[512];
     struct lora_tokenizer *t = lora_tokenizer_load(path, err, sizeof(err));
@@ -165,9 +158,9 @@ static int bench_one(const char *path, const struct docs *d, int runs, bool ref,
         fprintf(stderr, PROG ": fatal: %s\n", err);
         return 111;
     }
-    load_s = now_s() - t0;
+    load_s = lora_clock_mono() - t0;
     for (int r = 0; r < runs; r++) {
-        t0 = now_s();
+        t0 = lora_clock_mono();
         n_tokens = 0;
         for (size_t i = 0; i < d->n; i++) {
             struct doc *doc = &d->v[i];
@@ -180,10 +173,10 @@ static int bench_one(const char *path, const struct docs *d, int runs, bool ref,
             }
             n_tokens += doc->n_ids;
         }
-        enc[r] = (double)d->bytes / 1e6 / (now_s() - t0);
+        enc[r] = (double)d->bytes / 1e6 / (lora_clock_mono() - t0);
     }
     for (int r = 0; r < runs; r++) {
-        t0 = now_s();
+        t0 = lora_clock_mono();
         out_bytes = 0;
         for (size_t i = 0; i < d->n; i++) {
             char *text;
@@ -197,7 +190,7 @@ static int bench_one(const char *path, const struct docs *d, int runs, bool ref,
             out_bytes += len;
             free(text);
         }
-        dec[r] = (double)out_bytes / 1e6 / (now_s() - t0);
+        dec[r] = (double)out_bytes / 1e6 / (lora_clock_mono() - t0);
     }
     /* The best run too: on a shared machine a run can only be slowed down. */
     double e = median(enc, runs), dd = median(dec, runs), per_tok = (double)d->bytes / n_tokens;

@@ -1,9 +1,9 @@
-/* Unit tests for lib/runtime/adapter_cache: the DESIGN.md section 6 example (max_loras 2, max_cpu_loras
- * 3, pinning), LRU eviction from the cache and from the slots, the in_use callback, every error
- * with its message and with nothing changed (set_slot failures injected through a fake), removal
- * that really frees (run under ASan), snapshots and their timings, 5000 random operations with
- * the invariant check and an independent LRU oracle after each, and real generated adapters
- * wired to lora_forward_set_slot, whose slots hold copies.
+/* Unit tests for lib/runtime/adapter_cache: the docs/design.md, "Residency" example (max_loras 2,
+ * max_cpu_loras 3, pinning), LRU eviction from the cache and from the slots, the in_use callback,
+ * every error with its message and with nothing changed (set_slot failures injected through a
+ * fake), removal that really frees (run under ASan), snapshots and their timings, 5000 random
+ * operations with the invariant check and an independent LRU oracle after each, and real generated
+ * adapters wired to lora_forward_set_slot, whose slots hold copies.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -181,7 +181,8 @@ static int find_timing(const struct lora_adapter_cache_snapshot *s, int from, co
     return -1;
 }
 
-/* ---- the DESIGN example --------------------------------------------------------------------- */
+/* ---- a worked residency example
+ * --------------------------------------------------------------------- */
 
 static void test_design_example(void)
 {
@@ -966,7 +967,8 @@ static void test_slots_hold_copies(void)
                                       .max_rank = 8};
     struct lora_forward *fwd = kv ? lora_forward_new(m, kv, &lim, err, sizeof(err)) : NULL;
     struct lora_adapter *a = load_adapter("copied", model_dir, 8, m);
-    float *with = calloc((size_t)vocab, sizeof(float)), *base = calloc((size_t)vocab, sizeof(float));
+    float *with = calloc((size_t)vocab, sizeof(float)),
+          *base = calloc((size_t)vocab, sizeof(float));
     static const int tokens[] = {1, 2, 3}, table[] = {0};
     struct lora_seq_step st = {tokens, 3, 0, table, 1, false};
     const float *logits;

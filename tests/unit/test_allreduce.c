@@ -7,6 +7,7 @@
  * outcome. Children report on stdout as "# ..." lines and through their exit status; a child that
  * hangs is killed by an alarm, so the parent always gets an answer.
  */
+#include "base/clock.h"
 #include "backend/cpu/allreduce_shm.h"
 #include "check.h"
 
@@ -29,14 +30,6 @@
 #define CHILD_ALARM 10 /* seconds before a hung child is killed */
 
 /* ---- helpers ---- */
-
-static double now_s(void)
-{
-    struct timespec ts;
-
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static const char *seg_name(const char *what)
 {
@@ -255,11 +248,11 @@ static int rank_waits(const struct group *g, int rank, uint64_t *out)
         return 1;
     }
     if (rank != 2) {
-        double t0 = now_s();
+        double t0 = lora_clock_mono();
         int rc = lora_allreduce_sum(buf, 16, ar);
         *out = (uint64_t)errno;
-        if (rc != -1 || now_s() - t0 > 2.0) {
-            printf("# rank %d: rc %d after %.3f s\n", rank, rc, now_s() - t0);
+        if (rc != -1 || lora_clock_mono() - t0 > 2.0) {
+            printf("# rank %d: rc %d after %.3f s\n", rank, rc, lora_clock_mono() - t0);
             status = 1;
         }
     }
@@ -322,10 +315,10 @@ static void test_timeout(void)
 
     CHECK(a0 && a1);
     if (a0 && a1) {
-        double t0 = now_s();
+        double t0 = lora_clock_mono();
         CHECK(lora_allreduce_sum(buf, 64, a0) == -1);
         CHECK(errno == ETIMEDOUT);
-        double waited = now_s() - t0;
+        double waited = lora_clock_mono() - t0;
         CHECK(waited >= 0.9 * TIMEOUT_MS / 1000.0 && waited < 2.0);
         /* The late peer, and any later call, are refused at once. */
         CHECK(lora_allreduce_sum(buf, 64, a1) == -1);
