@@ -48,44 +48,8 @@ static enum lora_dtype dt; /* the dtype of the case that runs */
 
 /* ---- helpers ---- */
 
-static void *xmalloc(size_t bytes)
-{
-    void *p = malloc(bytes ? bytes : 1);
-
-    if (!p) {
-        printf("Bail out! unable to allocate %zu bytes\n", bytes);
-        exit(1);
-    }
-    return p;
-}
-
-static float *new_floats(size_t n)
-{
-    return xmalloc(n * sizeof(float));
-}
-
-static double *new_doubles(size_t n)
-{
-    return xmalloc(n * sizeof(double));
-}
-
-static uint64_t rng_state = 0x452821e638d01377ULL;
-
-/* splitmix64: fixed seed, so every run tests the same numbers. */
-static uint64_t rng_next(void)
-{
-    uint64_t z = (rng_state += 0x9e3779b97f4a7c15ULL);
-
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-}
-
-/* Uniform in [-1, 1), a multiple of 2^-23. */
-static float rng_uniform(void)
-{
-    return (float)((int32_t)(rng_next() >> 40) - (1 << 23)) / (float)(1 << 23);
-}
+#define TEST_RANDOM_SEED 0x452821e638d01377ULL
+#include "tests/common/test_random.h"
 
 static void fill_random(float *x, size_t n, float scale)
 {
