@@ -556,6 +556,29 @@ struct lora_msg_request_stats {
     double submit_seconds, output_seconds;
 };
 
+/* Room for any decoded message, for code that picks the decoder at run time (tests, fuzzing). */
+union lora_msg_any {
+    struct lora_msg_hello hello;
+    struct lora_msg_ready ready;
+    struct lora_msg_setup setup;
+    struct lora_msg_setup_done setup_done;
+    struct lora_msg_step step;
+    struct lora_msg_step_reply step_reply;
+    struct lora_msg_adapter_op adapter_op;
+    struct lora_msg_adapter_op_reply adapter_op_reply;
+    struct lora_msg_notifications notifications;
+    struct lora_msg_residency_reply residency_reply;
+    struct lora_msg_request request;
+    struct lora_msg_abort abort;
+    struct lora_msg_output output;
+    struct lora_msg_event event;
+    struct lora_msg_stats stats;
+    struct lora_msg_control control;
+    struct lora_msg_control_reply control_reply;
+    struct lora_msg_registry registry;
+    struct lora_msg_request_stats request_stats;
+};
+
 /* ---- codec -------------------------------------------------------------------------------
  * lora_msg_encode_<type>(buf, msg, ...) appends one msgpack map to buf (after reset by the
  * caller) and returns 0, or -1 with errno ENOMEM, or EINVAL when msg breaks a rule its decoder

@@ -10,28 +10,6 @@
 typedef int (*decoder)(const void *, size_t, const struct lora_msg_bin *, int,
                        struct lora_msg_arena *, void *, char *, size_t);
 
-union any_msg {
-    struct lora_msg_hello hello;
-    struct lora_msg_ready ready;
-    struct lora_msg_setup setup;
-    struct lora_msg_setup_done setup_done;
-    struct lora_msg_step step;
-    struct lora_msg_step_reply step_reply;
-    struct lora_msg_adapter_op adapter_op;
-    struct lora_msg_adapter_op_reply adapter_op_reply;
-    struct lora_msg_notifications notifications;
-    struct lora_msg_residency_reply residency_reply;
-    struct lora_msg_request request;
-    struct lora_msg_abort abort;
-    struct lora_msg_output output;
-    struct lora_msg_event event;
-    struct lora_msg_stats stats;
-    struct lora_msg_control control;
-    struct lora_msg_control_reply control_reply;
-    struct lora_msg_registry registry;
-    struct lora_msg_request_stats request_stats;
-};
-
 #define D(name) (decoder) lora_msg_decode_##name
 static const decoder decoders[] = {
     D(hello),         D(ready),           D(setup),         D(setup_done),
@@ -46,7 +24,7 @@ static struct lora_msg_arena *arena;
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    union any_msg m;
+    union lora_msg_any m;
     struct lora_msg_bin bins[2];
     char err[512];
 

@@ -874,28 +874,6 @@ WRAP(control_reply)
 WRAP(registry)
 WRAP(request_stats)
 
-union any_msg {
-    struct lora_msg_hello hello;
-    struct lora_msg_ready ready;
-    struct lora_msg_setup setup;
-    struct lora_msg_setup_done setup_done;
-    struct lora_msg_step step;
-    struct lora_msg_step_reply step_reply;
-    struct lora_msg_adapter_op adapter_op;
-    struct lora_msg_adapter_op_reply adapter_op_reply;
-    struct lora_msg_notifications notifications;
-    struct lora_msg_residency_reply residency_reply;
-    struct lora_msg_request request;
-    struct lora_msg_abort abort;
-    struct lora_msg_output output;
-    struct lora_msg_event event;
-    struct lora_msg_stats stats;
-    struct lora_msg_control control;
-    struct lora_msg_control_reply control_reply;
-    struct lora_msg_registry registry;
-    struct lora_msg_request_stats request_stats;
-};
-
 struct codec {
     enc_fn enc; /* NULL: a type without fields */
     dec_fn dec;
@@ -963,7 +941,7 @@ static int encode(enum lora_msg_type t, const void *msg, struct lora_buf *b,
 /* Decodes a body that should be of type t; types without fields go through peek_type. */
 static int decode(enum lora_msg_type t, const void *body, size_t len,
                   const struct lora_msg_bin *bins, int n_bins, struct lora_msg_arena *a,
-                  union any_msg *out, char *err, size_t err_len)
+                  union lora_msg_any *out, char *err, size_t err_len)
 {
     if (codecs[t].dec)
         return codecs[t].dec(body, len, bins, n_bins, a, out, err, err_len);
@@ -1044,7 +1022,7 @@ static void round_trip_one(enum lora_msg_type t, const void *msg, const char *va
 {
     struct lora_msg_bin bins[MAX_BINS];
     int n_bins;
-    union any_msg out;
+    union lora_msg_any out;
     char err[256] = "", want[64];
     struct lora_buf js = {0};
 
@@ -1128,7 +1106,7 @@ static void truncated_one(enum lora_msg_type t, const void *msg, const char *var
 {
     struct lora_msg_bin bins[MAX_BINS];
     int n_bins;
-    union any_msg out;
+    union lora_msg_any out;
     char err[256];
     struct lora_buf js = {0};
 
@@ -1402,7 +1380,7 @@ static void wrong_and_missing_one(enum lora_msg_type t, const void *msg, const c
 {
     struct lora_msg_bin bins[MAX_BINS];
     int n_bins;
-    union any_msg out;
+    union lora_msg_any out;
     char err[256], name[64], want[96];
     msgpack_zone zone;
     msgpack_object root;
@@ -1467,7 +1445,7 @@ static void unknown_keys_one(enum lora_msg_type t, const void *msg, const char *
 {
     struct lora_msg_bin bins[MAX_BINS];
     int n_bins;
-    union any_msg out;
+    union lora_msg_any out;
     char err[256];
     msgpack_zone zone;
     msgpack_object root;
@@ -1513,7 +1491,7 @@ static void test_unknown_keys_ignored(void)
 
 /* Decodes sample t with the value at path spec replaced by v; returns the decoder's result. */
 static int decode_edited(enum lora_msg_type t, const void *msg, const char *spec, msgpack_object v,
-                         enum edit_kind kind, union any_msg *out, char *err, size_t err_len)
+                         enum edit_kind kind, union lora_msg_any *out, char *err, size_t err_len)
 {
     struct lora_msg_bin bins[MAX_BINS];
     int n_bins;
@@ -1530,7 +1508,7 @@ static int decode_edited(enum lora_msg_type t, const void *msg, const char *spec
 
 static void test_numbers(void)
 {
-    union any_msg o;
+    union lora_msg_any o;
     char err[256];
 
     /* floats: float64 and integers accepted where a float32 is usual */
@@ -1586,7 +1564,7 @@ static void test_numbers(void)
 /* The KV budget of setup and the blocks of setup_done: optional, bounded, absent when 0. */
 static void test_kv_budget(void)
 {
-    union any_msg o;
+    union lora_msg_any o;
     char err[256];
     struct lora_msg_bin bins[MAX_BINS];
     int n_bins;
@@ -1646,7 +1624,7 @@ static void test_kv_budget(void)
 
 static void test_strings_and_enums(void)
 {
-    union any_msg o;
+    union lora_msg_any o;
     char err[256];
     static char long_name[LORA_MSG_MAX_STR + 2];
     msgpack_object nul = mp_str("ab");
@@ -1717,7 +1695,7 @@ static void test_strings_and_enums(void)
 /* Array lengths against each other and against the bounds. */
 static void test_array_bounds(void)
 {
-    union any_msg o;
+    union lora_msg_any o;
     char err[256];
     msgpack_object one[1] = {mp_int(1)};
     msgpack_object arr = {.type = MSGPACK_OBJECT_ARRAY};
@@ -1817,7 +1795,7 @@ static void test_lying_lengths(void)
         {reserved, sizeof(reserved), "reserved byte 0xc1"},
         {trailing, sizeof(trailing), "trailing bytes"},
     };
-    union any_msg o;
+    union lora_msg_any o;
     char err[256];
     struct lora_buf js = {0};
     clock_t start = clock();
@@ -1897,7 +1875,7 @@ static void test_frames(void)
     struct lora_msg_step s;
     struct lora_msg_request r;
     char err[256];
-    union any_msg o;
+    union lora_msg_any o;
 
     CHECK(encode(LORA_MSG_STEP, &step_full, &buf, bins, &n_bins) == 0);
     CHECK(n_bins == 2 && bins[0].data == step_tokens && bins[0].len == 16);
@@ -2335,7 +2313,7 @@ static void mutations_one(enum lora_msg_type t, const void *msg, const char *var
 {
     struct lora_msg_bin bins[MAX_BINS], bins2[MAX_BINS];
     int n_bins, n_bins2;
-    union any_msg out, again;
+    union lora_msg_any out, again;
     char err[256];
     struct lora_buf m = {0}, js = {0}, re = {0};
 
@@ -2420,7 +2398,7 @@ static void edits_one(enum lora_msg_type t, const void *msg, const char *variant
 {
     struct lora_msg_bin bins[MAX_BINS], bins2[MAX_BINS];
     int n_bins, n_bins2;
-    union any_msg out, again;
+    union lora_msg_any out, again;
     char err[256], text[16];
     msgpack_zone zone;
     msgpack_object root;
@@ -2561,7 +2539,7 @@ static bool check_file(const char *dir, const char *name)
     struct lora_msg_bin bins[MAX_BINS];
     char *bin_data[MAX_BINS] = {0};
     int n_bins = 0;
-    union any_msg out;
+    union lora_msg_any out;
     json_t *line = json_object();
     bool ok = false;
 
