@@ -74,6 +74,16 @@ bool lora_dtype_is_compute(enum lora_dtype dtype);
  * other dtype. BF16 converts exactly; F16 handles subnormals, infinities and NaN. */
 int lora_dtype_to_f32(enum lora_dtype dtype, const void *src, float *dst, size_t n);
 
+/* Converts n elements of src (F32, F16 or BF16, possibly unaligned) to dst in F32, F16 or BF16,
+ * rounding to nearest even. Returns -1 for any other dtype. */
+int lora_dtype_convert(enum lora_dtype from, const void *src, enum lora_dtype to, void *dst,
+                       size_t n);
+
+/* Quantizes a (rows, cols) F32, F16 or BF16 tensor to dst, lora_tensor_bytes(I8, rows, cols)
+ * bytes. Returns -1 for another source dtype. */
+int lora_quantize_i8(enum lora_dtype src_dtype, const void *src, int64_t rows, int64_t cols,
+                     void *dst);
+
 /* Float to BF16 or F16 with round-to-nearest-even. */
 uint16_t lora_f32_to_bf16(float f);
 uint16_t lora_f32_to_f16(float f);
@@ -261,6 +271,7 @@ struct lora_backend {
     const char *kind;      /* "cpu", "cuda" */
     char device[32];       /* as opened: "cpu", "cuda:0" */
     char description[160]; /* one line for logs and --version: "cpu (AVX2, 16 threads)" */
+    bool fast_matmul;      /* 16-bit weights: activations rounded to bf16 (--matmul-precision) */
     void *ctx;             /* the backend's own */
 };
 

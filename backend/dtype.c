@@ -8,6 +8,7 @@
 #include "backend/backend.h"
 
 #include <stdbool.h>
+#include <math.h>
 #include <string.h>
 
 static const struct {
@@ -162,6 +163,36 @@ int lora_dtype_to_f32(enum lora_dtype dtype, const void *src, float *dst, size_t
     }
 }
 
+int lora_dtype_convert(enum lora_dtype from, const void *src, enum lora_dtype to, void *dst,
+                       size_t n)
+{
+    const unsigned char *p = src;
+    unsigned char *q = dst;
+    float chunk[256];
+
+    if (from == to && lora_dtype_size(from)) {
+        if (n)
+            memcpy(dst, src, n * lora_dtype_size(from));
+        return 0;
+    }
+    if (to == LORA_DTYPE_F32)
+        return lora_dtype_to_f32(from, src, dst, n);
+    if (to != LORA_DTYPE_BF16 && to != LORA_DTYPE_F16)
+        return -1;
+    /* Through float32, which holds every F16 and BF16 value exactly: one rounding. */
+    for (size_t i = 0; i < n; i += 256) {
+        size_t k = n - i < 256 ? n - i : 256;
+        if (lora_dtype_to_f32(from, p + i * lora_dtype_size(from), chunk, k) < 0)
+            return -1;
+        for (size_t j = 0; j < k; j++) {
+            uint16_t h = to == LORA_DTYPE_BF16 ? lora_f32_to_bf16(chunk[j])
+                                               : lora_f32_to_f16(chunk[j]);
+            memcpy(q + 2 * (i + j), &h, sizeof(h));
+        }
+    }
+    return 0;
+}
+
 bool lora_dtype_is_compute(enum lora_dtype dtype)
 {
     return dtype == LORA_DTYPE_F32 || dtype == LORA_DTYPE_BF16 || dtype == LORA_DTYPE_F16 ||
@@ -191,5 +222,35 @@ int lora_tensor_row_to_f32(enum lora_dtype dtype, const void *data, int64_t rows
     const signed char *q = (const signed char *)p + (size_t)row * (size_t)cols;
     for (int64_t c = 0; c < cols; c++)
         dst[c] = (float)q[c] * scale;
+    return 0;
+}
+
+int lora_quantize_i8(enum lora_dtype src_dtype, const void *src, int64_t rows, int64_t cols,
+                     void *dst)
+{
+    const char *p = src;
+    signed char *q = dst;
+    float *scales = (float *)(q + (size_t)rows * (size_t)cols), row[256];
+
+    for (int64_t r = 0; r < rows; r++) {
+        float amax = 0;
+        for (int64_t c = 0; c < cols; c += 256) {
+            int64_t k = cols - c < 256 ? cols - c : 256;
+            if (lora_dtype_to_f32(src_dtype, p + (size_t)(r * cols + c) * lora_dtype_size(src_dtype),
+                                  row, (size_t)k) < 0)
+                return -1;
+            for (int64_t j = 0; j < k; j++)
+                amax = fabsf(row[j]) > amax ? fabsf(row[j]) : amax;
+        }
+        float scale = amax / 127.0f, inv = scale > 0 ? 1.0f / scale : 0;
+        memcpy(&scales[r], &scale, sizeof(scale));
+        for (int64_t c = 0; c < cols; c += 256) {
+            int64_t k = cols - c < 256 ? cols - c : 256;
+            lora_dtype_to_f32(src_dtype, p + (size_t)(r * cols + c) * lora_dtype_size(src_dtype),
+                              row, (size_t)k);
+            for (int64_t j = 0; j < k; j++)
+                q[r * cols + c + j] = (signed char)lrintf(row[j] * inv);
+        }
+    }
     return 0;
 }

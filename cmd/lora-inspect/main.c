@@ -8,11 +8,7 @@
 
 #include "inspect.h"
 
-static const struct {
-    const char *name;
-    int (*fn)(int argc, char **argv);
-    const char *help;
-} commands[] = {
+static const struct lora_cli_command commands[] = {
     {"residency", cmd_residency, "one record per adapter per rank: level, slot, pinned, activity"},
     {"events", cmd_events, "print what the engine publishes (--follow: until stopped)"},
     {"stats", cmd_stats, "the engine's request counts, key/value blocks and preemptions"},
@@ -29,10 +25,8 @@ static const char *const leading[] = {"run-dir", "control-endpoint", "publish-en
 
 static void usage(FILE *out)
 {
-    fputs("usage: lora-inspect [--run-dir DIR] COMMAND [OPTIONS]\n\ncommands:\n", out);
-    for (size_t i = 0; i < N_COMMANDS; i++)
-        fprintf(out, "  %-10s %s\n", commands[i].name, commands[i].help);
-    fputs("\nlora-inspect COMMAND --help shows the options of a command.\n", out);
+    lora_cli_commands_usage(out, "lora-inspect", "lora-inspect [--run-dir DIR] COMMAND [OPTIONS]",
+                            commands, N_COMMANDS);
 }
 
 /* How many arguments the leading option at argv[i] takes up (1 or 2), or 0 when it is not one. */
@@ -82,9 +76,8 @@ int main(int argc, char **argv)
         usage(stderr);
         return EXIT_USAGE;
     }
-    for (size_t i = 0; i < N_COMMANDS; i++) {
-        if (strcmp(argv[first], commands[i].name) != 0)
-            continue;
+    const struct lora_cli_command *cmd = lora_cli_command_find(commands, N_COMMANDS, argv[first]);
+    if (cmd) {
         /* argv becomes: COMMAND, the leading options, the rest. */
         char **args = must(calloc((size_t)argc + 1, sizeof(*args)));
         int n = 0;
@@ -93,7 +86,7 @@ int main(int argc, char **argv)
             args[n++] = argv[k];
         for (int k = first + 1; k < argc; k++)
             args[n++] = argv[k];
-        int rc = commands[i].fn(n, args);
+        int rc = cmd->fn(n, args);
         free(args);
         return rc;
     }

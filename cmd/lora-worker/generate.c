@@ -41,6 +41,7 @@ struct gen_opts {
     long max_lora_rank;
     long max_batched_tokens;
     long block_size;
+    struct precision_flags precision;
     bool help;
 };
 
@@ -74,6 +75,7 @@ static const struct lora_cli_opt options[] = {
     {"block-size", LORA_OPT_INT, &o.block_size, "N", "KV cache block size (default 16)", 1, 4096},
     {"device", LORA_OPT_STRING, &o.device, "DEVICE",
      "compute device: cpu, cuda or cuda:N (default cpu)"},
+    PRECISION_OPTIONS(o.precision),
     {"help", LORA_OPT_FLAG, &o.help, NULL, "show this help"},
     {0},
 };
@@ -385,6 +387,13 @@ int cmd_generate(int argc, char **argv)
         snprintf(err, sizeof(err), "--device %.64s: %s", o.device, why);
         goto out;
     }
+    struct lora_precision prec;
+    lora_precision_defaults(&prec);
+    if (lora_precision_parse(&prec, o.precision.dtype, o.precision.quantization,
+                             o.precision.lora_dtype, o.precision.kv_cache_dtype,
+                             o.precision.matmul_precision, err, sizeof(err)) < 0)
+        goto out;
+    j.be->fast_matmul = prec.fast_matmul;
     if (parse_lora_names(&j, err, sizeof(err)) < 0 ||
         (o.prompt_ids && single_request(&j, err, sizeof(err)) < 0))
         goto out;
@@ -398,10 +407,12 @@ int cmd_generate(int argc, char **argv)
         rc = EXIT_BAD_INPUT;
         o.model = demo;
     }
-    j.model = lora_model_load(j.be, o.model, 0, 1, err, sizeof(err));
-    if (!j.model || load_adapters(&j, err, sizeof(err)) < 0)
-        goto out;
     struct lora_generate_opts go = {(int)o.max_batched_tokens, (int)o.block_size};
+    j.model = lora_model_load(j.be, o.model, 0, 1, &prec, err, sizeof(err));
+    if (!j.model || load_adapters(&j, err, sizeof(err)) < 0 ||
+        lora_precision_kv(&prec, j.be, &go.kv_dtype, err, sizeof(err)) < 0 ||
+        lora_precision_lora(&prec, j.be, j.model->base_dtype, &go.lora_dtype, err, sizeof(err)) < 0)
+        goto out;
     struct lora_generate_stats st;
     if (lora_generate_run(j.model, (const struct lora_adapter *const *)j.adapters, j.n_adapters,
                           j.reqs, j.n_reqs, &go, &st, err, sizeof(err)) < 0)

@@ -8,11 +8,7 @@
 #include "base/cli.h"
 #include "worker.h"
 
-static const struct {
-    const char *name;
-    int (*fn)(int argc, char **argv);
-    const char *help;
-} commands[] = {
+static const struct lora_cli_command commands[] = {
     {"serve", cmd_serve, "serve as one tensor-parallel rank of an engine"},
     {"generate", cmd_generate, "run prompts through the model in shared batched steps"},
     {"make-model", cmd_make_model, "write a deterministic random model in Hugging Face layout"},
@@ -21,12 +17,12 @@ static const struct {
     {"device", cmd_device, "open the compute device (--device) and describe it"},
 };
 
+#define N_COMMANDS (sizeof(commands) / sizeof(commands[0]))
+
 static void usage(FILE *out)
 {
-    fputs("usage: lora-worker COMMAND [OPTIONS]\n\ncommands:\n", out);
-    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-        fprintf(out, "  %-14s %s\n", commands[i].name, commands[i].help);
-    fputs("\nlora-worker COMMAND --help shows the options of a command.\n", out);
+    lora_cli_commands_usage(out, "lora-worker", "lora-worker COMMAND [OPTIONS]", commands,
+                            N_COMMANDS);
 }
 
 int main(int argc, char **argv)
@@ -45,9 +41,9 @@ int main(int argc, char **argv)
         printf("lora-worker %s (backends: %s)\n", LORA_VERSION, builds);
         return 0;
     }
-    for (size_t i = 0; i < sizeof(commands) / sizeof(commands[0]); i++)
-        if (strcmp(argv[1], commands[i].name) == 0)
-            return commands[i].fn(argc - 1, argv + 1);
+    const struct lora_cli_command *cmd = lora_cli_command_find(commands, N_COMMANDS, argv[1]);
+    if (cmd)
+        return cmd->fn(argc - 1, argv + 1);
     fprintf(stderr, "lora-worker: fatal: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return EXIT_USAGE;

@@ -122,8 +122,9 @@ static int kv_blocks_fit(const struct worker *w, const struct lora_msg_setup *s,
 {
     const struct lora_msg_limits *l = &s->limits;
     const struct lora_model_config *c = &w->model->cfg;
-    size_t block_bytes =
-        lora_kv_cache_block_bytes(c->n_layers, w->model->n_kv_heads * c->head_dim, l->block_size);
+    size_t block_bytes = lora_kv_cache_block_bytes(w->kv_dtype, c->n_layers,
+                                                   w->model->n_kv_heads * c->head_dim,
+                                                   l->block_size);
     double budget = (double)s->kv_cache_bytes;
 
     if (s->kv_cache_bytes == 0 && s->kv_cache_fraction <= 0) {
@@ -158,7 +159,7 @@ static int make_kv_cache(struct worker *w, int n_blocks, char *err, size_t err_l
     const struct lora_model_config *c = &w->model->cfg;
 
     lora_kv_cache_destroy(&w->kv);
-    w->kv = lora_kv_cache_new(w->be, c->n_layers, w->model->n_kv_heads * c->head_dim,
+    w->kv = lora_kv_cache_new(w->be, w->kv_dtype, c->n_layers, w->model->n_kv_heads * c->head_dim,
                               w->lim.block_size, n_blocks);
     if (!w->kv) {
         snprintf(err, err_len, "unable to allocate %d KV blocks on %s", n_blocks, w->be->device);
@@ -180,8 +181,12 @@ static int setup(struct worker *w, const struct lora_msg_setup *s, char *err, si
         return -1;
     }
     w->lim = *l;
-    w->model = lora_model_load(w->be, s->model.s, w->rank, l->world_size, err, err_len);
-    if (!w->model)
+    w->model = lora_model_load(w->be, s->model.s, w->rank, l->world_size, &w->precision, err,
+                               err_len);
+    if (!w->model ||
+        lora_precision_kv(&w->precision, w->be, &w->kv_dtype, err, err_len) < 0 ||
+        lora_precision_lora(&w->precision, w->be, w->model->base_dtype, &w->lora_dtype, err,
+                            err_len) < 0)
         return -1;
     const struct lora_model_config *c = &w->model->cfg;
     w->lim.vocab_size = c->vocab_size;
@@ -195,6 +200,7 @@ static int setup(struct worker *w, const struct lora_msg_setup *s, char *err, si
         .max_ctx = l->max_model_len,
         .max_loras = l->max_loras,
         .max_rank = l->max_lora_rank,
+        .slot_dtype = w->lora_dtype,
     };
     w->fwd = lora_forward_new(w->model, w->kv, &fl, err, err_len);
     if (!w->fwd)
@@ -223,11 +229,13 @@ static int setup(struct worker *w, const struct lora_msg_setup *s, char *err, si
         return -1;
     size_t slot_bytes, fwd_bytes = lora_forward_bytes(w->fwd, &slot_bytes);
     fprintf(stderr,
-            "lora-worker: rank %d: set up on %s: %.1f MB of weights, %.1f MB of KV cache, "
-            "%.1f MB of activations and %d adapter slots (%.1f MB)\n",
+            "lora-worker: rank %d: set up on %s: %.1f MB of %s weights, %.1f MB of %s KV cache, "
+            "%.1f MB of activations and %d %s adapter slots (%.1f MB)\n",
             w->rank, w->be->description, w->model->weight_bytes / 1e6,
-            2.0 * (double)w->kv->layer_bytes * c->n_layers / 1e6, (fwd_bytes - slot_bytes) / 1e6,
-            l->max_loras, slot_bytes / 1e6);
+            lora_precision_name(w->model->weight_dtype),
+            2.0 * (double)w->kv->layer_bytes * c->n_layers / 1e6,
+            lora_precision_name(w->kv_dtype), (fwd_bytes - slot_bytes) / 1e6, l->max_loras,
+            lora_precision_name(w->lora_dtype), slot_bytes / 1e6);
     w->set_up = true;
     worker_notify(w); /* the first state: nothing loaded */
     return 0;
@@ -392,6 +400,7 @@ int cmd_serve(int argc, char **argv)
     long rank = 0;
     struct worker w = {.sig_fd = -1};
     long load_timeout = 60000; /* below the engine's 120 s wait for an adapter command */
+    struct precision_flags pf = {0};
     bool help = false;
     const struct lora_cli_opt options[] = {
         {"engine", LORA_OPT_STRING, &endpoint, "ENDPOINT", "the engine's worker socket"},
@@ -405,6 +414,7 @@ int cmd_serve(int argc, char **argv)
          "follow links under --lora-root that stay under it"},
         {"load-timeout-ms", LORA_OPT_INT, &load_timeout, "MS",
          "an adapter load still running after MS fails (default 60000)", 100, 3600000},
+        PRECISION_OPTIONS(pf),
         {"help", LORA_OPT_FLAG, &help, NULL, "show this help"},
         {0},
     };
@@ -422,6 +432,12 @@ int cmd_serve(int argc, char **argv)
         lora_cli_usage(stdout, options);
         return 0;
     }
+    lora_precision_defaults(&w.precision);
+    if (lora_precision_parse(&w.precision, pf.dtype, pf.quantization, pf.lora_dtype,
+                             pf.kv_cache_dtype, pf.matmul_precision, err, sizeof(err)) < 0) {
+        fprintf(stderr, "lora-worker: fatal: %s\n", err);
+        return EXIT_USAGE;
+    }
     w.rank = (int)rank;
     w.endpoint = endpoint;
     w.load_timeout_ms = load_timeout;
@@ -436,6 +452,7 @@ int cmd_serve(int argc, char **argv)
         fprintf(stderr, "lora-worker: fatal: --device %s: %s\n", device, err);
         return EXIT_USAGE;
     }
+    w.be->fast_matmul = w.precision.fast_matmul;
     snprintf(identity, sizeof(identity), "worker-%d-%ld", w.rank, (long)getpid());
     const int sigs[] = {SIGTERM, SIGINT};
     w.sig_fd = lora_signal_pipe_open(sigs, 2);

@@ -30,6 +30,9 @@ struct worker {
     bool send_failing; /* the last send failed (its warning was given) */
 
     struct lora_backend *be; /* --device, opened before anything else */
+    struct lora_precision precision; /* --dtype, --quantization, ... */
+    enum lora_dtype kv_dtype;        /* resolved at setup */
+    enum lora_dtype lora_dtype;
 
     /* Made by setup. */
     bool set_up;

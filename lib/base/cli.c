@@ -171,3 +171,26 @@ int lora_cli_parse_ints(const char *s, int *ids, int max)
     }
     return n;
 }
+
+void lora_cli_commands_usage(FILE *out, const char *prog, const char *usage_line,
+                             const struct lora_cli_command *cmds, size_t n)
+{
+    int width = 0;
+
+    for (size_t i = 0; i < n; i++)
+        if ((int)strlen(cmds[i].name) > width)
+            width = (int)strlen(cmds[i].name);
+    fprintf(out, "usage: %s\n\ncommands:\n", usage_line);
+    for (size_t i = 0; i < n; i++)
+        fprintf(out, "  %-*s  %s\n", width, cmds[i].name, cmds[i].help);
+    fprintf(out, "\n%s COMMAND --help shows the options of a command.\n", prog);
+}
+
+const struct lora_cli_command *lora_cli_command_find(const struct lora_cli_command *cmds,
+                                                     size_t n, const char *name)
+{
+    for (size_t i = 0; i < n; i++)
+        if (strcmp(cmds[i].name, name) == 0)
+            return &cmds[i];
+    return NULL;
+}

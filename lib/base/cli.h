@@ -46,6 +46,21 @@ int lora_cli_parse(const struct lora_cli_opt *opts, const char *env_prefix, int 
 /* Prints one line per option: "  --name ARG   help". */
 void lora_cli_usage(FILE *out, const struct lora_cli_opt *opts);
 
+/* One command of a program with subcommands (git style): argv[0] of fn is the command's name. */
+struct lora_cli_command {
+    const char *name;
+    int (*fn)(int argc, char **argv);
+    const char *help;
+};
+
+/* Prints usage_line, the commands (name and help, aligned) and how to get a command's options. */
+void lora_cli_commands_usage(FILE *out, const char *prog, const char *usage_line,
+                             const struct lora_cli_command *cmds, size_t n);
+
+/* The command called name, or NULL. */
+const struct lora_cli_command *lora_cli_command_find(const struct lora_cli_command *cmds,
+                                                     size_t n, const char *name);
+
 /* Parses "1,2,3" into ids (at most max). Returns the count, or -1 on a malformed list. */
 int lora_cli_parse_ints(const char *s, int *ids, int max);
 

@@ -47,6 +47,7 @@ struct lora_forward {
      * projection p of layer l sit at s * slot_bytes + l * layer_bytes + proj_off[p], A first. */
     struct lora_buffer *slot_buf;
     size_t slot_bytes, layer_bytes, proj_off[LORA_PROJ_COUNT];
+    void *slot_staging; /* host memory: one A or B converted to the slots' dtype on its way */
     struct slot *slots;      /* (max_loras) */
     unsigned char *present;  /* (max_loras, n_layers * LORA_PROJ_COUNT): the slot's adapter
                                 targets that projection of that layer */
@@ -124,12 +125,20 @@ static int alloc_buffers(struct lora_forward *f, char *err, size_t err_len)
         return -1;
     }
 
-    /* Every targetable projection of every layer, at max_rank. */
-    size_t r = (size_t)lim->max_rank;
+    /* Every targetable projection of every layer, at max_rank, in the slots' dtype. */
+    size_t r = (size_t)lim->max_rank, es = lora_dtype_size(lim->slot_dtype), widest = 0;
     f->layer_bytes = 0;
     for (int p = 0; p < LORA_PROJ_COUNT; p++) {
+        size_t in = (size_t)lora_model_proj_in(m, p), out = (size_t)lora_model_proj_out(m, p);
         f->proj_off[p] = f->layer_bytes;
-        f->layer_bytes += r * ((size_t)lora_model_proj_in(m, p) + lora_model_proj_out(m, p)) * F;
+        f->layer_bytes += r * (in + out) * es;
+        widest = in > widest ? in : widest;
+        widest = out > widest ? out : widest;
+    }
+    f->slot_staging = malloc(r * widest * es + 1);
+    if (!f->slot_staging) {
+        snprintf(err, err_len, "forward: out of memory");
+        return -1;
     }
     f->slot_bytes = f->layer_bytes * (size_t)c->n_layers;
     f->slot_buf = f->k->buffer_alloc(be, f->slot_bytes * (size_t)lim->max_loras, err, err_len);
@@ -152,6 +161,11 @@ struct lora_forward *lora_forward_new(const struct lora_model *m, struct lora_kv
     }
     if (kv->be != m->be) {
         snprintf(err, err_len, "forward: the KV cache is not on the model's backend");
+        return NULL;
+    }
+    if (!m->be->ops->supports(m->be, LORA_KERNEL_LORA_SGMV, lim->slot_dtype)) {
+        snprintf(err, err_len, "forward: the %s backend cannot compute LoRA in %s", m->be->kind,
+                 lora_dtype_name(lim->slot_dtype));
         return NULL;
     }
     struct lora_forward *f = calloc(1, sizeof(*f));
@@ -201,6 +215,7 @@ void lora_forward_destroy(struct lora_forward **fp)
     f->k->buffer_free(f->be, f->slot_buf);
     if (f->logits_copy)
         free(f->logits_host);
+    free(f->slot_staging);
     free(f->ids);
     free(f->pos);
     free(f->kv_slot);
@@ -228,7 +243,24 @@ size_t lora_forward_bytes(const struct lora_forward *f, size_t *slot_bytes)
 static size_t slot_off(const struct lora_forward *f, int s, int l, enum lora_proj p, bool b)
 {
     size_t off = (size_t)s * f->slot_bytes + (size_t)l * f->layer_bytes + f->proj_off[p];
-    return b ? off + (size_t)f->lim.max_rank * lora_model_proj_in(f->m, p) * sizeof(float) : off;
+    return b ? off + (size_t)f->lim.max_rank * lora_model_proj_in(f->m, p) *
+                         lora_dtype_size(f->lim.slot_dtype)
+             : off;
+}
+
+/* Uploads n float32 elements of an adapter matrix to offset off of the slots, converted to their
+ * dtype. */
+static int put_slot_matrix(struct lora_forward *f, size_t off, const float *src, size_t n,
+                           char *err, size_t err_len)
+{
+    const void *data = src;
+
+    if (f->lim.slot_dtype != LORA_DTYPE_F32) {
+        lora_dtype_convert(LORA_DTYPE_F32, src, f->lim.slot_dtype, f->slot_staging, n);
+        data = f->slot_staging;
+    }
+    return f->k->upload(f->be, f->slot_buf, off, data, n * lora_dtype_size(f->lim.slot_dtype), err,
+                        err_len);
 }
 
 int lora_forward_set_slot(struct lora_forward *f, int slot, const struct lora_adapter *a,
@@ -259,10 +291,10 @@ int lora_forward_set_slot(struct lora_forward *f, int slot, const struct lora_ad
         int l = i / LORA_PROJ_COUNT;
         enum lora_proj p = i % LORA_PROJ_COUNT;
         size_t r = (size_t)a->rank;
-        if (f->k->upload(f->be, f->slot_buf, slot_off(f, slot, l, p, false), a->a[i],
-                         r * lora_model_proj_in(f->m, p) * sizeof(float), err, err_len) < 0 ||
-            f->k->upload(f->be, f->slot_buf, slot_off(f, slot, l, p, true), a->b[i],
-                         r * lora_model_proj_out(f->m, p) * sizeof(float), err, err_len) < 0) {
+        if (put_slot_matrix(f, slot_off(f, slot, l, p, false), a->a[i],
+                            r * lora_model_proj_in(f->m, p), err, err_len) < 0 ||
+            put_slot_matrix(f, slot_off(f, slot, l, p, true), a->b[i],
+                            r * lora_model_proj_out(f->m, p), err, err_len) < 0) {
             memset(present, 0, (size_t)n_lp);
             return -1;
         }
@@ -374,8 +406,9 @@ static void apply_lora(struct lora_forward *f, float *y, const float *x, int l, 
             .n_rows = f->group_row[g + 1] - f->group_row[g],
             .rank = f->slots[s].rank,
             .scale = f->slots[s].scale,
-            .a = {f->slot_buf, slot_off(f, s, l, p, false), LORA_DTYPE_F32, f->lim.max_rank, in},
-            .b_t = {f->slot_buf, slot_off(f, s, l, p, true), LORA_DTYPE_F32, f->lim.max_rank,
+            .a = {f->slot_buf, slot_off(f, s, l, p, false), f->lim.slot_dtype, f->lim.max_rank,
+                  in},
+            .b_t = {f->slot_buf, slot_off(f, s, l, p, true), f->lim.slot_dtype, f->lim.max_rank,
                     out},
         };
     }

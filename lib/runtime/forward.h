@@ -34,6 +34,7 @@ struct lora_forward_limits {
     int max_ctx;        /* longest sequence (positions) */
     int max_loras;      /* adapter slots */
     int max_rank;       /* highest LoRA rank a slot may hold */
+    enum lora_dtype slot_dtype; /* of the adapter slots (F32, the zero value, or BF16, F16) */
 };
 
 /* One sequence's part of a step. */

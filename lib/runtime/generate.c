@@ -108,9 +108,13 @@ static int setup(struct gen_run *g, const struct lora_adapter *const *adapters, 
     for (int i = 0; i < n_adapters; i++)
         max_rank = adapters[i]->rank > max_rank ? adapters[i]->rank : max_rank;
 
-    g->kv = lora_kv_cache_new(g->m->be, c->n_layers, g->m->n_kv_heads * c->head_dim, bs, n_blocks);
-    if (!g->kv)
-        goto oom;
+    g->kv = lora_kv_cache_new(g->m->be, o->kv_dtype, c->n_layers, g->m->n_kv_heads * c->head_dim,
+                              bs, n_blocks);
+    if (!g->kv) {
+        snprintf(err, err_len, "unable to allocate a %s KV cache of %d blocks",
+                 lora_dtype_name(o->kv_dtype), n_blocks);
+        return -1;
+    }
     /* Every request is known up front: request i holds the contiguous blocks after those of
      * requests 0 .. i-1 (a prefix sum), for the whole run. */
     for (int i = 0, first = 0; i < g->n; i++) {
@@ -126,6 +130,7 @@ static int setup(struct gen_run *g, const struct lora_adapter *const *adapters, 
         .max_ctx = max_ctx,
         .max_loras = n_adapters,
         .max_rank = max_rank,
+        .slot_dtype = o->lora_dtype,
     };
     g->fwd = lora_forward_new(g->m, g->kv, &lim, err, err_len);
     if (!g->fwd)

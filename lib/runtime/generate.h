@@ -42,6 +42,8 @@ struct lora_generate_request {
 struct lora_generate_opts {
     int max_batched_tokens; /* token budget per step */
     int block_size;         /* KV cache block size */
+    enum lora_dtype kv_dtype;   /* of the KV cache (F32, the zero value, BF16 or F16) */
+    enum lora_dtype lora_dtype; /* of the adapter slots */
 };
 
 struct lora_generate_stats {

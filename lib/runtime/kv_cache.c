@@ -3,37 +3,25 @@
 
 #include <stdlib.h>
 
-/* The cache's element types, in order of preference. */
-static const enum lora_dtype kv_dtypes[] = {LORA_DTYPE_F32};
-
-size_t lora_kv_cache_block_bytes(int n_layers, int kv_dim, int block_size)
+size_t lora_kv_cache_block_bytes(enum lora_dtype dtype, int n_layers, int kv_dim, int block_size)
 {
-    return 2 * sizeof(float) * (size_t)n_layers * (size_t)block_size * (size_t)kv_dim;
+    return 2 * lora_dtype_size(dtype) * (size_t)n_layers * (size_t)block_size * (size_t)kv_dim;
 }
 
-struct lora_kv_cache *lora_kv_cache_new(struct lora_backend *be, int n_layers, int kv_dim,
-                                        int block_size, int n_blocks)
+struct lora_kv_cache *lora_kv_cache_new(struct lora_backend *be, enum lora_dtype dtype,
+                                        int n_layers, int kv_dim, int block_size, int n_blocks)
 {
     char err[256];
 
-    if (!be || n_layers < 1 || kv_dim < 1 || block_size < 1 || n_blocks < 1)
+    if (!be || n_layers < 1 || kv_dim < 1 || block_size < 1 || n_blocks < 1 ||
+        !be->ops->supports(be, LORA_KERNEL_KV_WRITE, dtype) ||
+        !be->ops->supports(be, LORA_KERNEL_ATTENTION, dtype))
         return NULL;
     struct lora_kv_cache *kv = calloc(1, sizeof(*kv));
     if (!kv)
         return NULL;
     kv->be = be;
-    kv->dtype = (enum lora_dtype) - 1;
-    for (size_t i = 0; i < sizeof(kv_dtypes) / sizeof(kv_dtypes[0]); i++) {
-        if (be->ops->supports(be, LORA_KERNEL_KV_WRITE, kv_dtypes[i]) &&
-            be->ops->supports(be, LORA_KERNEL_ATTENTION, kv_dtypes[i])) {
-            kv->dtype = kv_dtypes[i];
-            break;
-        }
-    }
-    if ((int)kv->dtype < 0) {
-        free(kv);
-        return NULL;
-    }
+    kv->dtype = dtype;
     kv->n_layers = n_layers;
     kv->n_blocks = n_blocks;
     kv->block_size = block_size;

@@ -6,8 +6,9 @@
  * block_size consecutive positions of one sequence for every layer; a sequence addresses its
  * blocks through a block table (position p lives in block table[p / block_size] at offset
  * p % block_size). Storage per layer is (n_blocks * block_size, kv_dim) for keys and the same for
- * values, two backend buffers allocated once, zero-filled, of the cache's dtype: float32 today
- * (the first dtype the backend takes for both kv_write and attention, of F32 so far).
+ * values, two backend buffers allocated once, zero-filled, of the cache's dtype (--kv-cache-dtype,
+ * runtime/precision.h): float32, bfloat16 or float16, as the backend takes for both kv_write and
+ * attention.
  */
 #ifndef LORA_KV_CACHE_H
 #define LORA_KV_CACHE_H
@@ -29,14 +30,13 @@ struct lora_kv_cache {
 };
 
 /* Returns NULL when the storage cannot be allocated (it may be large: no abort), the shape is
- * invalid, or the backend takes no dtype for the cache. */
-struct lora_kv_cache *lora_kv_cache_new(struct lora_backend *be, int n_layers, int kv_dim,
-                                        int block_size, int n_blocks);
+ * invalid, or the backend cannot keep a cache in dtype. */
+struct lora_kv_cache *lora_kv_cache_new(struct lora_backend *be, enum lora_dtype dtype,
+                                        int n_layers, int kv_dim, int block_size, int n_blocks);
 void lora_kv_cache_destroy(struct lora_kv_cache **kv);
 
-/* Bytes of storage for one block across all layers (keys and values), at float32: what every
- * backend stores today. */
-size_t lora_kv_cache_block_bytes(int n_layers, int kv_dim, int block_size);
+/* Bytes of storage for one block across all layers (keys and values) in dtype. */
+size_t lora_kv_cache_block_bytes(enum lora_dtype dtype, int n_layers, int kv_dim, int block_size);
 
 /* Keys / values of one layer: a (n_blocks * block_size, kv_dim) tensor in the cache's buffers. */
 struct lora_tensor lora_kv_cache_k(const struct lora_kv_cache *kv, int layer);

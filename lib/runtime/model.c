@@ -18,6 +18,7 @@ enum slice {
 
 struct loader {
     struct lora_model *m;
+    struct lora_precision p;
     const char *dir;
     char *err;
     size_t err_len;
@@ -69,19 +70,46 @@ static bool backend_takes(struct lora_backend *be, unsigned read_by, enum lora_d
     return true;
 }
 
-/* n elements of src (dtype from) into dst (dtype to: from itself, or float32). */
-static void copy_elems(enum lora_dtype from, enum lora_dtype to, const char *src, char *dst,
-                       size_t n)
+/* The dtype weight name (stored as `stored`, read by the kernels of read_by) is kept in: the one
+ * asked for (--dtype, --quantization int8 for a matmul weight) where the backend takes it, else
+ * float32 when the choice was auto. Returns 0, or -1 with err when a named dtype is refused. */
+static int choose_dtype(struct loader *ld, const char *path, const char *name, unsigned read_by,
+                        enum lora_dtype stored, enum lora_dtype *dtype)
 {
-    if (from == to)
-        memcpy(dst, src, n * lora_dtype_size(from));
-    else
-        lora_dtype_to_f32(from, src, (float *)dst, n);
+    struct lora_backend *be = ld->m->be;
+    const struct lora_precision *p = &ld->p;
+    bool weight = read_by & (BY_MATMUL | BY_EMBED), named = false;
+
+    *dtype = stored;
+    if (weight && !p->weights_auto) {
+        *dtype = p->weights;
+        named = true;
+    }
+    if ((read_by & BY_MATMUL) && p->int8) {
+        *dtype = LORA_DTYPE_I8;
+        named = true;
+    }
+    if (backend_takes(be, read_by, *dtype))
+        return 0;
+    if (named && !(read_by & ~BY_MATMUL)) {
+        snprintf(ld->err, ld->err_len, "%s: tensor '%s': the %s backend cannot compute with %s",
+                 path, name, be->kind, lora_precision_name(*dtype));
+        return -1;
+    }
+    /* A norm or bias, a tied embedding the lookup cannot read quantized, or auto: float32
+     * where the backend lacks the dtype (the tied table then stays in the base dtype). */
+    enum lora_dtype base = p->weights_auto ? stored : p->weights;
+    *dtype = weight && backend_takes(be, read_by, base) ? base : LORA_DTYPE_F32;
+    if (backend_takes(be, read_by, *dtype))
+        return 0;
+    snprintf(ld->err, ld->err_len, "%s: tensor '%s': the %s backend computes with neither %s "
+             "nor F32 there", path, name, be->kind, lora_dtype_name(stored));
+    return -1;
 }
 
 /* Sets *out to tensor name, whose full shape must be (d0) or (d0, d1), cut as kind says, for the
- * kernels of read_by: in place in its file's mapping, or converted or sliced into a buffer of its
- * own. Returns 0, or -1 with an error naming file and tensor. */
+ * kernels of read_by: in place in its file's mapping, or converted, quantized or sliced into a
+ * buffer of its own. Returns 0, or -1 with an error naming file and tensor. */
 static int fetch(struct loader *ld, struct lora_tensor *out, unsigned read_by, const char *name,
                  int n_dims, int64_t d0, int64_t d1, enum slice kind, int64_t start,
                  int64_t count)
@@ -117,11 +145,12 @@ static int fetch(struct loader *ld, struct lora_tensor *out, unsigned read_by, c
                  f->path, name, lora_dtype_name(t->dtype));
         return -1;
     }
-    enum lora_dtype dtype = backend_takes(be, read_by, t->dtype) ? t->dtype : LORA_DTYPE_F32;
-    if (!backend_takes(be, read_by, dtype)) {
-        snprintf(ld->err, ld->err_len, "%s: tensor '%s': the %s backend computes with neither %s "
-                 "nor F32 there", f->path, name, be->kind, lora_dtype_name(t->dtype));
+    enum lora_dtype dtype;
+    if (choose_dtype(ld, f->path, name, read_by, t->dtype, &dtype) < 0)
         return -1;
+    if (read_by & BY_MATMUL) {
+        m->weight_dtype = dtype;
+        m->base_dtype = ld->p.weights_auto ? t->dtype : ld->p.weights;
     }
 
     int64_t rows = n_dims == 1 ? 1 : d0, cols = n_dims == 1 ? d0 : d1;
@@ -130,7 +159,7 @@ static int fetch(struct loader *ld, struct lora_tensor *out, unsigned read_by, c
     }
     int64_t out_rows = kind == SLICE_ROWS ? count : rows;
     int64_t out_cols = kind == SLICE_COLS ? count : cols;
-    size_t esize = lora_dtype_size(t->dtype), out_esize = lora_dtype_size(dtype);
+    size_t esize = lora_dtype_size(t->dtype);
     const char *src = t->data;
     size_t bytes = lora_tensor_bytes(dtype, out_rows, out_cols);
 
@@ -150,25 +179,38 @@ static int fetch(struct loader *ld, struct lora_tensor *out, unsigned read_by, c
     if (!buf)
         return -1;
     m->buffers[m->n_buffers++] = buf;
+    out->buf = buf;
+    /* The shard's part in the stored dtype: in the mapping, or gathered column by column. */
+    size_t n = (size_t)(out_rows * out_cols);
+    char *gathered = NULL;
+    if (kind == SLICE_COLS) {
+        gathered = malloc(n * esize + 1);
+        if (gathered)
+            for (int64_t r = 0; r < rows; r++)
+                memcpy(gathered + (size_t)(r * out_cols) * esize,
+                       src + (size_t)(r * cols + start) * esize, (size_t)out_cols * esize);
+        src = gathered;
+    } else if (kind == SLICE_ROWS) {
+        src += (size_t)(start * cols) * esize;
+    }
     char *dst = buf->host ? buf->base : malloc(bytes + 1);
-    if (!dst) {
+    if (!src || !dst) {
         snprintf(ld->err, ld->err_len, "%s: tensor '%s': out of memory", f->path, name);
+        free(gathered);
+        if (dst != buf->base)
+            free(dst);
         return -1;
     }
-    if (kind == SLICE_COLS) {
-        for (int64_t r = 0; r < rows; r++)
-            copy_elems(t->dtype, dtype, src + (size_t)(r * cols + start) * esize,
-                       dst + (size_t)(r * out_cols) * out_esize, (size_t)out_cols);
-    } else {
-        size_t off = kind == SLICE_ROWS ? (size_t)(start * cols) : 0;
-        copy_elems(t->dtype, dtype, src + off * esize, dst, (size_t)(out_rows * out_cols));
-    }
+    if (dtype == LORA_DTYPE_I8)
+        lora_quantize_i8(t->dtype, src, out_rows, out_cols, dst);
+    else
+        lora_dtype_convert(t->dtype, src, dtype, dst, n);
+    free(gathered);
     int rc = 0;
     if (!buf->host) {
         rc = be->ops->upload(be, buf, 0, dst, bytes, ld->err, ld->err_len);
         free(dst);
     }
-    out->buf = buf;
     return rc;
 }
 
@@ -292,10 +334,16 @@ static int load_layer(struct loader *ld, int i)
 }
 
 struct lora_model *lora_model_load(struct lora_backend *be, const char *dir, int tp_rank,
-                                   int tp_size, char *err, size_t err_len)
+                                   int tp_size, const struct lora_precision *precision, char *err,
+                                   size_t err_len)
 {
     struct lora_model *m = xcalloc(1, sizeof(*m));
     struct loader ld = {.m = m, .dir = dir, .err = err, .err_len = err_len};
+
+    if (precision)
+        ld.p = *precision;
+    else
+        lora_precision_defaults(&ld.p);
     char path[4096];
 
     snprintf(path, sizeof(path), "%s/config.json", dir);

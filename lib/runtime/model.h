@@ -7,12 +7,15 @@
  * the tensor.
  *
  * Owns the weights (docs/design.md, "Backend"): each is a struct lora_tensor in a buffer of the
- * model's backend. A tensor keeps the checkpoint's dtype when the backend supports it for every
- * operation that reads it (supports(MATMUL, BF16) for a projection, EMBED and MATMUL for a tied
- * embedding, ...), else it is converted to float32 (today's CPU backend: bfloat16 and float16
- * are converted, float32 kept). A kept tensor that needs no slicing is used in place from the
- * mapping where the backend can wrap host memory (the CPU: zero-copy); every other one, converted
- * or sliced, goes into a buffer of its own, uploaded.
+ * model's backend, in the dtype precision asks for (runtime/precision.h): with --dtype auto a
+ * projection, the embedding and the LM head keep the checkpoint's dtype; a named --dtype converts
+ * them; --quantization int8 quantizes every matmul weight (projections and the LM head, tied or
+ * not) at load. Norms and biases are float32 (tiny, and read in float32 by every kernel). A dtype
+ * the backend does not take for every operation that reads the tensor (MATMUL for a
+ * projection, EMBED and MATMUL for a tied embedding) is refused when it was named and replaced by
+ * float32 under auto. A kept tensor that needs no slicing is used in place from the mapping where
+ * the backend can wrap host memory (the CPU: zero-copy, so a bf16 checkpoint costs its file's
+ * size); every other one, converted, quantized or sliced, goes into a buffer of its own, uploaded.
  *
  * Tensor-parallel shard r of w: query heads, KV heads and the MLP's intermediate dimension are
  * split evenly (q/k/v/gate/up by output rows, o/down by input columns); embeddings, norms and
@@ -27,6 +30,7 @@
 
 #include "backend/backend.h"
 #include "runtime/model_config.h"
+#include "runtime/precision.h"
 #include "runtime/safetensors.h"
 
 /* Every weight is a tensor of the model's backend; a vector is one row. */
@@ -62,12 +66,16 @@ struct lora_model {
     struct lora_buffer **buffers; /* the mappings wrapped, then each converted or sliced tensor */
     int n_buffers;
     size_t weight_bytes; /* bytes of this shard's weights in the backend, read once per step */
+    enum lora_dtype weight_dtype; /* of the projections as computed with (I8: quantized) */
+    enum lora_dtype base_dtype;   /* of the projections before any quantization: the
+                                     checkpoint's under --dtype auto, else the one named */
 };
 
-/* Loads the model in dir as shard tp_rank of tp_size into be's memory. Returns NULL with
- * "file: reason" in err. */
+/* Loads the model in dir as shard tp_rank of tp_size into be's memory, in the dtypes of
+ * precision (NULL: every choice auto). Returns NULL with "file: reason" in err. */
 struct lora_model *lora_model_load(struct lora_backend *be, const char *dir, int tp_rank,
-                                   int tp_size, char *err, size_t err_len);
+                                   int tp_size, const struct lora_precision *precision, char *err,
+                                   size_t err_len);
 
 void lora_model_destroy(struct lora_model **m);
 

@@ -239,7 +239,7 @@ int main(int argc, char **argv)
     b.be = lora_backend_open("cpu", err, sizeof(err));
     if (!b.be)
         return fail("opening the cpu backend", err);
-    b.m = lora_model_load(b.be, model_dir, 0, 1, err, sizeof(err));
+    b.m = lora_model_load(b.be, model_dir, 0, 1, NULL, err, sizeof(err));
     if (!b.m)
         return fail("loading the model", err);
     for (int i = 0; i < N_ADAPTERS; i++) {

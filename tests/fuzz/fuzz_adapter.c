@@ -23,7 +23,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     lora_synthetic_model_defaults(&o);
     snprintf(path, sizeof(path), "%s/model", fuzz_dir());
     if (lora_synthetic_model_write(path, &o, err, sizeof(err)) < 0 ||
-        !(model = lora_model_load(lora_backend_open("cpu", err, sizeof(err)), path, 0, 1, err,
+        !(model = lora_model_load(lora_backend_open("cpu", err, sizeof(err)), path, 0, 1, NULL, err,
                                   sizeof(err)))) {
         fprintf(stderr, "fuzz_adapter: %s\n", err);
         abort();

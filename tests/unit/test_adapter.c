@@ -1,9 +1,9 @@
-/* Unit tests for lib/runtime/adapter: generated PEFT adapters (lib/runtime/synthetic) load with the rank, scale,
- * targets and values of their files, read back independently through lora_safetensors_open;
- * tensor-parallel shards hold this rank's rows of B (q, k, v, gate, up) or columns of A (o,
- * down); and every malformed adapter (rank, targets, keys, shapes, unsupported PEFT options,
- * broken files) fails with one message naming the file and the key. Fixtures live in a mkdtemp
- * directory removed at the end.
+/* Unit tests for lib/runtime/adapter: generated PEFT adapters (lib/runtime/synthetic) load with the
+ * rank, scale, targets and values of their files, read back independently through
+ * lora_safetensors_open; tensor-parallel shards hold this rank's rows of B (q, k, v, gate, up) or
+ * columns of A (o, down); and every malformed adapter (rank, targets, keys, shapes, unsupported
+ * PEFT options, broken files) fails with one message naming the file and the key. Fixtures live in
+ * a mkdtemp directory removed at the end.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -162,9 +162,10 @@ static void test_fixtures_written(void)
     snprintf(m4, sizeof(m4), "%s", fx_gen_model("model4", &o));
     model_dir = m2;
     model4_dir = m4;
-    full = lora_model_load(fx_backend(), model_dir, 0, 1, err, sizeof(err));
+    full = lora_model_load(fx_backend(), model_dir, 0, 1, NULL, err, sizeof(err));
     for (int r = 0; r < 2; r++)
-        shard[r] = full ? lora_model_load(fx_backend(), model_dir, r, 2, err, sizeof(err)) : NULL;
+        shard[r] =
+            full ? lora_model_load(fx_backend(), model_dir, r, 2, NULL, err, sizeof(err)) : NULL;
     if (!full || !shard[0] || !shard[1]) {
         printf("# model: %s\n", err);
         check_cur_failed = 1;

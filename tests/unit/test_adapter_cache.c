@@ -880,15 +880,15 @@ static void test_real_adapters(void)
 
     lora_synthetic_model_defaults(&mo);
     const char *model_dir = fx_gen_model("model", &mo);
-    struct lora_model *m = lora_model_load(fx_backend(), model_dir, 0, 1, err, sizeof(err));
+    struct lora_model *m = lora_model_load(fx_backend(), model_dir, 0, 1, NULL, err, sizeof(err));
     CHECK(m != NULL);
     if (!m) {
         printf("# %s\n", err);
         return;
     }
     const struct lora_model_config *cfg = &m->cfg;
-    struct lora_kv_cache *kv =
-        lora_kv_cache_new(fx_backend(), cfg->n_layers, m->n_kv_heads * cfg->head_dim, 16, 8);
+    struct lora_kv_cache *kv = lora_kv_cache_new(fx_backend(), LORA_DTYPE_F32, cfg->n_layers,
+                                                 m->n_kv_heads * cfg->head_dim, 16, 8);
     struct lora_forward_limits lim = {.max_tokens = 32,
                                       .max_seqs = 4,
                                       .max_logit_rows = 32,
@@ -949,7 +949,7 @@ static void test_slots_hold_copies(void)
 
     lora_synthetic_model_defaults(&mo);
     const char *model_dir = fx_gen_model("copies", &mo);
-    struct lora_model *m = lora_model_load(fx_backend(), model_dir, 0, 1, err, sizeof(err));
+    struct lora_model *m = lora_model_load(fx_backend(), model_dir, 0, 1, NULL, err, sizeof(err));
     CHECK(m != NULL);
     if (!m) {
         printf("# %s\n", err);
@@ -957,8 +957,8 @@ static void test_slots_hold_copies(void)
     }
     const struct lora_model_config *cfg = &m->cfg;
     int vocab = cfg->vocab_size;
-    struct lora_kv_cache *kv =
-        lora_kv_cache_new(fx_backend(), cfg->n_layers, m->n_kv_heads * cfg->head_dim, 16, 2);
+    struct lora_kv_cache *kv = lora_kv_cache_new(fx_backend(), LORA_DTYPE_F32, cfg->n_layers,
+                                                 m->n_kv_heads * cfg->head_dim, 16, 2);
     struct lora_forward_limits lim = {.max_tokens = 8,
                                       .max_seqs = 1,
                                       .max_logit_rows = 8,

@@ -13,20 +13,12 @@
 
 #define CAP 64
 
-/* xorshift64*: the test's own random stream, fixed seed. */
-static uint64_t rnd_state = 0x9e3779b97f4a7c15ULL;
-
-static uint64_t rnd(void)
-{
-    rnd_state ^= rnd_state >> 12;
-    rnd_state ^= rnd_state << 25;
-    rnd_state ^= rnd_state >> 27;
-    return rnd_state * 0x2545f4914f6cdd1dULL;
-}
+#define TEST_RANDOM_SEED 0x9e3779b97f4a7c15ULL
+#include "tests/common/test_random.h"
 
 static int rnd_below(int n)
 {
-    return (int)(rnd() % (uint64_t)n);
+    return (int)(rng_next() % (uint64_t)n);
 }
 
 static void test_fresh_pool(void)

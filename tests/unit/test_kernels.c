@@ -631,7 +631,7 @@ static void run_attention_case(int block_size, int n_kv_heads)
             c.max_ctx = ctx;
     }
     c.n_rows = row;
-    c.kv = lora_kv_cache_new(be, ATT_LAYERS, c.kv_dim, block_size, n_blocks);
+    c.kv = lora_kv_cache_new(be, LORA_DTYPE_F32, ATT_LAYERS, c.kv_dim, block_size, n_blocks);
     CHECK(c.kv != NULL);
     if (!c.kv)
         return;
@@ -761,7 +761,7 @@ static void test_lora_sgmv(void)
 static void test_kv_cache_storage(void)
 {
     enum { N = 6, LAYERS = 2, KV_DIM = 8, BLOCK = 4 };
-    struct lora_kv_cache *kv = lora_kv_cache_new(be, LAYERS, KV_DIM, BLOCK, N);
+    struct lora_kv_cache *kv = lora_kv_cache_new(be, LORA_DTYPE_F32, LAYERS, KV_DIM, BLOCK, N);
 
     CHECK(kv != NULL);
     if (!kv)
@@ -769,7 +769,7 @@ static void test_kv_cache_storage(void)
     CHECK(kv->dtype == LORA_DTYPE_F32 && kv->be == be);
     CHECK(kv->n_layers == LAYERS && kv->n_blocks == N && kv->block_size == BLOCK &&
           kv->kv_dim == KV_DIM);
-    CHECK(lora_kv_cache_block_bytes(LAYERS, KV_DIM, BLOCK) ==
+    CHECK(lora_kv_cache_block_bytes(LORA_DTYPE_F32, LAYERS, KV_DIM, BLOCK) ==
           2 * sizeof(float) * LAYERS * KV_DIM * BLOCK);
     /* Layer l of keys (values) is rows [0, N * BLOCK) of KV_DIM floats, after layer l - 1. */
     struct lora_tensor k0 = lora_kv_cache_k(kv, 0), k1 = lora_kv_cache_k(kv, 1);
@@ -793,12 +793,12 @@ static void test_kv_cache_storage(void)
     lora_kv_cache_destroy(&kv); /* destroying NULL is a no-op */
     lora_kv_cache_destroy(NULL);
 
-    CHECK(lora_kv_cache_new(be, 0, KV_DIM, BLOCK, N) == NULL);
-    CHECK(lora_kv_cache_new(be, LAYERS, 0, BLOCK, N) == NULL);
-    CHECK(lora_kv_cache_new(be, LAYERS, KV_DIM, 0, N) == NULL);
-    CHECK(lora_kv_cache_new(be, LAYERS, KV_DIM, BLOCK, 0) == NULL);
-    CHECK(lora_kv_cache_new(be, -1, KV_DIM, BLOCK, N) == NULL);
-    CHECK(lora_kv_cache_new(NULL, LAYERS, KV_DIM, BLOCK, N) == NULL);
+    CHECK(lora_kv_cache_new(be, LORA_DTYPE_F32, 0, KV_DIM, BLOCK, N) == NULL);
+    CHECK(lora_kv_cache_new(be, LORA_DTYPE_F32, LAYERS, 0, BLOCK, N) == NULL);
+    CHECK(lora_kv_cache_new(be, LORA_DTYPE_F32, LAYERS, KV_DIM, 0, N) == NULL);
+    CHECK(lora_kv_cache_new(be, LORA_DTYPE_F32, LAYERS, KV_DIM, BLOCK, 0) == NULL);
+    CHECK(lora_kv_cache_new(be, LORA_DTYPE_F32, -1, KV_DIM, BLOCK, N) == NULL);
+    CHECK(lora_kv_cache_new(NULL, LORA_DTYPE_F32, LAYERS, KV_DIM, BLOCK, N) == NULL);
 }
 
 int main(void)

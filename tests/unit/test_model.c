@@ -1,9 +1,10 @@
-/* Unit tests for lib/runtime/model: generated checkpoints (lib/runtime/synthetic) load with the dimensions of
- * their config.json and the values of their safetensors files, read back independently through
- * lora_safetensors_open; tensor-parallel shards hold exactly their rows or columns of the full
- * model; and every malformed checkpoint (truncated file, lying header, missing or misshapen
- * tensor, integer dtype, bad config, broken shard index, impossible split) fails with one message
- * naming the file and the tensor. Fixtures live in a mkdtemp directory removed at the end.
+/* Unit tests for lib/runtime/model: generated checkpoints (lib/runtime/synthetic) load with the
+ * dimensions of their config.json and the values of their safetensors files, read back
+ * independently through lora_safetensors_open; tensor-parallel shards hold exactly their rows or
+ * columns of the full model; and every malformed checkpoint (truncated file, lying header, missing
+ * or misshapen tensor, integer dtype, bad config, broken shard index, impossible split) fails with
+ * one message naming the file and the tensor. Fixtures live in a mkdtemp directory removed at the
+ * end.
  */
 #include <stdint.h>
 #include <stdio.h>
@@ -120,7 +121,7 @@ static const char *load_err(const char *dir, int rank, int size)
     struct lora_model *m;
 
     memset(err_buf, 0, sizeof(err_buf));
-    m = lora_model_load(fx_backend(), dir, rank, size, err_buf, sizeof(err_buf));
+    m = lora_model_load(fx_backend(), dir, rank, size, NULL, err_buf, sizeof(err_buf));
     CHECK(m == NULL);
     lora_model_destroy(&m);
     CHECK(err_buf[0] != '\0');
@@ -133,7 +134,7 @@ static const char *load_err(const char *dir, int rank, int size)
 static struct lora_model *load_ok(const char *dir, int rank, int size)
 {
     char err[ERR_BYTES] = "";
-    struct lora_model *m = lora_model_load(fx_backend(), dir, rank, size, err, sizeof(err));
+    struct lora_model *m = lora_model_load(fx_backend(), dir, rank, size, NULL, err, sizeof(err));
 
     if (!m) {
         printf("# load %s (%d of %d): %s\n", dir, rank, size, err);
@@ -314,13 +315,15 @@ static void test_tp2_shards(void)
             CHECK(differ_cols(H(f->wo), H(y->wo), hidden, 2 * q_dim, r * q_dim, q_dim) == 0);
             CHECK(differ_rows(H(f->w_gate), H(y->w_gate), hidden, r * inter, inter) == 0);
             CHECK(differ_rows(H(f->w_up), H(y->w_up), hidden, r * inter, inter) == 0);
-            CHECK(differ_cols(H(f->w_down), H(y->w_down), hidden, 2 * inter, r * inter, inter) == 0);
+            CHECK(differ_cols(H(f->w_down), H(y->w_down), hidden, 2 * inter, r * inter, inter) ==
+                  0);
         }
     }
     /* The brief's own statement of the split, spelled out for rank 1 of layer 0. */
     CHECK(memcmp(H(sh[1]->layers[0].wq), H(full->layers[0].wq) + q_dim * hidden,
                  (size_t)(q_dim * hidden) * sizeof(float)) == 0);
-    CHECK(H(sh[1]->layers[0].wo)[5 * q_dim + 7] == H(full->layers[0].wo)[5 * 2 * q_dim + q_dim + 7]);
+    CHECK(H(sh[1]->layers[0].wo)[5 * q_dim + 7] ==
+          H(full->layers[0].wo)[5 * 2 * q_dim + q_dim + 7]);
 out:
     lora_model_destroy(&full);
     lora_model_destroy(&sh[0]);
@@ -815,13 +818,14 @@ static void test_invalid_tp_rank(void)
 /* A caller without an error buffer still gets NULL, never a crash. */
 static void test_no_error_buffer(void)
 {
-    CHECK(lora_model_load(fx_backend(), fx_tmp_path("no_such_dir"), 0, 1, NULL, 0) == NULL);
-    CHECK(lora_model_load(fx_backend(), base_dir, 2, 2, NULL, 0) == NULL);
-    CHECK(lora_model_load(fx_backend(), fx_tmp_path("truncated"), 0, 1, NULL, 0) == NULL);
-    CHECK(lora_model_load(fx_backend(), fx_tmp_path("missing"), 0, 1, NULL, 0) == NULL);
+    CHECK(lora_model_load(fx_backend(), fx_tmp_path("no_such_dir"), 0, 1, NULL, NULL, 0) == NULL);
+    CHECK(lora_model_load(fx_backend(), base_dir, 2, 2, NULL, NULL, 0) == NULL);
+    CHECK(lora_model_load(fx_backend(), fx_tmp_path("truncated"), 0, 1, NULL, NULL, 0) == NULL);
+    CHECK(lora_model_load(fx_backend(), fx_tmp_path("missing"), 0, 1, NULL, NULL, 0) == NULL);
     /* A one-byte buffer holds the empty string. */
     char one[1] = {'x'};
-    CHECK(lora_model_load(fx_backend(), fx_tmp_path("shape_q"), 0, 1, one, sizeof(one)) == NULL);
+    CHECK(lora_model_load(fx_backend(), fx_tmp_path("shape_q"), 0, 1, NULL, one, sizeof(one)) ==
+          NULL);
     CHECK(one[0] == '\0');
 }
 

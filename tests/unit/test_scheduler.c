@@ -29,21 +29,12 @@
 #define STARVE_MIN_TOKENS 3
 #define STARVE_SPREAD     7
 
-/* ---- the test's random stream (xorshift64*, fixed seed) ---- */
-
-static uint64_t rnd_state = 0x2545f4914f6cdd1dULL;
-
-static uint64_t rnd(void)
-{
-    rnd_state ^= rnd_state >> 12;
-    rnd_state ^= rnd_state << 25;
-    rnd_state ^= rnd_state >> 27;
-    return rnd_state * 0x2545f4914f6cdd1dULL;
-}
+#define TEST_RANDOM_SEED 0x2545f4914f6cdd1dULL
+#include "tests/common/test_random.h"
 
 static int rnd_below(int n)
 {
-    return (int)(rnd() % (uint64_t)n);
+    return (int)(rng_next() % (uint64_t)n);
 }
 
 /* ---- harness ---- */
@@ -1251,7 +1242,7 @@ static void test_randomized_stress(void)
     int n_live, n_aborted = 0, n_failed = 0, n_refused = 0;
     char err[ERR_BYTES] = "";
 
-    rnd_state = 20240611;
+    rng_state = 20240611;
     sim_config(&c);
     c.max_num_seqs = 6;
     c.max_num_batched_tokens = 32;
