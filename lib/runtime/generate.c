@@ -285,6 +285,10 @@ int lora_generate_run(const struct lora_model *m, const struct lora_adapter *con
             stats->n_decode_steps++;
             stats->n_decode_tokens += n_steps;
             stats->decode_seconds += lora_clock_mono() - ts;
+        } else {
+            for (int i = 0; i < n_steps; i++)
+                stats->n_step_tokens_prefill += g.steps[i].n_tokens;
+            stats->prefill_seconds += lora_clock_mono() - ts;
         }
     }
     rc = 0;

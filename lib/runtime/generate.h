@@ -51,6 +51,8 @@ struct lora_generate_stats {
     int n_decode_steps;     /* steps without any prefill token */
     long n_decode_tokens;   /* tokens produced in those steps */
     double decode_seconds;  /* time in those steps */
+    long n_step_tokens_prefill; /* tokens of the steps with a prefill (decodes among them too) */
+    double prefill_seconds;     /* time in those steps */
     double total_seconds;
 };
 

@@ -1,12 +1,18 @@
-/* bench_model: decode throughput of the runtime on the CPU backend on a model with the shape of a
- * 0.5B Llama (Qwen2-0.5B's dimensions), against the machine's memory bandwidth, and the cost of
- * serving several LoRA adapters at once. Every figure is measured in this run, side by side.
+/* bench_model: the runtime on the CPU backend, on a model with the shape of a 0.5B Llama
+ * (Qwen2-0.5B's dimensions), in every precision it serves, against the machine's bounds: decode
+ * against the read bandwidth over the bytes of weights a token reads, prefill against the cores'
+ * FMA peak, the cost of several LoRA adapters in one batch against its byte floor. Every figure is
+ * measured in this run: the precisions are loaded together and timed in interleaved rounds (the
+ * order rotating), so the machine's noise hits each alike; medians are printed.
  *
  *   build/main/tests/bench/bench_model [--model DIR] [--quick] [--only SECTION]
+ *                                      [--precisions LIST] [--rounds N]
  *
- * SECTION is one of decode, batch, adapters, matmul (default: all of them).
- * Without --model it generates the model (float32, tied embeddings) and eight rank-16 adapters
- * over all seven projections into a temporary directory, and removes them afterwards.
+ * SECTION is one of decode, batch, adapters, prefill, matmul (default: all of them). LIST is
+ * comma-separated from float32, bfloat16, bfloat16-fast, float16, int8 (default float32,
+ * bfloat16, bfloat16-fast, int8). Without --model it generates the model (bfloat16, tied
+ * embeddings) and eight rank-16 adapters over all seven projections into a temporary directory,
+ * and removes them afterwards; with --model the adapters are generated for that model.
  * --quick uses a small model, to check that the benchmark runs.
  */
 #include <cblas.h>
@@ -23,48 +29,18 @@
 #include "runtime/adapter.h"
 #include "runtime/generate.h"
 #include "runtime/model.h"
+#include "runtime/precision.h"
 #include "runtime/synthetic.h"
 
 #define N_ADAPTERS 8
-#define REPEATS    3
-#define AD_REPEATS 5
+#define MAX_VARIANTS 5
+
+#define REPEATS 3
 
 static int cmp_double(const void *a, const void *b)
 {
     double x = *(const double *)a, y = *(const double *)b;
     return (x > y) - (x < y);
-}
-
-/* STREAM-style copy over buffers far larger than the caches: bytes read plus bytes written
- * per second, best of five. */
-static double copy_bandwidth(size_t bytes)
-{
-    size_t n = bytes / sizeof(float);
-    float *a = malloc(bytes), *b = malloc(bytes);
-    double best = 0;
-
-    if (!a || !b) {
-        fprintf(stderr, "bench: out of memory\n");
-        exit(111);
-    }
-#pragma omp parallel for
-    for (size_t i = 0; i < n; i++) {
-        a[i] = (float)i;
-        b[i] = 0;
-    }
-    for (int r = 0; r < 5; r++) {
-        double t = lora_clock_mono();
-#pragma omp parallel for schedule(static)
-        for (size_t i = 0; i < n; i++)
-            b[i] = a[i];
-        double bw = 2.0 * bytes / (lora_clock_mono() - t);
-        best = bw > best ? bw : best;
-    }
-    volatile float sink = b[n / 3];
-    (void)sink;
-    free(a);
-    free(b);
-    return best;
 }
 
 /* Streaming read: bytes read per second, best of five. Decoding mostly reads weights, so this
@@ -116,44 +92,6 @@ static int fail(const char *what, const char *err)
     return 111;
 }
 
-struct bench {
-    struct lora_backend *be;
-    struct lora_model *m;
-    struct lora_adapter *ad[N_ADAPTERS];
-    int prompt[64];
-    int n_prompt;
-    int max_tokens;
-};
-
-/* Decodes batch requests, adapters assigned round-robin over n_adapters (0: base model).
- * Returns seconds per decode step. */
-static double run_decode(struct bench *b, int batch, int n_adapters, double *tok_per_s)
-{
-    struct lora_generate_request *reqs = calloc((size_t)batch, sizeof(*reqs));
-    struct lora_generate_opts o = {.max_batched_tokens = 4096, .block_size = 16};
-    struct lora_generate_stats st;
-    char err[512];
-
-    for (int i = 0; i < batch; i++) {
-        reqs[i].prompt = b->prompt;
-        reqs[i].n_prompt = b->n_prompt;
-        reqs[i].max_tokens = b->max_tokens;
-        reqs[i].adapter_slot = n_adapters ? i % n_adapters : -1;
-        reqs[i].ignore_eos = true;
-        reqs[i].seed = (uint64_t)i;
-    }
-    if (lora_generate_run(b->m, (const struct lora_adapter *const *)b->ad, n_adapters, reqs, batch,
-                          &o, &st, err, sizeof(err)) < 0) {
-        fprintf(stderr, "bench: fatal: %s\n", err);
-        exit(111);
-    }
-    for (int i = 0; i < batch; i++)
-        lora_generate_request_release(&reqs[i]);
-    free(reqs);
-    *tok_per_s = st.n_decode_tokens / st.decode_seconds;
-    return st.decode_seconds / st.n_decode_steps;
-}
-
 /* Our batch-invariant matmul (the backend's) against OpenBLAS's sgemm on one projection shape. */
 static void matmul_compare(struct lora_backend *be, int m, int n, int k)
 {
@@ -195,12 +133,186 @@ static void matmul_compare(struct lora_backend *be, int m, int n, int k)
     free(y);
 }
 
+/* One precision: its model and adapters, loaded once. */
+struct variant {
+    const char *name;
+    struct lora_precision prec;
+    struct lora_model *m;
+    struct lora_adapter *ad[N_ADAPTERS];
+    enum lora_dtype kv, lora;
+    double load_seconds;
+    double rss_gb; /* the process's resident memory gained by loading and one decode */
+};
+
+struct bench {
+    struct lora_backend *be;
+    struct variant v[MAX_VARIANTS];
+    int n_variants;
+    int rounds;
+    int prompt[256];
+    int n_prompt;
+    int max_tokens;
+};
+
+/* Resident memory of this process in GB (VmRSS). */
+static double rss_gb(void)
+{
+    FILE *f = fopen("/proc/self/status", "r");
+    char line[256];
+    double kb = 0;
+
+    while (f && fgets(line, sizeof(line), f))
+        if (sscanf(line, "VmRSS: %lf kB", &kb) == 1)
+            break;
+    if (f)
+        fclose(f);
+    return kb / 1e6;
+}
+
+/* FMA throughput of all threads in FLOP/s at one vector width: independent fused multiply-add
+ * chains on every core, 16 accumulators so latency never stalls them, best of five. */
+#define FMA_PEAK(NAME, TARGET, VEC, SET1, FMADD, LANES)                                        \
+    __attribute__((target(TARGET))) static double NAME(void)                                   \
+    {                                                                                          \
+        double best = 0;                                                                       \
+        const long iters = 10000000;                                                           \
+        for (int r = 0; r < 5; r++) {                                                          \
+            double t = lora_clock_mono();                                                      \
+            float sink = 0;                                                                    \
+            _Pragma("omp parallel reduction(+ : sink)")                                        \
+            {                                                                                  \
+                VEC acc[16], m = SET1(0.999999f), a = SET1(1e-7f);                             \
+                for (int j = 0; j < 16; j++)                                                   \
+                    acc[j] = SET1((float)j);                                                   \
+                for (long i = 0; i < iters; i++)                                               \
+                    for (int j = 0; j < 16; j++)                                               \
+                        acc[j] = FMADD(acc[j], m, a);                                          \
+                for (int j = 0; j < 16; j++)                                                   \
+                    sink += acc[j][0];                                                         \
+            }                                                                                  \
+            double flops =                                                                     \
+                2.0 * LANES * 16 * iters * omp_get_max_threads() / (lora_clock_mono() - t);   \
+            best = flops > best ? flops : best;                                                \
+            volatile float keep = sink;                                                        \
+            (void)keep;                                                                        \
+        }                                                                                      \
+        return best;                                                                           \
+    }
+FMA_PEAK(fma_peak_256, "avx2,fma", __m256, _mm256_set1_ps, _mm256_fmadd_ps, 8)
+FMA_PEAK(fma_peak_512, "avx512f", __m512, _mm512_set1_ps, _mm512_fmadd_ps, 16)
+
+/* The cores' float32 FMA peak: the wider vectors where the CPU has them and they go faster. */
+static double fma_peak(void)
+{
+    double p = fma_peak_256();
+    if (__builtin_cpu_supports("avx512f")) {
+        double w = fma_peak_512();
+        p = w > p ? w : p;
+    }
+    return p;
+}
+
+/* Runs batch requests of n_prompt tokens and max_tokens new ones on variant v, adapters
+ * round-robin over n_adapters (0: base model). Returns the run's statistics. */
+static struct lora_generate_stats run(struct bench *b, struct variant *v, int batch,
+                                      int n_adapters, int n_prompt, int max_tokens)
+{
+    struct lora_generate_request *reqs = calloc((size_t)batch, sizeof(*reqs));
+    struct lora_generate_opts o = {.max_batched_tokens = 4096, .block_size = 16,
+                                   .kv_dtype = v->kv, .lora_dtype = v->lora};
+    struct lora_generate_stats st;
+    char err[512];
+
+    b->be->fast_matmul = v->prec.fast_matmul;
+    for (int i = 0; i < batch; i++) {
+        reqs[i].prompt = b->prompt;
+        reqs[i].n_prompt = n_prompt;
+        reqs[i].max_tokens = max_tokens;
+        reqs[i].adapter_slot = n_adapters ? i % n_adapters : -1;
+        reqs[i].ignore_eos = true;
+        reqs[i].seed = (uint64_t)i;
+    }
+    if (lora_generate_run(v->m, (const struct lora_adapter *const *)v->ad, n_adapters, reqs,
+                          batch, &o, &st, err, sizeof(err)) < 0) {
+        fprintf(stderr, "bench: fatal: %s: %s\n", v->name, err);
+        exit(111);
+    }
+    for (int i = 0; i < batch; i++)
+        lora_generate_request_release(&reqs[i]);
+    free(reqs);
+    return st;
+}
+
+/* Decode tokens per second of every variant at batch size batch (adapters: n_adapters),
+ * medians of interleaved rounds into tps[variant]. */
+static void decode_rounds(struct bench *b, int batch, int n_adapters, double *tps)
+{
+    double t[MAX_VARIANTS][16];
+
+    for (int r = 0; r < b->rounds; r++)
+        for (int k = 0; k < b->n_variants; k++) {
+            int i = (k + r) % b->n_variants;
+            struct lora_generate_stats st =
+                run(b, &b->v[i], batch, n_adapters, b->n_prompt, b->max_tokens);
+            t[i][r] = st.n_decode_tokens / st.decode_seconds;
+        }
+    for (int i = 0; i < b->n_variants; i++) {
+        qsort(t[i], (size_t)b->rounds, sizeof(double), cmp_double);
+        tps[i] = t[i][b->rounds / 2];
+    }
+}
+
+static int load_variant(struct bench *b, struct variant *v, const char *model_dir,
+                        const char *adapter_root, char *err, size_t err_len)
+{
+    double rss0 = rss_gb(), t = lora_clock_mono();
+
+    v->m = lora_model_load(b->be, model_dir, 0, 1, &v->prec, err, err_len);
+    if (!v->m)
+        return -1;
+    v->load_seconds = lora_clock_mono() - t;
+    if (lora_precision_kv(&v->prec, b->be, &v->kv, err, err_len) < 0 ||
+        lora_precision_lora(&v->prec, b->be, v->m->base_dtype, &v->lora, err, err_len) < 0)
+        return -1;
+    for (int i = 0; i < N_ADAPTERS; i++) {
+        char adir[300];
+        snprintf(adir, sizeof(adir), "%s/adapter-%d", adapter_root, i);
+        v->ad[i] = lora_adapter_load(adir, v->m, 64, err, err_len);
+        if (!v->ad[i])
+            return -1;
+    }
+    run(b, v, 1, 0, b->n_prompt, 2); /* touches every weight once */
+    v->rss_gb = rss_gb() - rss0;
+    return 0;
+}
+
+static void parse_variant(struct variant *v, const char *name)
+{
+    const char *dtype = name, *mode = NULL, *quant = NULL;
+    char err[256];
+
+    if (strcmp(name, "bfloat16-fast") == 0) {
+        dtype = "bfloat16";
+        mode = "fast";
+    } else if (strcmp(name, "int8") == 0) {
+        dtype = NULL;
+        quant = "int8";
+    }
+    lora_precision_defaults(&v->prec);
+    v->name = name;
+    if (lora_precision_parse(&v->prec, dtype, quant, NULL, NULL, mode, err, sizeof(err)) < 0) {
+        fprintf(stderr, "bench_model: --precisions: %s\n", err);
+        exit(100);
+    }
+}
+
 int main(int argc, char **argv)
 {
     const char *model_dir = NULL, *only = NULL;
+    char precisions[256] = "float32,bfloat16,bfloat16-fast,int8";
     bool quick = false;
     char tmp[] = "/tmp/lora-bench-XXXXXX", err[1024], path[256];
-    struct bench b = {.n_prompt = 16, .max_tokens = 16};
+    struct bench b = {.n_prompt = 16, .max_tokens = 16, .rounds = 4};
 
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--model") == 0 && i + 1 < argc)
@@ -209,15 +321,26 @@ int main(int argc, char **argv)
             quick = true;
         else if (strcmp(argv[i], "--only") == 0 && i + 1 < argc)
             only = argv[++i];
+        else if (strcmp(argv[i], "--precisions") == 0 && i + 1 < argc)
+            snprintf(precisions, sizeof(precisions), "%s", argv[++i]);
+        else if (strcmp(argv[i], "--rounds") == 0 && i + 1 < argc && atoi(argv[i + 1]) >= 1 &&
+                 atoi(argv[i + 1]) <= 16)
+            b.rounds = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: bench_model [--model DIR] [--quick] [--only SECTION]\n");
+            fprintf(stderr, "usage: bench_model [--model DIR] [--quick] [--only SECTION] "
+                            "[--precisions LIST] [--rounds N]\n");
             return 100;
         }
     }
+    for (char *s = strtok(precisions, ","); s && b.n_variants < MAX_VARIANTS; s = strtok(NULL, ","))
+        parse_variant(&b.v[b.n_variants++], s);
+    if (quick)
+        b.rounds = 1;
     if (!mkdtemp(tmp))
         return fail("mkdtemp", "unable to create a temporary directory");
     struct lora_synthetic_model_opts mo;
     lora_synthetic_model_defaults(&mo);
+    mo.dtype = LORA_DTYPE_BF16;
     if (!quick) {
         /* Qwen2-0.5B's shape, without the q/k/v biases' negligible bytes. */
         mo.hidden_size = 896;
@@ -236,12 +359,6 @@ int main(int argc, char **argv)
         printf("generated the model in %.1f s\n", lora_clock_mono() - t);
         model_dir = path;
     }
-    b.be = lora_backend_open("cpu", err, sizeof(err));
-    if (!b.be)
-        return fail("opening the cpu backend", err);
-    b.m = lora_model_load(b.be, model_dir, 0, 1, NULL, err, sizeof(err));
-    if (!b.m)
-        return fail("loading the model", err);
     for (int i = 0; i < N_ADAPTERS; i++) {
         char adir[300];
         struct lora_synthetic_adapter_opts ao;
@@ -251,73 +368,120 @@ int main(int argc, char **argv)
         snprintf(adir, sizeof(adir), "%s/adapter-%d", tmp, i);
         if (lora_synthetic_adapter_write(adir, model_dir, &ao, err, sizeof(err)) < 0)
             return fail("generating an adapter", err);
-        b.ad[i] = lora_adapter_load(adir, b.m, 64, err, sizeof(err));
-        if (!b.ad[i])
-            return fail("loading an adapter", err);
     }
     for (int i = 0; i < b.n_prompt; i++)
         b.prompt[i] = 1 + i * 7;
+    for (int i = b.n_prompt; i < 256; i++)
+        b.prompt[i] = 1 + (i * 37) % 250;
+    b.be = lora_backend_open("cpu", err, sizeof(err));
+    if (!b.be)
+        return fail("opening the cpu backend", err);
+    printf("backend: %s\n", b.be->description);
 
-    const struct lora_model_config *c = &b.m->cfg;
-    printf("model: hidden %d, layers %d, heads %d/%d, intermediate %d, vocab %d, %.2f GB of "
-           "float32 weights read per step\n",
+    for (int i = 0; i < b.n_variants; i++)
+        if (load_variant(&b, &b.v[i], model_dir, tmp, err, sizeof(err)) < 0)
+            return fail(b.v[i].name, err);
+    const struct lora_model_config *c = &b.v[0].m->cfg;
+    printf("model: hidden %d, layers %d, heads %d/%d, intermediate %d, vocab %d, %s embeddings; "
+           "threads %d; %d rounds, order rotated\n",
            c->hidden_size, c->n_layers, c->n_heads, c->n_kv_heads, c->intermediate_size,
-           c->vocab_size, b.m->weight_bytes / 1e9);
-    printf("threads: %d; adapter: rank 16 on all seven projections, %.1f MB each\n",
-           omp_get_max_threads(), b.ad[0]->bytes / 1e6);
+           c->vocab_size, c->tie_word_embeddings ? "tied" : "untied", omp_get_max_threads(),
+           b.rounds);
+    printf("\n%-14s %11s %9s %12s %12s %9s\n", "precision", "weights", "load", "resident",
+           "adapter", "KV cache");
+    for (int i = 0; i < b.n_variants; i++) {
+        struct variant *v = &b.v[i];
+        printf("%-14s %8.3f GB %7.2f s %9.3f GB %9.1f MB %9s\n", v->name, v->m->weight_bytes / 1e9,
+               v->load_seconds, v->rss_gb,
+               v->ad[0]->bytes / 1e6 * lora_dtype_size(v->lora) / sizeof(float),
+               lora_precision_name(v->kv));
+    }
 
 #define SECTION(name) (!only || strcmp(only, name) == 0)
-    double tps, best = 0;
+    double tps[MAX_VARIANTS];
     if (SECTION("decode")) {
-        double bw = copy_bandwidth((size_t)1 << 30);
         double rbw = read_bandwidth((size_t)1 << 30);
-        double bound = bw / b.m->weight_bytes, rbound = rbw / b.m->weight_bytes;
-        printf("\nmemory bandwidth: streaming copy %.2f GB/s (read + write), streaming read "
-               "%.2f GB/s\n",
-               bw / 1e9, rbw / 1e9);
-        printf("decode bound (bandwidth / weight bytes per token): %.2f tokens/s by copy, %.2f "
-               "by read\n",
-               bound, rbound);
-
-        run_decode(&b, 1, 0, &tps); /* warm the page cache and the threads */
-        for (int r = 0; r < REPEATS; r++) {
-            run_decode(&b, 1, 0, &tps);
-            best = tps > best ? tps : best;
+        printf("\nsingle-sequence decode (streaming read %.2f GB/s; bound = read bandwidth / "
+               "weight bytes per token):\n",
+               rbw / 1e9);
+        decode_rounds(&b, 1, 0, tps);
+        for (int i = 0; i < b.n_variants; i++) {
+            double bound = rbw / b.v[i].m->weight_bytes;
+            printf("  %-14s %7.2f tokens/s  bound %7.2f  %3.0f%% of it  %.2fx %s\n", b.v[i].name,
+                   tps[i], bound, 100 * tps[i] / bound, tps[i] / tps[0], b.v[0].name);
         }
-        printf("single-sequence decode: %.2f tokens/s = %.0f%% of the copy bound, %.0f%% of "
-               "the read bound\n",
-               best, 100 * best / bound, 100 * best / rbound);
     }
     if (SECTION("batch")) {
-        printf("\nbatched decode (prompt %d, %d new tokens each, base model):\n", b.n_prompt,
-               b.max_tokens);
-        int batches[] = {1, 8, 32, 64};
-        for (int i = 0; i < 4; i++) {
-            double step = run_decode(&b, batches[i], 0, &tps);
-            printf("  batch %3d: %8.2f tokens/s, %7.1f ms per step\n", batches[i], tps, step * 1e3);
+        int batches[] = {8, 32, 64};
+        printf("\nbatched decode (prompt %d, %d new tokens each, base model), tokens/s:\n",
+               b.n_prompt, b.max_tokens);
+        printf("  %-14s", "batch");
+        for (int k = 0; k < 3; k++)
+            printf(" %9d", batches[k]);
+        printf("\n");
+        double all[3][MAX_VARIANTS];
+        for (int k = 0; k < 3; k++)
+            decode_rounds(&b, batches[k], 0, all[k]);
+        for (int i = 0; i < b.n_variants; i++) {
+            printf("  %-14s", b.v[i].name);
+            for (int k = 0; k < 3; k++)
+                printf(" %9.1f", all[k][i]);
+            printf("\n");
         }
     }
     if (SECTION("adapters")) {
-        /* Interleaved repeats in a rotating order: the machine's noise and any drift hit
-         * every configuration alike. N=0 is the base model, for scale. */
-        int counts[] = {0, 1, 2, 4, 8};
-        double per_tok[5][AD_REPEATS];
+        /* Time per token at batch 32 with N distinct adapters against N = 1; the floor is what
+         * the extra adapters' bytes cost if a step were bound by reading its bytes. */
+        int counts[] = {1, 2, 4, 8};
+        double per[4][MAX_VARIANTS];
         b.max_tokens = 24;
-        for (int r = 0; r < AD_REPEATS; r++) {
-            for (int k = 0; k < 5; k++) {
-                int i = (k + r) % 5;
-                per_tok[i][r] = run_decode(&b, 32, counts[i], &tps) / 32;
-            }
+        for (int k = 0; k < 4; k++) {
+            decode_rounds(&b, 32, counts[k], per[k]);
+            for (int i = 0; i < b.n_variants; i++)
+                per[k][i] = 1 / per[k][i];
         }
-        printf("\nbatch 32, time per token with N distinct rank-16 adapters, round-robin "
-               "(median of %d):\n",
-               AD_REPEATS);
-        for (int i = 0; i < 5; i++)
-            qsort(per_tok[i], AD_REPEATS, sizeof(double), cmp_double);
-        for (int i = 0; i < 5; i++) {
-            double t = per_tok[i][AD_REPEATS / 2], t1 = per_tok[1][AD_REPEATS / 2];
-            printf("  %s N=%d: %7.3f ms/token, %+.1f%% against N=1\n", i ? "LoRA," : "base,",
-                   counts[i], t * 1e3, 100 * (t / t1 - 1));
+        b.max_tokens = 16;
+        printf("\nbatch 32, N distinct rank-16 adapters (all seven projections), round-robin: "
+               "time per token against N = 1, and its byte floor (N-1) x adapter bytes / bytes "
+               "per step:\n");
+        for (int i = 0; i < b.n_variants; i++) {
+            struct variant *v = &b.v[i];
+            double ad = v->ad[0]->bytes * (double)lora_dtype_size(v->lora) / sizeof(float);
+            printf("  %-14s", v->name);
+            for (int k = 1; k < 4; k++) {
+                double floor = (counts[k] - 1) * ad / (v->m->weight_bytes + ad);
+                double over = per[k][i] / per[0][i] - 1;
+                printf("  N=%d %+5.1f%% (floor %+4.1f%%, %.2fx)", counts[k], 100 * over,
+                       100 * floor, (1 + over) / (1 + floor));
+            }
+            printf("\n");
+        }
+    }
+    if (SECTION("prefill")) {
+        int n = quick ? 32 : 256;
+        double peak = fma_peak(), t[MAX_VARIANTS][16];
+        for (int r = 0; r < b.rounds; r++)
+            for (int k = 0; k < b.n_variants; k++) {
+                int i = (k + r) % b.n_variants;
+                struct lora_generate_stats st = run(&b, &b.v[i], 1, 0, n, 1);
+                t[i][r] = st.n_step_tokens_prefill / st.prefill_seconds;
+            }
+        /* 2 flops per weight per token in the projections and the LM head (the embedding
+         * lookup reads one row), plus the attention's q·k and p·v. */
+        int q = c->n_heads * c->head_dim, kv = c->n_kv_heads * c->head_dim;
+        double params = (double)c->n_layers *
+                     ((double)c->hidden_size * (2.0 * q + 2.0 * kv) +
+                      3.0 * c->hidden_size * c->intermediate_size) +
+                 (double)c->vocab_size * c->hidden_size;
+        double attn = 2.0 * c->n_layers * q * (n + 1.0) / 2 * 2;
+        printf("\nprefill of a %d-token prompt (FMA peak %.1f GFLOP/s on %d threads; %.2f GFLOP "
+               "per token):\n",
+               n, peak / 1e9, omp_get_max_threads(), (2 * params + attn) / 1e9);
+        for (int i = 0; i < b.n_variants; i++) {
+            qsort(t[i], (size_t)b.rounds, sizeof(double), cmp_double);
+            double tok = t[i][b.rounds / 2];
+            printf("  %-14s %8.1f tokens/s  %6.1f GFLOP/s  %3.0f%% of peak\n", b.v[i].name, tok,
+                   tok * (2 * params + attn) / 1e9, 100 * tok * (2 * params + attn) / peak);
         }
     }
     if (SECTION("matmul")) {
@@ -329,9 +493,11 @@ int main(int argc, char **argv)
         matmul_compare(b.be, 256, c->intermediate_size, c->hidden_size);
     }
 
-    for (int i = 0; i < N_ADAPTERS; i++)
-        lora_adapter_destroy(&b.ad[i]);
-    lora_model_destroy(&b.m);
+    for (int i = 0; i < b.n_variants; i++) {
+        for (int k = 0; k < N_ADAPTERS; k++)
+            lora_adapter_destroy(&b.v[i].ad[k]);
+        lora_model_destroy(&b.v[i].m);
+    }
     lora_backend_close(&b.be);
     lora_fs_remove_tree(tmp);
     return 0;
