@@ -6,6 +6,7 @@
  * one message naming the file and the tensor. Fixtures live in a mkdtemp directory removed at the
  * end.
  */
+#include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -131,16 +132,26 @@ static const char *load_err(const char *dir, int rank, int size)
     return err_buf;
 }
 
-static struct lora_model *load_ok(const char *dir, int rank, int size)
+/* Loads dir as shard rank of size with the flags' precision (NULL: every choice auto). */
+static struct lora_model *load_as(const char *dir, int rank, int size, const char *dtype,
+                                  const char *quantization)
 {
     char err[ERR_BYTES] = "";
-    struct lora_model *m = lora_model_load(fx_backend(), dir, rank, size, NULL, err, sizeof(err));
+    struct lora_precision p;
+    lora_precision_defaults(&p);
+    CHECK(lora_precision_parse(&p, dtype, quantization, NULL, NULL, NULL, err, sizeof(err)) == 0);
+    struct lora_model *m = lora_model_load(fx_backend(), dir, rank, size, &p, err, sizeof(err));
 
     if (!m) {
         printf("# load %s (%d of %d): %s\n", dir, rank, size, err);
         check_cur_failed = 1;
     }
     return m;
+}
+
+static struct lora_model *load_ok(const char *dir, int rank, int size)
+{
+    return load_as(dir, rank, size, "float32", NULL);
 }
 
 /* Compares tensor name of the file st (converted to float) with got, all of it. */
@@ -382,6 +393,83 @@ static void test_bf16_model_loads(void)
 out:
     lora_model_destroy(&m);
     lora_model_destroy(&f32);
+}
+
+/* Whether t is used in place: a view of m's file mapping, not a buffer of its own. */
+static bool in_place(const struct lora_model *m, const struct lora_tensor *t)
+{
+    for (int i = 0; i < m->n_files; i++) {
+        const char *map = m->files[i]->map, *at = lora_tensor_host(t);
+        if (t->buf->wrapped && at >= map && at < map + m->files[i]->map_bytes)
+            return true;
+    }
+    return false;
+}
+
+static void test_bf16_kept_in_place(void)
+{
+    struct lora_model *m = load_as(bf16_dir, 0, 1, NULL, NULL), *f32 = load_ok(bf16_dir, 0, 1);
+    struct lora_model *r1 = load_as(bf16_dir, 1, 2, "auto", NULL);
+
+    if (!m || !f32 || !r1)
+        goto out;
+    CHECK(m->weight_dtype == LORA_DTYPE_BF16 && m->base_dtype == LORA_DTYPE_BF16);
+    CHECK(m->layers[1].w_up.dtype == LORA_DTYPE_BF16 && in_place(m, &m->layers[1].w_up));
+    CHECK(m->embed.dtype == LORA_DTYPE_BF16 && in_place(m, &m->embed));
+    CHECK(m->lm_head.dtype == LORA_DTYPE_BF16 && in_place(m, &m->lm_head));
+    /* Norms are read in float32 by every kernel: converted, a buffer of their own. */
+    CHECK(m->layers[0].attn_norm.dtype == LORA_DTYPE_F32 && !in_place(m, &m->layers[0].attn_norm));
+    /* Half the bytes of the float32 copy, less the norms (float32 in both). */
+    size_t norms = (size_t)(2 * m->cfg.n_layers + 1) * m->cfg.hidden_size * sizeof(float);
+    CHECK((m->weight_bytes - norms) * 2 == f32->weight_bytes - norms);
+    /* A shard: row slices are views of the file; column slices are copied once. */
+    CHECK(r1->layers[0].wq.dtype == LORA_DTYPE_BF16 && in_place(r1, &r1->layers[0].wq));
+    CHECK(r1->layers[0].wo.dtype == LORA_DTYPE_BF16 && !in_place(r1, &r1->layers[0].wo));
+    float row[128];
+    int64_t cols = r1->layers[0].wo.cols;
+    CHECK(cols <= 128);
+    /* Row 3 of rank 1's o_proj is columns [cols, 2 cols) of row 3 of the whole one. */
+    lora_tensor_row_to_f32(LORA_DTYPE_BF16, lora_tensor_host(&r1->layers[0].wo),
+                           r1->layers[0].wo.rows, cols, 3, row);
+    CHECK(fx_n_differ(row, H(f32->layers[0].wo) + 3 * f32->layers[0].wo.cols + cols, cols) == 0);
+out:
+    lora_model_destroy(&m);
+    lora_model_destroy(&f32);
+    lora_model_destroy(&r1);
+}
+
+static void test_int8_quantized(void)
+{
+    struct lora_model *q = load_as(base_dir, 0, 1, NULL, "int8"), *f = load_ok(base_dir, 0, 1);
+    struct lora_model *q1 = load_as(base_dir, 1, 2, "bfloat16", "int8");
+
+    if (!q || !f || !q1)
+        goto out;
+    CHECK(q->weight_dtype == LORA_DTYPE_I8 && q->base_dtype == LORA_DTYPE_F32);
+    CHECK(q1->weight_dtype == LORA_DTYPE_I8 && q1->base_dtype == LORA_DTYPE_BF16);
+    CHECK(q->lm_head.dtype == LORA_DTYPE_I8 && q->layers[1].w_down.dtype == LORA_DTYPE_I8);
+    CHECK(q->layers[0].mlp_norm.dtype == LORA_DTYPE_F32);
+    /* Every dequantized weight within half a step of its float32 value: a step is the largest
+     * magnitude of the weights sharing its scale over 127, at most the row's. */
+    const struct lora_tensor *t = &q->layers[1].w_gate;
+    float *row = malloc((size_t)t->cols * sizeof(float));
+    long bad = 0;
+    for (int64_t r = 0; r < t->rows; r++) {
+        const float *want = H(f->layers[1].w_gate) + r * t->cols;
+        float amax = 0;
+        for (int64_t k = 0; k < t->cols; k++)
+            amax = fabsf(want[k]) > amax ? fabsf(want[k]) : amax;
+        lora_tensor_row_to_f32(LORA_DTYPE_I8, lora_tensor_host(t), t->rows, t->cols, r, row);
+        for (int64_t k = 0; k < t->cols; k++)
+            bad += fabsf(row[k] - want[k]) > amax / 127 / 2 * 1.0001f;
+    }
+    free(row);
+    CHECK(bad == 0);
+    CHECK(q->weight_bytes < f->weight_bytes / 3);
+out:
+    lora_model_destroy(&q);
+    lora_model_destroy(&f);
+    lora_model_destroy(&q1);
 }
 
 static void test_tied_model(void)
@@ -851,6 +939,8 @@ int main(void)
     RUN(test_tp2_shards);
     RUN(test_qwen2_bias_shards);
     RUN(test_bf16_model_loads);
+    RUN(test_bf16_kept_in_place);
+    RUN(test_int8_quantized);
     RUN(test_tied_model);
     RUN(test_sharded_model_loads);
     RUN(test_unaligned_f32_loads);
