@@ -97,7 +97,7 @@ static int ids_from_json(struct completion *g, json_t *a, const char *field, cha
                          size_t err_len)
 {
     size_t n = json_array_size(a), i;
-    int vocab = g->fe->link.limits.vocab_size;
+    int vocab = fe_link_limits(&g->fe->link).vocab_size;
     json_t *v;
 
     if (n == 0) {
@@ -292,7 +292,7 @@ static void new_id(struct frontend *fe, const char *prefix, char *out, size_t le
 static int submit(struct completion *g, unsigned *status, const char **param, char *err, size_t len)
 {
     struct frontend *fe = g->fe;
-    int max_len = fe->link.limits.max_model_len;
+    int max_len = fe_link_limits(&fe->link).max_model_len;
 
     for (int i = 0; i < g->n_prompts; i++) {
         size_t np = g->n_prompt[i];

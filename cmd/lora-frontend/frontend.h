@@ -166,6 +166,13 @@ void link_release(struct fe_link *l);
 /* Runs the link until a signal arrives on sig_fd; returns the signal. */
 int link_run(struct fe_link *l, int sig_fd);
 /* Waits until the engine answered hello, at most timeout_ms. */
+/* A copy of the engine's limits, taken under the link's lock: an engine restart rewrites them
+ * while HTTP threads read. */
+struct lora_msg_limits fe_link_limits(const struct fe_link *l);
+
+/* Copies the engine's model directory into buf (len bytes) under the link's lock. */
+void fe_link_model(const struct fe_link *l, char *buf, size_t len);
+
 bool link_wait_ready(struct fe_link *l, int timeout_ms);
 /* Registers seq and queues the request for the engine (m->request_id must be seq->id).
  * Returns 0, or -1 with err when the engine is not connected or too much is in flight. */

@@ -764,3 +764,21 @@ int link_run(struct fe_link *l, int sig_fd)
     lora_msg_arena_destroy(&lp.arena);
     return sig;
 }
+
+struct lora_msg_limits fe_link_limits(const struct fe_link *l)
+{
+    /* The lock is not part of the value: a reader may take it. */
+    pthread_mutex_t *mu = (pthread_mutex_t *)&l->mu;
+    pthread_mutex_lock(mu);
+    struct lora_msg_limits v = l->limits;
+    pthread_mutex_unlock(mu);
+    return v;
+}
+
+void fe_link_model(const struct fe_link *l, char *buf, size_t len)
+{
+    pthread_mutex_t *mu = (pthread_mutex_t *)&l->mu;
+    pthread_mutex_lock(mu);
+    snprintf(buf, len, "%s", l->model);
+    pthread_mutex_unlock(mu);
+}

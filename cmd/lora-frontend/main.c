@@ -76,7 +76,7 @@ static size_t prompt_max_bytes(const struct frontend *fe)
         if (len > longest)
             longest = len;
     }
-    return (size_t)fe->link.limits.max_model_len * longest * FE_PROMPT_TEXT_FACTOR;
+    return (size_t)fe_link_limits(&fe->link).max_model_len * longest * FE_PROMPT_TEXT_FACTOR;
 }
 
 /* The tokenizer and chat template of the model directory. A model without tokenizer.json
@@ -209,7 +209,7 @@ int main(int argc, char **argv)
         {"version", LORA_OPT_FLAG, &version, NULL, "show the version"},
         {0},
     };
-    char err[2048] = "";
+    char err[2048] = "", engine_model[4096];
 
     int parsed = lora_cli_parse(options, "LORA_FRONTEND", argc, argv, 1, err, sizeof(err));
     if (parsed == 0 && body_memory > 0 && body_memory < max_body) {
@@ -325,8 +325,10 @@ int main(int argc, char **argv)
                 engine_ep, wait_ms);
         goto stop;
     }
-    if (!fe.model_dir)
-        fe.model_dir = fe.link.model;
+    if (!fe.model_dir) {
+        fe_link_model(&fe.link, engine_model, sizeof(engine_model));
+        fe.model_dir = engine_model;
+    }
     if (!fe.served_name)
         fe.served_name = fe.model_dir;
     if (lora_generation_config_load(gen_source, fe.model_dir, &fe.gen, err, sizeof(err)) < 0) {

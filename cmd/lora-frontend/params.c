@@ -283,6 +283,7 @@ void params_note_defaults(const struct frontend *fe)
 int params_parse(struct frontend *fe, json_t *body, bool chat, struct gen_params *p,
                  const char **param, char *err, size_t err_len)
 {
+    struct lora_msg_limits lim = fe_link_limits(&fe->link);
     long long v;
 #define FIELD(name, call)                                                                         \
     do {                                                                                           \
@@ -394,7 +395,7 @@ int params_parse(struct frontend *fe, json_t *body, bool chat, struct gen_params
         FIELD("echo", params_bool(body, "echo", &p->echo, err, err_len));
     }
     FIELD("stop", get_stop(body, p, err, err_len));
-    FIELD("stop_token_ids", get_stop_ids(body, p, fe->link.limits.vocab_size, err, err_len));
+    FIELD("stop_token_ids", get_stop_ids(body, p, lim.vocab_size, err, err_len));
     json_t *user = json_object_get(body, "user");
     *param = "user";
     if (user && !json_is_null(user)) {
@@ -410,7 +411,7 @@ int params_parse(struct frontend *fe, json_t *body, bool chat, struct gen_params
     FIELD("return_tokens_as_token_ids",
           params_bool(body, "return_tokens_as_token_ids", &p->return_tokens_as_token_ids, err,
                       err_len));
-    FIELD("allowed_token_ids", get_allowed(body, p, fe->link.limits.vocab_size, err, err_len));
+    FIELD("allowed_token_ids", get_allowed(body, p, lim.vocab_size, err, err_len));
     /* -1 keeps as many tokens as the context holds, as in vLLM. */
     v = 0;
     FIELD("truncate_prompt_tokens", params_int(body, "truncate_prompt_tokens", -1,
@@ -420,11 +421,11 @@ int params_parse(struct frontend *fe, json_t *body, bool chat, struct gen_params
         return -1;
     }
     if (v < 0)
-        v = fe->link.limits.max_model_len;
-    if (v > fe->link.limits.max_model_len) {
+        v = lim.max_model_len;
+    if (v > lim.max_model_len) {
         lora_errf(err, err_len,
                   "'truncate_prompt_tokens' (%lld) cannot be greater than the model's maximum "
-                  "context length (%d)", v, fe->link.limits.max_model_len);
+                  "context length (%d)", v, lim.max_model_len);
         return -1;
     }
     p->truncate_prompt_tokens = (int)v;

@@ -96,6 +96,6 @@ bool fe_prompt_fits(const struct frontend *fe, size_t len, char *err, size_t err
     snprintf(err, err_len,
              "the prompt text is %zu bytes, more than the %zu bytes any prompt that fits this "
              "model's maximum context length of %d tokens can have",
-             len, fe->prompt_max_bytes, fe->link.limits.max_model_len);
+             len, fe->prompt_max_bytes, fe_link_limits(&fe->link).max_model_len);
     return false;
 }

@@ -167,7 +167,7 @@ static void tokenize(struct frontend *fe, struct lora_http_request *req, json_t 
     free(ids);
     reply_json(req, 200,
                json_pack("{s:I, s:i, s:o, s:n}", "count", (json_int_t)n, "max_model_len",
-                         fe->link.limits.max_model_len, "tokens", a, "token_strs"));
+                         fe_link_limits(&fe->link).max_model_len, "tokens", a, "token_strs"));
 }
 
 static void detokenize(struct frontend *fe, struct lora_http_request *req, json_t *body)
