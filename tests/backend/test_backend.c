@@ -91,7 +91,8 @@ struct weight {
     struct lora_tensor t;
 };
 
-/* Encodes src (rows, cols) into dtype at dst: I8 with one scale per row, max |x| / 127. */
+/* Encodes src (rows, cols) into dtype at dst: I8 through lora_quantize_i8 (groups of
+ * LORA_I8_GROUP, checked against its twin in check_quantize_i8). */
 static void encode(enum lora_dtype dtype, const float *src, int64_t rows, int64_t cols, void *dst)
 {
     size_t n = (size_t)(rows * cols);
@@ -107,14 +108,9 @@ static void encode(enum lora_dtype dtype, const float *src, int64_t rows, int64_
         }
         break;
     case LORA_DTYPE_I8:
-        for (int64_t r = 0; r < rows; r++) {
-            float max = 0, scale;
-            for (int64_t c = 0; c < cols; c++)
-                max = fmaxf(max, fabsf(src[r * cols + c]));
-            scale = max > 0 ? max / 127.0f : 1.0f;
-            for (int64_t c = 0; c < cols; c++)
-                d[r * cols + c] = (char)(signed char)lrintf(src[r * cols + c] / scale);
-            memcpy(d + n + (size_t)r * sizeof(float), &scale, sizeof(scale));
+        if (lora_quantize_i8(LORA_DTYPE_F32, src, rows, cols, dst) < 0) {
+            printf("Bail out! lora_quantize_i8 refused finite floats\n");
+            exit(1);
         }
         break;
     default:
@@ -222,63 +218,164 @@ static void arena_free(struct arena *a)
 
 /* ---- the operations ---- */
 
+/* The matmul modes: be->fast_matmul off and on. */
+static const char *const mode_names[2] = {"exact", "fast"};
+
+/* The twin of the matmul of dt in mode fast (backend.h, matmul): dot and its magnitude. */
+static void matmul_twin(double *dot, double *absdot, const float *x, const struct lora_ref_w *w,
+                        int m, bool fast)
+{
+    if (w->dtype == LORA_DTYPE_I8)
+        lora_ref_matmul_xi8(dot, absdot, x, w, m);
+    else if (w->dtype == LORA_DTYPE_BF16 && fast)
+        lora_ref_matmul_xbf16(dot, absdot, x, w, m);
+    else
+        lora_ref_matmul(dot, absdot, x, w, m);
+}
+
+/* I8: how far quantizing x may move x · wᵀ from the product with the dequantized weights:
+ * half a step of each group's activation scale times the group's sum of |w|. */
+static void i8_bound(double *bound, const float *x, const struct lora_ref_w *w, int m)
+{
+    int n = (int)w->rows, k = (int)w->cols, n_groups = (int)lora_i8_groups(k);
+    signed char *q = xmalloc((size_t)k);
+    float *scales = new_floats((size_t)n_groups);
+
+    for (int i = 0; i < m; i++) {
+        lora_ref_quantize_row(x + (size_t)i * k, k, q, scales);
+        for (int j = 0; j < n; j++) {
+            double b = 0;
+            for (int d = 0; d < k; d++)
+                b += 0.5 * scales[d / LORA_I8_GROUP] * fabs(lora_ref_at(w, j, d));
+            bound[(size_t)i * n + j] = b;
+        }
+    }
+    free(q);
+    free(scales);
+}
+
+/* y (m, w->rows) through the backend, x already at dx; y starts as y0 (m rows). */
+static void run_matmul(struct arena *a, float *y, float *dy, const float *dx, const float *y0,
+                       const struct lora_tensor *w, int m, float alpha, bool acc)
+{
+    size_t mn = (size_t)m * (size_t)w->rows;
+
+    put(a, dy, y0, mn);
+    k_->matmul(be, dy, dx, w, m, alpha, acc);
+    get(a, y, dy, mn);
+}
+
+/* Shapes: m from 1 to 70, k with every kind of tail (below a vector, between tiles, a partial
+ * int8 group, several groups), n not a multiple of the tiles. Each mode of each dtype against
+ * its twin within REL_TOL; BF16 and F16 exact bit for bit the F32 matmul of the widened weights;
+ * fast the same bits as exact where it changes nothing; I8 within the stated bound of the
+ * product with the dequantized weights; and batch invariance: every row alone, and a batch of
+ * another size over the same rows, give the batch's bits. */
 static void case_matmul(void)
 {
-    static const int shapes[][3] = {{1, 1, 1},      {3, 5, 7},      {2, 4, 8},   {5, 33, 9},
-                                    {17, 129, 100}, {64, 300, 257}, {7, 64, 897}}; /* m n k */
+    static const int shapes[][3] = {{1, 1, 1},     {3, 5, 7},      {2, 4, 8},       {5, 33, 9},
+                                    {17, 129, 100}, {64, 300, 257}, {7, 64, 897},   {70, 37, 130},
+                                    {33, 6, 64},    {1, 131, 1000}, {12, 19, 4864}, {40, 3, 65}};
 
     for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
         int m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
-        size_t mn = (size_t)m * n;
-        struct weight w = weight_random(n, k, 1.0f);
-        float *x = new_floats((size_t)m * k), *y0 = new_floats(mn), *y = new_floats(mn);
-        float *alone = new_floats(n);
-        double *dot = new_doubles(mn), *absdot = new_doubles(mn);
-        double *want = new_doubles(mn), *mag = new_doubles(mn);
-        struct arena a = arena_new(((size_t)m * k + 2 * mn) * sizeof(float) + 256);
-        float *dx = dev(&a, (size_t)m * k), *dy = dev(&a, mn), *d1 = dev(&a, n);
-        char what[96];
+        size_t mn = (size_t)m * n, mk = (size_t)m * k;
+        float *src = new_floats((size_t)n * k), *wide = new_floats((size_t)n * k);
+        float *x = new_floats(mk), *y0 = new_floats(mn), *y = new_floats(mn);
+        float *batch = new_floats(mn), *other = new_floats(mn), *alone = new_floats(n);
+        float *exact = new_floats(mn);
+        double *dot = new_doubles(mn), *absdot = new_doubles(mn), *bound = new_doubles(mn);
+        double *want = new_doubles(mn), *mag = new_doubles(mn), *deq = new_doubles(mn);
+        struct arena a = arena_new((mk + 2 * mn + (size_t)n * k) * sizeof(float) + 512);
+        float *dx = dev(&a, mk), *dy = dev(&a, mn), *d1 = dev(&a, n);
+        float *dwide = dev(&a, (size_t)n * k);
+        char what[128];
 
-        fill_random(x, (size_t)m * k, 1.0f);
+        fill_random(src, (size_t)n * k, 1.0f);
+        struct weight w = weight_new(src, n, k);
+        for (int r = 0; r < n; r++)
+            lora_tensor_row_to_f32(dt, w.host, n, k, r, wide + (size_t)r * k);
+        fill_random(x, mk, 1.0f);
+        if (k > 40) { /* an activation outlier: int8's groups must contain it */
+            x[k / 2] *= 30.0f;
+            x[mk - 1] = 0.0f;
+        }
         fill_random(y0, mn, 2.0f);
-        put(&a, dx, x, (size_t)m * k);
-        lora_ref_matmul(dot, absdot, x, &w.ref, m);
-        for (int mode = 0; mode < 2; mode++) { /* plain; accumulate with alpha */
-            bool acc = mode == 1;
-            float alpha = acc ? -0.75f : 1.0f;
-            put(&a, dy, y0, mn);
-            k_->matmul(be, dy, dx, &w.t, m, alpha, acc);
-            get(&a, y, dy, mn);
-            for (size_t i = 0; i < mn; i++) {
-                want[i] = alpha * dot[i] + (acc ? y0[i] : 0.0);
-                mag[i] = fabs(alpha) * absdot[i] + (acc ? fabs(y0[i]) : 0.0);
+        put(&a, dx, x, mk);
+        put(&a, dwide, wide, (size_t)n * k);
+        struct lora_tensor wide_t = {a.buf, off_of(&a, dwide), LORA_DTYPE_F32, n, k};
+        for (int fast = 0; fast < 2; fast++) {
+            be->fast_matmul = fast;
+            matmul_twin(dot, absdot, x, &w.ref, m, fast);
+            for (int acc = 0; acc < 2; acc++) { /* plain; accumulate with alpha */
+                float alpha = acc ? -0.75f : 1.0f;
+                run_matmul(&a, y, dy, dx, y0, &w.t, m, alpha, acc);
+                for (size_t i = 0; i < mn; i++) {
+                    want[i] = alpha * dot[i] + (acc ? y0[i] : 0.0);
+                    mag[i] = fabs(alpha) * absdot[i] + (acc ? fabs(y0[i]) : 0.0);
+                }
+                snprintf(what, sizeof(what), "%s m=%d n=%d k=%d acc=%d", mode_names[fast], m, n,
+                         k, acc);
+                check_far(what, y, want, mag, mn);
             }
-            snprintf(what, sizeof(what), "m=%d n=%d k=%d acc=%d", m, n, k, acc);
-            check_far(what, y, want, mag, mn);
+            run_matmul(&a, batch, dy, dx, y0, &w.t, m, 1.0f, false);
+            if (!fast)
+                memcpy(exact, batch, mn * sizeof(float));
+            else if (dt != LORA_DTYPE_BF16) /* fast changes BF16 alone */
+                CHECK(memcmp(exact, batch, mn * sizeof(float)) == 0);
+            if (!fast && (dt == LORA_DTYPE_BF16 || dt == LORA_DTYPE_F16)) {
+                run_matmul(&a, y, dy, dx, y0, &wide_t, m, 1.0f, false);
+                if (memcmp(y, batch, mn * sizeof(float)) != 0)
+                    printf("# m=%d n=%d k=%d: exact differs from F32 on the widened weights\n", m,
+                           n, k);
+                CHECK(memcmp(y, batch, mn * sizeof(float)) == 0);
+            }
+            if (dt == LORA_DTYPE_I8) {
+                lora_ref_matmul(deq, NULL, x, &w.ref, m);
+                i8_bound(bound, x, &w.ref, m);
+                long bad = -1;
+                for (size_t i = 0; i < mn && bad < 0; i++)
+                    if (!(fabs(batch[i] - deq[i]) <= bound[i] + REL_TOL * (1.0 + absdot[i])))
+                        bad = (long)i;
+                if (bad >= 0) {
+                    printf("# %s: element %ld beyond the quantization bound\n", what, bad);
+                    CHECK_NEAR(batch[bad], deq[bad], bound[bad] + REL_TOL * (1.0 + absdot[bad]));
+                }
+            }
+            /* Batch invariance: each row alone, and the batch's last rows as a batch of their
+             * own (another m, every row at another position), give the batch's bits. */
+            int n_bad = 0, off = m / 3;
+            for (int r = 0; r < m; r++) {
+                k_->matmul(be, d1, dx + (size_t)r * k, &w.t, 1, 1.0f, false);
+                get(&a, alone, d1, n);
+                n_bad += memcmp(alone, batch + (size_t)r * n, (size_t)n * sizeof(float)) != 0;
+            }
+            k_->matmul(be, dy, dx + (size_t)off * k, &w.t, m - off, 1.0f, false);
+            get(&a, other, dy, (size_t)(m - off) * n);
+            n_bad += memcmp(other, batch + (size_t)off * n, (size_t)(m - off) * n * 4) != 0;
+            if (n_bad)
+                printf("# %s m=%d n=%d k=%d: %d rows differ from the batch\n", mode_names[fast], m,
+                       n, k, n_bad);
+            CHECK(n_bad == 0);
         }
-        /* Batch invariance: each row alone gives the batch's bits. */
-        int n_bad = 0;
-        put(&a, dy, y0, mn);
-        k_->matmul(be, dy, dx, &w.t, m, 1.0f, false);
-        get(&a, y, dy, mn);
-        for (int r = 0; r < m; r++) {
-            k_->matmul(be, d1, dx + (size_t)r * k, &w.t, 1, 1.0f, false);
-            get(&a, alone, d1, n);
-            n_bad += memcmp(alone, y + (size_t)r * n, (size_t)n * sizeof(float)) != 0;
-        }
-        if (n_bad)
-            printf("# m=%d n=%d k=%d: %d rows differ from the row alone\n", m, n, k, n_bad);
-        CHECK(n_bad == 0);
+        be->fast_matmul = false;
         arena_free(&a);
         weight_free(&w);
+        free(src);
+        free(wide);
         free(x);
         free(y0);
         free(y);
+        free(batch);
+        free(other);
         free(alone);
+        free(exact);
         free(dot);
         free(absdot);
+        free(bound);
         free(want);
         free(mag);
+        free(deq);
     }
 }
 
