@@ -274,7 +274,7 @@ static void run_matmul(struct arena *a, float *y, float *dy, const float *dx, co
 static void case_matmul(void)
 {
     static const int shapes[][3] = {{1, 1, 1},     {3, 5, 7},      {2, 4, 8},       {5, 33, 9},
-                                    {17, 129, 100}, {64, 300, 257}, {7, 64, 897},   {70, 37, 130},
+                                    {17, 129, 100}, {64, 67, 257},  {7, 64, 897},   {70, 37, 130},
                                     {33, 6, 64},    {1, 131, 1000}, {12, 19, 4864}, {40, 3, 65}};
 
     for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
@@ -306,8 +306,11 @@ static void case_matmul(void)
         struct lora_tensor wide_t = {a.buf, off_of(&a, dwide), LORA_DTYPE_F32, n, k};
         for (int fast = 0; fast < 2; fast++) {
             be->fast_matmul = fast;
-            matmul_twin(dot, absdot, x, &w.ref, m, fast);
-            for (int acc = 0; acc < 2; acc++) { /* plain; accumulate with alpha */
+            /* Where fast changes nothing its bits are compared with exact's below. */
+            bool own_twin = !fast || dt == LORA_DTYPE_BF16;
+            if (own_twin)
+                matmul_twin(dot, absdot, x, &w.ref, m, fast);
+            for (int acc = 0; acc < 2 && own_twin; acc++) { /* plain; accumulate with alpha */
                 float alpha = acc ? -0.75f : 1.0f;
                 run_matmul(&a, y, dy, dx, y0, &w.t, m, alpha, acc);
                 for (size_t i = 0; i < mn; i++) {
@@ -330,7 +333,7 @@ static void case_matmul(void)
                            n, k);
                 CHECK(memcmp(y, batch, mn * sizeof(float)) == 0);
             }
-            if (dt == LORA_DTYPE_I8) {
+            if (dt == LORA_DTYPE_I8 && !fast) {
                 lora_ref_matmul(deq, NULL, x, &w.ref, m);
                 i8_bound(bound, x, &w.ref, m);
                 long bad = -1;
@@ -342,10 +345,14 @@ static void case_matmul(void)
                     CHECK_NEAR(batch[bad], deq[bad], bound[bad] + REL_TOL * (1.0 + absdot[bad]));
                 }
             }
-            /* Batch invariance: each row alone, and the batch's last rows as a batch of their
-             * own (another m, every row at another position), give the batch's bits. */
+            /* Batch invariance: rows alone (every one of a small batch, every 7th and the last
+             * of a large one: each tile position, and fewer calls, as a thread team is slow to
+             * start on a loaded machine), and the batch's last rows as a batch of their own
+             * (another m, every row at another position), give the batch's bits. */
             int n_bad = 0, off = m / 3;
             for (int r = 0; r < m; r++) {
+                if (m > 8 && r % 7 != 0 && r != m - 1)
+                    continue;
                 k_->matmul(be, d1, dx + (size_t)r * k, &w.t, 1, 1.0f, false);
                 get(&a, alone, d1, n);
                 n_bad += memcmp(alone, batch + (size_t)r * n, (size_t)n * sizeof(float)) != 0;
@@ -612,6 +619,12 @@ static void round_through(float *x, int rows, int cols)
     free(tmp);
 }
 
+/* Ties (to even, in bf16 and in f16), subnormals of float32 and of f16, an f16 overflow,
+ * infinity and NaN. */
+static const float kv_specials[] = {1.00390625f, 1.01171875f, 1.00048828125f, 1.00146484375f,
+                                    1e-40f,      -3e-6f,      65520.0f,       -INFINITY,
+                                    NAN,         -0.0f,       3.0e38f,        -1e-45f};
+
 static void case_kv_write(void)
 {
     static const int kv_dims[] = {1, 16, 37};
@@ -632,10 +645,13 @@ static void case_kv_write(void)
         }
         fill_random(k, (size_t)M * kv_dim, 1.0f);
         fill_random(v, (size_t)M * kv_dim, 1.0f);
-        round_through(k, M, kv_dim);
-        round_through(v, M, kv_dim);
+        if (kv_dim >= 16) /* what rounding must get right, in a row's first vectors */
+            memcpy(k, kv_specials, sizeof(kv_specials));
         put(&a, dk, k, (size_t)M * kv_dim);
         put(&a, dv, v, (size_t)M * kv_dim);
+        /* The cache holds each value rounded to its dtype to nearest even, as dtype.c does. */
+        round_through(k, M, kv_dim);
+        round_through(v, M, kv_dim);
         k_->kv_write(be, &kc, &vc, dk, dv, slot, M);
         for (int i = 0; i < M; i++) {
             cache_row(&kc, slot[i], row);
@@ -768,6 +784,7 @@ static void sgmv_case(int in, int out)
     struct weight wa[N_SEGS], wb[N_SEGS];
     size_t nx = (size_t)ROWS * in, ny = (size_t)ROWS * out;
     float *x = new_floats(nx), *y0 = new_floats(ny), *y = new_floats(ny), *x_after = new_floats(nx);
+    float *alone = new_floats((size_t)out);
     double *want = new_doubles((size_t)out), *mag = new_doubles((size_t)out);
     size_t scratch = k_->scratch_bytes(be, LORA_KERNEL_LORA_SGMV, ROWS, 0, MAX_RANK);
     struct arena a = arena_new((nx + ny) * sizeof(float) + scratch + 256);
@@ -805,6 +822,23 @@ static void sgmv_case(int in, int out)
         if (!in_seg[r])
             CHECK(memcmp(y + (size_t)r * out, y0 + (size_t)r * out, (size_t)out * 4) == 0);
     CHECK(memcmp(x, x_after, nx * sizeof(float)) == 0);
+    /* Batch invariance: each row as the only row of its segment, the only segment of the call,
+     * gives the batch's bits. */
+    int n_bad = 0;
+    for (int s = 0; s < N_SEGS; s++) {
+        for (int r = 0; r < layout[s][1]; r++) {
+            struct lora_sgmv_seg one = segs[s];
+            one.row = layout[s][0] + r;
+            one.n_rows = 1;
+            put(&a, dy, y0, ny);
+            k_->lora_sgmv(be, dy, dx, &one, 1, in, out, dtmp, MAX_RANK);
+            get(&a, alone, dy + (size_t)one.row * out, (size_t)out);
+            n_bad += memcmp(alone, y + (size_t)one.row * out, (size_t)out * 4) != 0;
+        }
+    }
+    if (n_bad)
+        printf("# in=%d out=%d: %d rows differ alone\n", in, out, n_bad);
+    CHECK(n_bad == 0);
     for (int s = 0; s < N_SEGS; s++) {
         weight_free(&wa[s]);
         weight_free(&wb[s]);
@@ -814,6 +848,7 @@ static void sgmv_case(int in, int out)
     free(y0);
     free(y);
     free(x_after);
+    free(alone);
     free(want);
     free(mag);
 }
@@ -900,7 +935,7 @@ static void case_allreduce(void)
  * rounding (F32 exact, BF16 2^-8 and F16 2^-11 relative, I8 half a step of its row's scale). */
 static void check_ref_dtypes(void)
 {
-    enum { ROWS = 3, COLS = 37 };
+    enum { ROWS = 3, COLS = 2 * LORA_I8_GROUP + 37 }; /* three groups, the last one short */
     float src[ROWS * COLS], row[COLS];
     int n_bad = 0;
 
@@ -913,16 +948,17 @@ static void check_ref_dtypes(void)
 
         encode(d, src, ROWS, COLS, host);
         for (int r = 0; r < ROWS; r++) {
-            float max = 0;
-            for (int c = 0; c < COLS; c++)
-                max = fmaxf(max, fabsf(src[r * COLS + c]));
             CHECK(lora_tensor_row_to_f32(d, host, ROWS, COLS, r, row) == 0);
             for (int c = 0; c < COLS; c++) {
+                int g0 = c / LORA_I8_GROUP * LORA_I8_GROUP;
+                float max = 0; /* of the value's I8 group */
+                for (int t = g0; t < COLS && t < g0 + LORA_I8_GROUP; t++)
+                    max = fmaxf(max, fabsf(src[r * COLS + t]));
                 double x = src[r * COLS + c], got = lora_ref_at(&w, r, c);
                 double tol = d == LORA_DTYPE_F32    ? 0
                              : d == LORA_DTYPE_BF16 ? 0x1p-8 * fabs(x)
                              : d == LORA_DTYPE_F16  ? 0x1p-11 * fabs(x) + 0x1p-24
-                                                    : 0.5 * max / 127 * (1 + 1e-6);
+                                                    : max / 127.0 * (0.5 + 127 * 0x1p-23);
                 /* I8's q * scale is exact in the twin, rounded once in a float row. */
                 n_bad += fabs(got - row[c]) > 0x1p-24 * fabs(got) || !(fabs(got - x) <= tol);
             }
@@ -932,9 +968,95 @@ static void check_ref_dtypes(void)
         free(host);
     }
     CHECK(n_bad == 0);
-    CHECK(lora_tensor_bytes(LORA_DTYPE_I8, ROWS, COLS) == ROWS * COLS + ROWS * sizeof(float));
+    CHECK(lora_tensor_bytes(LORA_DTYPE_I8, ROWS, COLS) == ROWS * COLS + ROWS * 3 * sizeof(float));
+    CHECK(lora_tensor_bytes(LORA_DTYPE_I8, 2, LORA_I8_GROUP) == 2 * LORA_I8_GROUP + 2 * 4);
+    CHECK(lora_tensor_bytes(LORA_DTYPE_I8, 2, 1) == 2 + 2 * 4);
     CHECK(lora_tensor_bytes(LORA_DTYPE_BF16, ROWS, COLS) == ROWS * COLS * 2);
     CHECK(lora_tensor_row_to_f32(LORA_DTYPE_I32, src, ROWS, COLS, 0, row) == -1);
+}
+
+/* lora_quantize_i8 from each source dtype: byte for byte its twin's quantization of the
+ * (widened) source, each value back within half a step of its group's scale, all-zero groups
+ * and rows (scale 0, no NaN), short last groups, a tensor large enough to be split over threads,
+ * and the refusals. */
+static void check_quantize_i8(void)
+{
+    static const int shapes[][2] = {{3, 37}, {4, LORA_I8_GROUP}, {5, 2 * LORA_I8_GROUP + 2},
+                                    {2, 1},  {0, 10},            {300, 4000}};
+    static const enum lora_dtype srcs[] = {LORA_DTYPE_F32, LORA_DTYPE_BF16, LORA_DTYPE_F16};
+    int n_bad = 0;
+
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        int rows = shapes[si][0], cols = shapes[si][1];
+        size_t n = (size_t)rows * cols, bytes = lora_tensor_bytes(LORA_DTYPE_I8, rows, cols);
+        int n_groups = (int)lora_i8_groups(cols);
+        float *x = new_floats(n), *deq = new_floats((size_t)cols);
+        float *scales = new_floats((size_t)n_groups);
+        signed char *q = xmalloc((size_t)cols);
+        uint16_t *half = xmalloc(n * sizeof(uint16_t));
+        char *dst = xmalloc(bytes);
+
+        fill_random(x, n, 4.0f);
+        if (rows > 1) { /* an all-zero row, and an all-zero group in another */
+            memset(x + (size_t)cols, 0, (size_t)cols * sizeof(float));
+            for (int c = 0; c < cols && c < LORA_I8_GROUP; c++)
+                x[c] = c % 2 ? 0.0f : -0.0f;
+        }
+        for (size_t di = 0; di < sizeof(srcs) / sizeof(srcs[0]); di++) {
+            enum lora_dtype d = srcs[di];
+            const void *src = x;
+            if (d != LORA_DTYPE_F32) {
+                for (size_t i = 0; i < n; i++)
+                    half[i] = d == LORA_DTYPE_BF16 ? lora_f32_to_bf16(x[i]) : lora_f32_to_f16(x[i]);
+                src = half;
+            }
+            CHECK(lora_quantize_i8(d, src, rows, cols, dst) == 0);
+            const float *all_scales = (const float *)(dst + n);
+            for (int r = 0; r < rows; r++) {
+                float *wide = new_floats((size_t)cols);
+                if (d == LORA_DTYPE_F32)
+                    memcpy(wide, x + (size_t)r * cols, (size_t)cols * sizeof(float));
+                else
+                    lora_dtype_to_f32(d, half + (size_t)r * cols, wide, (size_t)cols);
+                lora_ref_quantize_row(wide, cols, q, scales);
+                n_bad += memcmp(q, dst + (size_t)r * cols, (size_t)cols) != 0;
+                n_bad += memcmp(scales, (const char *)all_scales + (size_t)r * n_groups * 4,
+                                (size_t)n_groups * 4) != 0;
+                lora_tensor_row_to_f32(LORA_DTYPE_I8, dst, rows, cols, r, deq);
+                for (int c = 0; c < cols; c++) {
+                    /* Half a step, and the float roundings of x / s and q * s (|q| <= 127). */
+                    double s = scales[c / LORA_I8_GROUP], tol = s * (0.5 + 127 * 0x1p-23);
+                    n_bad += !(fabs((double)deq[c] - wide[c]) <= tol);
+                    n_bad += isnan(deq[c]) || (s == 0 && deq[c] != 0.0f);
+                }
+                free(wide);
+            }
+        }
+        if (rows > 1) {
+            float s;
+            memcpy(&s, dst + n + (size_t)n_groups * sizeof(float), sizeof(s));
+            CHECK(s == 0.0f); /* the zero row's first scale */
+        }
+        if (n_bad)
+            printf("# quantize (%d, %d): %d values wrong\n", rows, cols, n_bad);
+        free(x);
+        free(deq);
+        free(scales);
+        free(q);
+        free(half);
+        free(dst);
+    }
+    CHECK(n_bad == 0);
+    float bad_src[4] = {1.0f, NAN, 2.0f, 3.0f};
+    char out[64];
+    CHECK(lora_quantize_i8(LORA_DTYPE_F32, bad_src, 1, 4, out) == -1);
+    bad_src[1] = INFINITY;
+    CHECK(lora_quantize_i8(LORA_DTYPE_F32, bad_src, 1, 4, out) == -1);
+    bad_src[1] = 0.5f;
+    CHECK(lora_quantize_i8(LORA_DTYPE_F32, bad_src, 1, 4, out) == 0);
+    CHECK(lora_quantize_i8(LORA_DTYPE_I32, bad_src, 1, 4, out) == -1);
+    CHECK(lora_quantize_i8(LORA_DTYPE_I8, bad_src, 1, 4, out) == -1);
+    CHECK(lora_quantize_i8(LORA_DTYPE_F32, bad_src, -1, 4, out) == -1);
 }
 
 /* ---- the matrix ---- */
@@ -972,20 +1094,23 @@ static void report(bool ok, const char *name, const char *skip)
     fflush(stdout);
 }
 
-static void run_device(const char *device)
+/* Opens device (with the environment as it is) and runs every operation and dtype on it, the
+ * tests named after label. Returns the backend's description in desc. */
+static void run_device(const char *device, const char *label, char *desc, size_t desc_len)
 {
     char err[512], name[96];
 
     be = lora_backend_open(device, err, sizeof(err));
     if (!be) {
         for (int op = 0; op < LORA_KERNEL_COUNT; op++) {
-            snprintf(name, sizeof(name), "%s %s", device, lora_kernel_name(op));
+            snprintf(name, sizeof(name), "%s %s", label, lora_kernel_name(op));
             report(true, name, err);
         }
         return;
     }
     k_ = be->ops;
-    printf("# %s: %s\n", device, be->description);
+    snprintf(desc, desc_len, "%s", be->description);
+    printf("# %s: %s\n", label, be->description);
     for (int op = 0; op < LORA_KERNEL_COUNT; op++) {
         char unsupported[96] = "";
         for (size_t di = 0; di < sizeof(compute_dtypes) / sizeof(compute_dtypes[0]); di++) {
@@ -997,24 +1122,53 @@ static void run_device(const char *device)
                 snprintf(unsupported + len, sizeof(unsupported) - len, " %s", lora_dtype_name(dt));
                 continue;
             }
-            snprintf(name, sizeof(name), "%s %s %s", device, lora_kernel_name(op),
+            snprintf(name, sizeof(name), "%s %s %s", label, lora_kernel_name(op),
                      lora_dtype_name(dt));
             check_cur_failed = 0;
             cases[op]();
             report(!check_cur_failed, name, NULL);
         }
         if (*unsupported)
-            printf("# %s %s: not supported:%s\n", device, lora_kernel_name(op), unsupported);
+            printf("# %s %s: not supported:%s\n", label, lora_kernel_name(op), unsupported);
     }
     lora_backend_close(&be);
 }
 
+/* The CPU backend again on each narrower path this machine can take (the environment switches
+ * of backend/cpu/kernels_cpu.h): AVX-512 without its bf16 dot and int8 instructions, then AVX2.
+ * A path the machine is already on is not run twice. */
+static const struct {
+    const char *label;
+    const char *env[2];
+} cpu_paths[] = {
+    {"cpu/no-bf16-vnni", {"LORA_NO_AVX512_BF16", "LORA_NO_AVX512_VNNI"}},
+    {"cpu/avx2", {"LORA_NO_AVX512", NULL}},
+};
+
 int main(void)
 {
+    char desc[160] = "", seen[160] = "";
+
     check_cur_failed = 0;
     check_ref_dtypes();
     report(!check_cur_failed, "ref twins read F32 BF16 F16 I8", NULL);
+    check_cur_failed = 0;
+    check_quantize_i8();
+    report(!check_cur_failed, "lora_quantize_i8 F32 BF16 F16", NULL);
     for (size_t i = 0; i < sizeof(devices) / sizeof(devices[0]); i++)
-        run_device(devices[i]);
+        run_device(devices[i], devices[i], i == 0 ? seen : desc, sizeof(desc));
+    for (size_t p = 0; p < sizeof(cpu_paths) / sizeof(cpu_paths[0]); p++) {
+        for (int e = 0; e < 2; e++)
+            if (cpu_paths[p].env[e])
+                setenv(cpu_paths[p].env[e], "1", 1);
+        char err[256];
+        struct lora_backend *probe = lora_backend_open("cpu", err, sizeof(err));
+        bool same = probe && strcmp(probe->description, seen) == 0;
+        lora_backend_close(&probe);
+        if (same)
+            printf("# %s: the same paths as before, not run again\n", cpu_paths[p].label);
+        else
+            run_device("cpu", cpu_paths[p].label, seen, sizeof(seen));
+    }
     return check_done();
 }
