@@ -33,9 +33,9 @@ WARN := -Wall -Wextra -Wshadow -Wvla -Wpointer-arith -Wstrict-prototypes -Wmissi
         -Wformat=2 -Wundef -Wcast-align -Wwrite-strings -Wno-unused-parameter -Wno-missing-field-initializers
 CFLAGS ?= -O2 -g
 CFLAGS += -std=c11 -D_GNU_SOURCE -march=x86-64-v2 $(WARN) -MMD -MP -Ilib -I.
-# The CPU backend alone is built for AVX2+FMA and threaded with OpenMP: nothing else depends on
-# either (docs/design.md, "Layers").
-CPU_BACKEND_CFLAGS := -mavx2 -mfma -fopenmp
+# The CPU backend alone is built for AVX2+FMA(+F16C, its f16 conversions) and threaded with
+# OpenMP: nothing else depends on either (docs/design.md, "Layers").
+CPU_BACKEND_CFLAGS := -mavx2 -mfma -mf16c -fopenmp
 LDLIBS += -lopenblas -ljansson -lmsgpackc -lzmq -lmicrohttpd -lpcre2-8 -lutf8proc -lm -lpthread
 LDFLAGS += -fopenmp
 ifneq ($(SANITIZE),)
@@ -105,6 +105,8 @@ $(BUILD)/backend/cpu/%.o: backend/cpu/%.c
 # Also threaded: the synthetic-model writer (chunks of random weights in parallel) and the
 # benchmarks, which measure the machine's bandwidth and FMA peak with the backend's own flags.
 $(BUILD)/lib/runtime/synthetic.o: CFLAGS += -fopenmp
+# and lora_quantize_i8 (backend/dtype.c), which spreads a tensor's rows over threads.
+$(BUILD)/backend/dtype.o: CFLAGS += -fopenmp
 $(BUILD)/tests/bench/%.o: CFLAGS += $(CPU_BACKEND_CFLAGS)
 
 $(BUILD)/%.cu.o: %.cu

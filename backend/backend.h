@@ -11,9 +11,9 @@
  *
  * Element types (enum lora_dtype). The values are those of the safetensors format, which parses
  * into this enum. A backend computes with four of them: F32, BF16, F16 and I8. I8 names two
- * things: on disk, a plain int8 tensor (no model uses one); in a backend's memory, int8 rows each
- * scaled by one float32 (x = q * scale[row]), the scales stored after the rows
- * (lora_tensor_bytes counts them): the layout a quantized matmul will read. Nothing quantizes yet.
+ * things: on disk, a plain int8 tensor (no model uses one); in a backend's memory, the weight-only
+ * symmetric quantization that lora_quantize_i8 writes and the int8 matmul reads (layout below,
+ * at LORA_I8_GROUP).
  *
  * Memory. A buffer (struct lora_buffer) is one allocation of one backend, zero-filled, or host
  * memory it wraps without copying (the CPU backend wraps mmapped float32 weights). Its base is the
@@ -79,23 +79,52 @@ int lora_dtype_to_f32(enum lora_dtype dtype, const void *src, float *dst, size_t
 int lora_dtype_convert(enum lora_dtype from, const void *src, enum lora_dtype to, void *dst,
                        size_t n);
 
-/* Quantizes a (rows, cols) F32, F16 or BF16 tensor to dst, lora_tensor_bytes(I8, rows, cols)
- * bytes. Returns -1 for another source dtype. */
-int lora_quantize_i8(enum lora_dtype src_dtype, const void *src, int64_t rows, int64_t cols,
-                     void *dst);
-
 /* Float to BF16 or F16 with round-to-nearest-even. */
 uint16_t lora_f32_to_bf16(float f);
 uint16_t lora_f32_to_f16(float f);
 
+/* I8 in a backend's memory: each row of cols is cut along the input into groups of
+ * LORA_I8_GROUP values (the last one shorter when cols is not a multiple: no padding), each group
+ * with one float32 scale s = max |x| / 127 of its values, and x = q * s with q = round(x / s) in
+ * [-127, 127] (an all-zero group: s = 0, q = 0). Bytes: the rows * cols int8 values row-major,
+ * then the rows * lora_i8_groups(cols) scales row-major (float32, at byte rows * cols: possibly
+ * unaligned, read with memcpy). The int8 matmul quantizes each row of activations the same way,
+ * group by group, and sums q_x * q_w exactly in int32 within a group, scales in float32.
+ *
+ * Why groups of 64 along the input rather than one scale per output channel: a relative matmul
+ * error (|y - y_ref|_2 / |y_ref|_2, k = 4864, activations quantized alike) of
+ *                                        per channel  group 32  group 64  group 128
+ *   weights uniform, activations normal      1.02%      0.65%     0.71%     0.75%
+ *   weights uniform, activations with
+ *     8 channels x30 (as LLMs have)          7.34%      1.02%     1.40%     1.97%
+ *   weights normal + 0.1% outliers x20       6.13%      0.97%     1.21%     1.58%
+ *   both                                    10.88%      1.45%     1.96%     2.73%
+ * for 1.0625 bytes per weight (1.125 for groups of 32; 1.03 for 128); the speed of each is in
+ * tests/bench/bench_kernels.c's output and docs/design.md, "Backend". */
+#define LORA_I8_GROUP 64
+
+/* Scale groups of an I8 row of cols values. */
+static inline int64_t lora_i8_groups(int64_t cols)
+{
+    return (cols + LORA_I8_GROUP - 1) / LORA_I8_GROUP;
+}
+
 /* Bytes of a (rows, cols) tensor of dtype in a backend's memory: rows * cols elements, plus
- * rows float32 scales for I8. */
+ * rows * lora_i8_groups(cols) float32 scales for I8. */
 size_t lora_tensor_bytes(enum lora_dtype dtype, int64_t rows, int64_t cols);
 
 /* Converts row `row` of a (rows, cols) compute-dtype tensor at data (host memory) to float:
- * the I8 scale applied. Returns -1 for a dtype that is not a compute dtype. */
+ * the I8 scales applied. Returns -1 for a dtype that is not a compute dtype. */
 int lora_tensor_row_to_f32(enum lora_dtype dtype, const void *data, int64_t rows, int64_t cols,
                            int64_t row, float *dst);
+
+/* Quantizes a (rows, cols) tensor src of src_dtype (F32, BF16 or F16, host memory, possibly
+ * unaligned) into dst, lora_tensor_bytes(I8, rows, cols) bytes of host memory, in the I8 layout
+ * above (any cols: the last group of a row is shorter), rounding half to even; rows are spread
+ * over threads. Returns 0, or -1 for another src_dtype, a negative shape, or a value that is not
+ * finite (dst then holds garbage). */
+int lora_quantize_i8(enum lora_dtype src_dtype, const void *src, int64_t rows, int64_t cols,
+                     void *dst);
 
 /* ---- memory and tensors ----------------------------------------------------------------- */
 
@@ -211,7 +240,13 @@ struct lora_backend_ops {
 
     /* y (m, w->rows) = alpha · x (m, w->cols) · wᵀ, or y += that when accumulate. w is a Hugging
      * Face [out, in] weight. Batch-invariant: row i of y depends only on row i of x, bit for bit,
-     * whatever m is, so a request's results do not depend on what else is in its step. */
+     * whatever m is, so a request's results do not depend on what else is in its step.
+     * By w's dtype, with be->fast_matmul read at each call:
+     *   F32, F16: x in float32; fast changes nothing (no CPU has an fp16 dot product to use).
+     *   BF16 exact (fast false): bit for bit the F32 matmul of w widened to float32.
+     *   BF16 fast: x rounded to bf16 (to nearest even) first, products summed in float32 (on the
+     *     CPU, vdpbf16ps where the machine has AVX512_BF16, which reads bf16 subnormals as 0).
+     *   I8: x quantized per row and group as w is (LORA_I8_GROUP), whatever fast says. */
     void (*matmul)(struct lora_backend *be, float *y, const float *x, const struct lora_tensor *w,
                    int m, float alpha, bool accumulate);
     /* y (m, bias->cols) += bias broadcast over rows. */
@@ -270,9 +305,10 @@ struct lora_backend {
     const struct lora_backend_ops *ops;
     const char *kind;      /* "cpu", "cuda" */
     char device[32];       /* as opened: "cpu", "cuda:0" */
-    char description[160]; /* one line for logs and --version: "cpu (AVX2, 16 threads)" */
-    bool fast_matmul;      /* 16-bit weights: activations rounded to bf16 (--matmul-precision) */
+    char description[160]; /* one line for logs and --version, the paths the machine got:
+                              "cpu (AVX-512, BF16 dot, VNNI int8, 16 threads)" */
     void *ctx;             /* the backend's own */
+    bool fast_matmul;      /* the BF16 matmul's fast mode (see matmul); false when opened */
 };
 
 /* Opens device: "cpu", "cuda" (device 0) or "cuda:N". Returns NULL with one line in err: an

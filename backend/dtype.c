@@ -7,8 +7,9 @@
  */
 #include "backend/backend.h"
 
-#include <stdbool.h>
+#include <float.h>
 #include <math.h>
+#include <stdbool.h>
 #include <string.h>
 
 static const struct {
@@ -204,7 +205,10 @@ bool lora_dtype_is_compute(enum lora_dtype dtype)
 size_t lora_tensor_bytes(enum lora_dtype dtype, int64_t rows, int64_t cols)
 {
     size_t n = (size_t)rows * (size_t)cols * lora_dtype_size(dtype);
-    return dtype == LORA_DTYPE_I8 ? n + (size_t)rows * sizeof(float) : n;
+
+    if (dtype != LORA_DTYPE_I8)
+        return n;
+    return n + (size_t)rows * (size_t)lora_i8_groups(cols) * sizeof(float);
 }
 
 int lora_tensor_row_to_f32(enum lora_dtype dtype, const void *data, int64_t rows, int64_t cols,
@@ -217,40 +221,74 @@ int lora_tensor_row_to_f32(enum lora_dtype dtype, const void *data, int64_t rows
     if (dtype != LORA_DTYPE_I8)
         return lora_dtype_to_f32(dtype, p + (size_t)row * (size_t)cols * lora_dtype_size(dtype),
                                  dst, (size_t)cols);
-    float scale;
-    memcpy(&scale, p + (size_t)rows * (size_t)cols + (size_t)row * sizeof(float), sizeof(scale));
+    int64_t n_groups = lora_i8_groups(cols);
+    const char *scales = p + (size_t)rows * (size_t)cols + (size_t)row * n_groups * sizeof(float);
     const signed char *q = (const signed char *)p + (size_t)row * (size_t)cols;
-    for (int64_t c = 0; c < cols; c++)
+    for (int64_t c = 0; c < cols; c++) {
+        float scale;
+        memcpy(&scale, scales + (c / LORA_I8_GROUP) * sizeof(float), sizeof(scale));
         dst[c] = (float)q[c] * scale;
+    }
+    return 0;
+}
+
+/* Element i of src (F32, BF16 or F16) as float. */
+static float elem_f32(enum lora_dtype dtype, const unsigned char *src, size_t i)
+{
+    uint16_t h;
+    float f;
+
+    if (dtype == LORA_DTYPE_F32) {
+        memcpy(&f, src + 4 * i, sizeof(f));
+        return f;
+    }
+    memcpy(&h, src + 2 * i, sizeof(h));
+    return dtype == LORA_DTYPE_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
+}
+
+/* One row: q (cols) and its scales. Returns -1 on a value that is not finite. */
+static int quantize_row(enum lora_dtype dtype, const unsigned char *src, int64_t cols,
+                        signed char *q, char *scales)
+{
+    for (int64_t g0 = 0; g0 < cols; g0 += LORA_I8_GROUP) {
+        int64_t g1 = g0 + LORA_I8_GROUP < cols ? g0 + LORA_I8_GROUP : cols;
+        float max = 0;
+        for (int64_t c = g0; c < g1; c++) {
+            float v = fabsf(elem_f32(dtype, src, (size_t)c));
+            if (!(v <= FLT_MAX))
+                return -1;
+            max = v > max ? v : max;
+        }
+        /* The same float operations as the matmul's activations (matmul_i8_cpu.c), so that a
+         * row quantized here and there gives the same bytes. */
+        float scale = max / 127.0f;
+        for (int64_t c = g0; c < g1; c++) {
+            float r = scale > 0 ? nearbyintf(elem_f32(dtype, src, (size_t)c) / scale) : 0.0f;
+            q[c] = (signed char)(r > 127 ? 127 : r < -127 ? -127 : r);
+        }
+        memcpy(scales + (g0 / LORA_I8_GROUP) * sizeof(float), &scale, sizeof(scale));
+    }
     return 0;
 }
 
 int lora_quantize_i8(enum lora_dtype src_dtype, const void *src, int64_t rows, int64_t cols,
                      void *dst)
 {
-    const char *p = src;
-    signed char *q = dst;
-    float *scales = (float *)(q + (size_t)rows * (size_t)cols), row[256];
+    if ((src_dtype != LORA_DTYPE_F32 && src_dtype != LORA_DTYPE_BF16 &&
+         src_dtype != LORA_DTYPE_F16) ||
+        rows < 0 || cols < 0)
+        return -1;
+    size_t esize = lora_dtype_size(src_dtype);
+    size_t n_groups = (size_t)lora_i8_groups(cols);
+    char *scales = (char *)dst + (size_t)rows * (size_t)cols;
+    int bad = 0;
 
-    for (int64_t r = 0; r < rows; r++) {
-        float amax = 0;
-        for (int64_t c = 0; c < cols; c += 256) {
-            int64_t k = cols - c < 256 ? cols - c : 256;
-            if (lora_dtype_to_f32(src_dtype, p + (size_t)(r * cols + c) * lora_dtype_size(src_dtype),
-                                  row, (size_t)k) < 0)
-                return -1;
-            for (int64_t j = 0; j < k; j++)
-                amax = fabsf(row[j]) > amax ? fabsf(row[j]) : amax;
-        }
-        float scale = amax / 127.0f, inv = scale > 0 ? 1.0f / scale : 0;
-        memcpy(&scales[r], &scale, sizeof(scale));
-        for (int64_t c = 0; c < cols; c += 256) {
-            int64_t k = cols - c < 256 ? cols - c : 256;
-            lora_dtype_to_f32(src_dtype, p + (size_t)(r * cols + c) * lora_dtype_size(src_dtype),
-                              row, (size_t)k);
-            for (int64_t j = 0; j < k; j++)
-                q[r * cols + c + j] = (signed char)lrintf(row[j] * inv);
-        }
-    }
-    return 0;
+    /* Rows are independent: threads take them in chunks (a model's largest tensor is a few
+     * hundred megabytes, quantized once when it loads). */
+#pragma omp parallel for schedule(dynamic, 64) reduction(| : bad) if (rows * cols > 1 << 20)
+    for (int64_t r = 0; r < rows; r++)
+        bad |= quantize_row(src_dtype, (const unsigned char *)src + (size_t)r * (size_t)cols * esize,
+                            cols, (signed char *)dst + (size_t)r * (size_t)cols,
+                            scales + (size_t)r * n_groups * sizeof(float)) < 0;
+    return bad ? -1 : 0;
 }

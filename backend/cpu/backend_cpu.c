@@ -1,13 +1,14 @@
-/* backend_cpu: the CPU backend: backend/backend.h's table over the kernels of kernels_cpu.c and
- * matmul_cpu.c, host memory, and the shared-memory all-reduce of allreduce_shm.c as its
- * tensor-parallel collective.
+/* backend_cpu: the CPU backend: backend/backend.h's table over the kernels of kernels_cpu.c,
+ * matmul_cpu.c and matmul_i8_cpu.c, host memory, and the shared-memory all-reduce of
+ * allreduce_shm.c as its tensor-parallel collective.
  *
  * Owns what makes the CPU a device (docs/design.md, "Backend"): buffers are host memory
- * (zero-filled with calloc, or mmapped weights wrapped in place, so a float32 checkpoint is never
- * copied), upload and download are memcpy, and memory is the machine's (MemAvailable). Every
- * operation takes float32 tensors today; the bf16, f16 and int8 kernels of the next step say so in
- * supports() and add a case where a tensor's address is resolved. Why one file: the kernels stay
- * free of tensors and tables, and this file is the only place that knows both.
+ * (zero-filled with calloc, or mmapped weights wrapped in place, so a checkpoint of a dtype the
+ * kernels take is never copied), upload and download are memcpy, and memory is the machine's
+ * (MemAvailable). It also owns the instruction paths (chosen once, when it opens, and named in
+ * be->description) and the per-thread staging memory of the matmuls that convert their
+ * activations, allocated here so that no operation allocates. Why one file: the kernels stay free
+ * of tensors and tables, and this file is the only place that knows both.
  */
 #include "backend/cpu/backend_cpu.h"
 
@@ -20,15 +21,28 @@
 #include "backend/cpu/allreduce_shm.h"
 #include "backend/cpu/kernels_cpu.h"
 
-/* The float32 data of tensor t, which supports() accepted. */
-static const float *f32(const struct lora_tensor *t, const char *what)
+static bool cpu_supports(struct lora_backend *be, enum lora_kernel op, enum lora_dtype dtype);
+
+/* The data of tensor t, which supports(op) must accept: passing another dtype is a bug. */
+static void *data_for(struct lora_backend *be, enum lora_kernel op, const struct lora_tensor *t,
+                      const char *what)
 {
-    if (t->dtype != LORA_DTYPE_F32) {
+    if (!cpu_supports(be, op, t->dtype)) {
         fprintf(stderr, "lora: fatal: cpu backend: %s of dtype %s is not supported\n", what,
                 lora_dtype_name(t->dtype));
         abort();
     }
     return lora_tensor_addr(t);
+}
+
+static const float *f32(struct lora_backend *be, const struct lora_tensor *t, const char *what)
+{
+    return data_for(be, LORA_KERNEL_ADD_BIAS, t, what); /* an operation that takes F32 alone */
+}
+
+static const struct lora_cpu *cpu_of(struct lora_backend *be)
+{
+    return be->ctx;
 }
 
 /* ---- memory ---- */
@@ -129,12 +143,30 @@ static int cpu_memory(struct lora_backend *be, size_t *total, size_t *available)
 
 static bool cpu_supports(struct lora_backend *be, enum lora_kernel op, enum lora_dtype dtype)
 {
-    return (int)op >= 0 && op < LORA_KERNEL_COUNT && dtype == LORA_DTYPE_F32;
+    bool half = dtype == LORA_DTYPE_BF16 || dtype == LORA_DTYPE_F16;
+
+    if ((int)op < 0 || op >= LORA_KERNEL_COUNT)
+        return false;
+    if (dtype == LORA_DTYPE_F32)
+        return true;
+    switch (op) {
+    case LORA_KERNEL_MATMUL:
+        return half || dtype == LORA_DTYPE_I8;
+    case LORA_KERNEL_EMBED:
+    case LORA_KERNEL_LORA_SGMV:
+    case LORA_KERNEL_KV_WRITE:
+    case LORA_KERNEL_ATTENTION:
+        return half;
+    default: /* norms and biases are tiny: the loader converts them to F32 */
+        return false;
+    }
 }
 
 static size_t cpu_scratch_bytes(struct lora_backend *be, enum lora_kernel op, int max_rows,
                                 int max_ctx, int max_rank)
 {
+    /* The matmul needs none of the caller's: its staging is the backend's (struct lora_cpu),
+     * since the operation takes no scratch. */
     switch (op) {
     case LORA_KERNEL_ATTENTION: /* one row of scores per thread */
         return (size_t)lora_cpu_n_threads() * (size_t)max_ctx * sizeof(float);
@@ -150,25 +182,26 @@ static size_t cpu_scratch_bytes(struct lora_backend *be, enum lora_kernel op, in
 static void cpu_matmul(struct lora_backend *be, float *y, const float *x,
                        const struct lora_tensor *w, int m, float alpha, bool accumulate)
 {
-    lora_cpu_matmul(y, x, f32(w, "matmul weight"), m, (int)w->rows, (int)w->cols, alpha,
-                    accumulate);
+    lora_cpu_matmul(cpu_of(be), y, x, data_for(be, LORA_KERNEL_MATMUL, w, "matmul weight"),
+                    w->dtype, m, (int)w->rows, (int)w->cols, alpha, accumulate, be->fast_matmul);
 }
 
 static void cpu_add_bias(struct lora_backend *be, float *y, const struct lora_tensor *bias, int m)
 {
-    lora_cpu_add_bias(y, f32(bias, "bias"), m, (int)bias->cols);
+    lora_cpu_add_bias(y, f32(be, bias, "bias"), m, (int)bias->cols);
 }
 
 static void cpu_embed(struct lora_backend *be, float *out, const struct lora_tensor *table,
                       const int *ids, int m)
 {
-    lora_cpu_embed(out, f32(table, "embedding"), ids, m, (int)table->cols);
+    lora_cpu_embed(out, data_for(be, LORA_KERNEL_EMBED, table, "embedding"), table->dtype, ids, m,
+                   (int)table->cols);
 }
 
 static void cpu_rmsnorm(struct lora_backend *be, float *out, const float *x,
                         const struct lora_tensor *w, int m, float eps)
 {
-    lora_cpu_rmsnorm(out, x, f32(w, "norm weight"), m, (int)w->cols, eps);
+    lora_cpu_rmsnorm(out, x, f32(be, w, "norm weight"), m, (int)w->cols, eps);
 }
 
 static void cpu_rope(struct lora_backend *be, float *x, const int *pos, int m, int n_heads,
@@ -191,7 +224,10 @@ static void cpu_kv_write(struct lora_backend *be, const struct lora_tensor *k_ca
                          const struct lora_tensor *v_cache, const float *k, const float *v,
                          const int *slot, int m)
 {
-    lora_cpu_kv_write((float *)f32(k_cache, "key cache"), (float *)f32(v_cache, "value cache"), k,
+    if (v_cache->dtype != k_cache->dtype)
+        data_for(be, LORA_KERNEL_COUNT, v_cache, "value cache of another dtype than keys");
+    lora_cpu_kv_write(data_for(be, LORA_KERNEL_KV_WRITE, k_cache, "key cache"),
+                      data_for(be, LORA_KERNEL_KV_WRITE, v_cache, "value cache"), k_cache->dtype, k,
                       v, slot, m, (int)k_cache->cols);
 }
 
@@ -200,8 +236,11 @@ static void cpu_attention(struct lora_backend *be, float *out, const float *q,
                           const struct lora_attn_seq *seqs, int n_seqs, int n_heads, int n_kv_heads,
                           int head_dim, int block_size, void *scratch, int max_ctx)
 {
-    lora_cpu_attention(out, q, f32(k_cache, "key cache"), f32(v_cache, "value cache"), seqs, n_seqs,
-                       n_heads, n_kv_heads, head_dim, block_size, scratch, max_ctx);
+    if (v_cache->dtype != k_cache->dtype)
+        data_for(be, LORA_KERNEL_COUNT, v_cache, "value cache of another dtype than keys");
+    lora_cpu_attention(out, q, data_for(be, LORA_KERNEL_ATTENTION, k_cache, "key cache"),
+                       data_for(be, LORA_KERNEL_ATTENTION, v_cache, "value cache"), k_cache->dtype,
+                       seqs, n_seqs, n_heads, n_kv_heads, head_dim, block_size, scratch, max_ctx);
 }
 
 static void cpu_lora_sgmv(struct lora_backend *be, float *y, const float *x,
@@ -209,10 +248,10 @@ static void cpu_lora_sgmv(struct lora_backend *be, float *y, const float *x,
                           int max_rank)
 {
     for (int s = 0; s < n_segs; s++) {
-        f32(&segs[s].a, "LoRA A");
-        f32(&segs[s].b_t, "LoRA B");
+        data_for(be, LORA_KERNEL_LORA_SGMV, &segs[s].a, "LoRA A");
+        data_for(be, LORA_KERNEL_LORA_SGMV, &segs[s].b_t, "LoRA B");
     }
-    lora_cpu_lora_sgmv(y, x, segs, n_segs, in, out, tmp, max_rank);
+    lora_cpu_lora_sgmv(cpu_of(be), y, x, segs, n_segs, in, out, tmp, max_rank);
 }
 
 /* ---- the collective: allreduce_shm ---- */
@@ -238,6 +277,12 @@ static void cpu_collective_close(struct lora_backend *be, struct lora_collective
 
 static void cpu_close(struct lora_backend *be)
 {
+    struct lora_cpu *cpu = be->ctx;
+
+    if (cpu)
+        free(cpu->stage);
+    free(cpu);
+    be->ctx = NULL;
 }
 
 static const struct lora_backend_ops cpu_ops = {
@@ -268,18 +313,30 @@ static const struct lora_backend_ops cpu_ops = {
 struct lora_backend *lora_cpu_backend_new(char *err, size_t err_len)
 {
     struct lora_backend *be = calloc(1, sizeof(*be));
+    struct lora_cpu *cpu = calloc(1, sizeof(*cpu));
 
-    if (!be) {
+    if (cpu) {
+        cpu->isa = lora_cpu_isa_detect();
+        cpu->n_threads = omp_get_max_threads();
+        cpu->stage = aligned_alloc(64, (size_t)cpu->n_threads * LORA_CPU_STAGE_BYTES);
+    }
+    if (!be || !cpu || !cpu->stage) {
         snprintf(err, err_len, "cpu: out of memory");
+        if (cpu)
+            free(cpu->stage);
+        free(cpu);
+        free(be);
         return NULL;
     }
     be->ops = &cpu_ops;
     be->kind = "cpu";
+    be->ctx = cpu;
     snprintf(be->device, sizeof(be->device), "cpu");
-    /* The matmul's path: one per machine (matmul_cpu.c). */
-    bool avx512 = __builtin_cpu_supports("avx512f") && !getenv("LORA_NO_AVX512");
-    snprintf(be->description, sizeof(be->description), "cpu (%s, %d thread%s)",
-             avx512 ? "AVX-512" : "AVX2", omp_get_max_threads(),
-             omp_get_max_threads() == 1 ? "" : "s");
+    /* The paths, one per backend (matmul_cpu.c, matmul_i8_cpu.c): without AVX-512, AVX2 for
+     * every dtype; with it, the bf16 dot and int8 instructions where the machine has them. */
+    const struct lora_cpu_isa *isa = &cpu->isa;
+    snprintf(be->description, sizeof(be->description), "cpu (%s%s%s, %d thread%s)",
+             isa->avx512 ? "AVX-512" : "AVX2", isa->bf16 ? ", BF16 dot" : "",
+             isa->vnni ? ", VNNI int8" : "", cpu->n_threads, cpu->n_threads == 1 ? "" : "s");
     return be;
 }

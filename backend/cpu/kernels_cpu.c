@@ -1,10 +1,16 @@
 /* kernels_cpu: the CPU backend's element-wise kernels, embedding, KV writes and attention (see
- * kernels_cpu.h). Work is split across OpenMP threads; matmuls live in matmul_cpu.c. */
+ * kernels_cpu.h). Work is split across OpenMP threads; matmuls live in matmul_cpu.c and
+ * matmul_i8_cpu.c. A 16-bit cache or table is widened to float32 as it is read (exactly), and a
+ * cache is written rounded to nearest even: the arithmetic is float32's whatever the dtype. */
 #include "backend/cpu/kernels_cpu.h"
 
+#include <immintrin.h>
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
 #include <string.h>
+
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 void lora_cpu_add_bias(float *y, const float *bias, int m, int n)
 {
@@ -13,10 +19,14 @@ void lora_cpu_add_bias(float *y, const float *bias, int m, int n)
             y[(size_t)i * n + j] += bias[j];
 }
 
-void lora_cpu_embed(float *out, const float *table, const int *ids, int m, int dim)
+void lora_cpu_embed(float *out, const void *table, enum lora_dtype dtype, const int *ids, int m,
+                    int dim)
 {
+    size_t row = (size_t)dim * lora_dtype_size(dtype);
+
     for (int i = 0; i < m; i++)
-        memcpy(out + (size_t)i * dim, table + (size_t)ids[i] * dim, sizeof(float) * dim);
+        lora_dtype_to_f32(dtype, (const char *)table + (size_t)ids[i] * row,
+                          out + (size_t)i * dim, (size_t)dim);
 }
 
 void lora_cpu_rmsnorm(float *out, const float *x, const float *w, int m, int dim, float eps)
@@ -70,12 +80,38 @@ void lora_cpu_add(float *y, const float *x, size_t n)
         y[i] += x[i];
 }
 
-void lora_cpu_kv_write(float *k_cache, float *v_cache, const float *k, const float *v,
-                     const int *slot, int m, int kv_dim)
+/* dst (n, of dtype) = src rounded to nearest even. The bf16 rounding is integer arithmetic, as
+ * lora_f32_to_bf16's (the hardware's conversion flushes subnormals); f16 is F16C's, which rounds
+ * to nearest even and keeps subnormals. */
+static void store_row(void *dst, enum lora_dtype dtype, const float *src, int n)
 {
+    uint16_t *d = dst;
+    int c = 0;
+
+    if (dtype == LORA_DTYPE_F32) {
+        memcpy(dst, src, sizeof(float) * (size_t)n);
+        return;
+    }
+    if (dtype == LORA_DTYPE_F16) {
+        for (; c + 8 <= n; c += 8)
+            _mm_storeu_si128((__m128i *)(d + c),
+                             _mm256_cvtps_ph(_mm256_loadu_ps(src + c), _MM_FROUND_TO_NEAREST_INT));
+        for (; c < n; c++)
+            d[c] = lora_f32_to_f16(src[c]);
+        return;
+    }
+    for (; c < n; c++)
+        d[c] = lora_f32_to_bf16(src[c]);
+}
+
+void lora_cpu_kv_write(void *k_cache, void *v_cache, enum lora_dtype dtype, const float *k,
+                       const float *v, const int *slot, int m, int kv_dim)
+{
+    size_t row = (size_t)kv_dim * lora_dtype_size(dtype);
+
     for (int i = 0; i < m; i++) {
-        memcpy(k_cache + (size_t)slot[i] * kv_dim, k + (size_t)i * kv_dim, sizeof(float) * kv_dim);
-        memcpy(v_cache + (size_t)slot[i] * kv_dim, v + (size_t)i * kv_dim, sizeof(float) * kv_dim);
+        store_row((char *)k_cache + (size_t)slot[i] * row, dtype, k + (size_t)i * kv_dim, kv_dim);
+        store_row((char *)v_cache + (size_t)slot[i] * row, dtype, v + (size_t)i * kv_dim, kv_dim);
     }
 }
 
@@ -84,20 +120,36 @@ int lora_cpu_n_threads(void)
     return omp_get_max_threads();
 }
 
+/* Element d of a cache row of dtype, widened to float. */
+ALWAYS_INLINE float kv_at(const void *row, int d, enum lora_dtype dtype)
+{
+    if (dtype == LORA_DTYPE_F32)
+        return ((const float *)row)[d];
+    uint16_t h = ((const uint16_t *)row)[d];
+    if (dtype == LORA_DTYPE_F16)
+        return _cvtsh_ss(h);
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
+}
+
 /* One query row of one head against positions [0, n_ctx) of its sequence. */
-static void attend_one(float *out, const float *q, const float *k_cache, const float *v_cache,
-                       const int *block_table, int n_ctx, int kv_off, int kv_dim, int head_dim,
-                       int block_size, float *scores)
+ALWAYS_INLINE void attend_one(float *out, const float *q, const void *k_cache,
+                              const void *v_cache, enum lora_dtype dtype, const int *block_table,
+                              int n_ctx, int kv_off, int kv_dim, int head_dim, int block_size,
+                              float *scores)
 {
     float scale = 1.0f / sqrtf((float)head_dim);
     float max = -INFINITY;
+    size_t es = lora_dtype_size(dtype);
 
     for (int p = 0; p < n_ctx; p++) {
         size_t slot = (size_t)block_table[p / block_size] * block_size + p % block_size;
-        const float *k = k_cache + slot * kv_dim + kv_off;
+        const char *k = (const char *)k_cache + (slot * kv_dim + kv_off) * es;
         float dot = 0;
         for (int d = 0; d < head_dim; d++)
-            dot += q[d] * k[d];
+            dot += q[d] * kv_at(k, d, dtype);
         scores[p] = dot * scale;
         if (scores[p] > max)
             max = scores[p];
@@ -110,16 +162,38 @@ static void attend_one(float *out, const float *q, const float *k_cache, const f
     memset(out, 0, sizeof(float) * head_dim);
     for (int p = 0; p < n_ctx; p++) {
         size_t slot = (size_t)block_table[p / block_size] * block_size + p % block_size;
-        const float *v = v_cache + slot * kv_dim + kv_off;
+        const char *v = (const char *)v_cache + (slot * kv_dim + kv_off) * es;
         float w = scores[p] / sum;
         for (int d = 0; d < head_dim; d++)
-            out[d] += w * v[d];
+            out[d] += w * kv_at(v, d, dtype);
     }
 }
 
-void lora_cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
-                      const struct lora_attn_seq *seqs, int n_seqs, int n_heads,
-                      int n_kv_heads, int head_dim, int block_size, float *scratch, int max_ctx)
+/* attend_one with dtype a constant in each branch, so each loop reads its type directly. */
+static void attend(float *out, const float *q, const void *k_cache, const void *v_cache,
+                   enum lora_dtype dtype, const int *block_table, int n_ctx, int kv_off,
+                   int kv_dim, int head_dim, int block_size, float *scores)
+{
+    switch (dtype) {
+    case LORA_DTYPE_F32:
+        attend_one(out, q, k_cache, v_cache, LORA_DTYPE_F32, block_table, n_ctx, kv_off, kv_dim,
+                   head_dim, block_size, scores);
+        break;
+    case LORA_DTYPE_BF16:
+        attend_one(out, q, k_cache, v_cache, LORA_DTYPE_BF16, block_table, n_ctx, kv_off, kv_dim,
+                   head_dim, block_size, scores);
+        break;
+    default:
+        attend_one(out, q, k_cache, v_cache, LORA_DTYPE_F16, block_table, n_ctx, kv_off, kv_dim,
+                   head_dim, block_size, scores);
+        break;
+    }
+}
+
+void lora_cpu_attention(float *out, const float *q, const void *k_cache, const void *v_cache,
+                        enum lora_dtype dtype, const struct lora_attn_seq *seqs, int n_seqs,
+                        int n_heads, int n_kv_heads, int head_dim, int block_size, float *scratch,
+                        int max_ctx)
 {
     int q_dim = n_heads * head_dim, kv_dim = n_kv_heads * head_dim;
     int group = n_heads / n_kv_heads;
@@ -132,8 +206,9 @@ void lora_cpu_attention(float *out, const float *q, const float *k_cache, const 
             float *scores = scratch + (size_t)omp_get_thread_num() * max_ctx;
             for (int r = 0; r < sq->n_rows; r++) {
                 size_t off = (size_t)(sq->row + r) * q_dim + (size_t)h * head_dim;
-                attend_one(out + off, q + off, k_cache, v_cache, sq->block_table, sq->pos + r + 1,
-                           (h / group) * head_dim, kv_dim, head_dim, block_size, scores);
+                attend(out + off, q + off, k_cache, v_cache, dtype, sq->block_table,
+                       sq->pos + r + 1, (h / group) * head_dim, kv_dim, head_dim, block_size,
+                       scores);
             }
         }
     }

@@ -1,9 +1,12 @@
-/* kernels_cpu: the CPU backend's kernels on plain float32 arrays, row-major, shapes as
- * (rows, cols) in the comments.
+/* kernels_cpu: the CPU backend's kernels on plain arrays, row-major, shapes as (rows, cols) in
+ * the comments. Activations are float32; weights, caches and adapter weights come in the dtype
+ * each kernel says (the tensors' compute dtypes of backend/backend.h).
  *
  * Private to backend/cpu: backend_cpu.c resolves the tensors of backend/backend.h's operations
  * to addresses and calls these; nothing else does (docs/design.md, "Backend"). No kernel
- * allocates: scratch space is passed in. Threads: every kernel splits its work with OpenMP.
+ * allocates: the matmuls that convert their activations (fast BF16, I8) do it in the backend's
+ * staging memory (struct lora_cpu), allocated when it opens. Threads: every kernel splits its
+ * work with OpenMP.
  */
 #ifndef LORA_KERNELS_CPU_H
 #define LORA_KERNELS_CPU_H
@@ -13,17 +16,55 @@
 
 #include "backend/backend.h"
 
+/* The instruction paths of one CPU backend, chosen when it opens (lora_cpu_isa_detect) and used
+ * for every call, so its results are reproducible on the machine. */
+struct lora_cpu_isa {
+    bool avx512; /* AVX-512 F, BW, VL: 16-lane tiles; else AVX2 + FMA + F16C, 8 lanes */
+    bool bf16;   /* with avx512: AVX512_BF16's vdpbf16ps for the fast BF16 matmul */
+    bool vnni;   /* with avx512: AVX512_VNNI's vpdpbusd for the I8 matmul */
+};
+
+/* The paths this machine has, less those the environment turns off for tests and comparisons:
+ * LORA_NO_AVX512 (AVX2 for everything), LORA_NO_AVX512_BF16, LORA_NO_AVX512_VNNI. */
+struct lora_cpu_isa lora_cpu_isa_detect(void);
+
+/* Bytes of staging each thread has: LORA_CPU_STAGE_BYTES, for at least one row of activations
+ * converted (k <= 65536 for every path; the matmul aborts beyond, naming the limit). */
+#define LORA_CPU_STAGE_BYTES (512 * 1024)
+
+/* One CPU backend's state (be->ctx). */
+struct lora_cpu {
+    struct lora_cpu_isa isa;
+    int n_threads;  /* threads a kernel uses at most: omp_get_max_threads() when opened */
+    char *stage;    /* n_threads * LORA_CPU_STAGE_BYTES, 64-byte aligned */
+};
+
 /* y (m, n) = alpha · x (m, k) · w (n, k)ᵀ, or y += that when accumulate. w is a Hugging Face
- * [out, in] weight. Batch-invariant: row i of y depends only on row i of x, bit for bit, whatever
- * m is, so a request's results do not depend on what else is in its step. */
-void lora_cpu_matmul(float *y, const float *x, const float *w, int m, int n, int k, float alpha,
-                     bool accumulate);
+ * [out, in] weight of dtype F32, BF16, F16 or I8 (backend.h's layout, its scales after the
+ * n * k values). fast: BF16 rounds x to bf16 (backend.h, matmul). Batch-invariant: row i of y
+ * depends only on row i of x, bit for bit, whatever m and the number of threads are, so a
+ * request's results do not depend on what else is in its step. */
+void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const void *w,
+                     enum lora_dtype dtype, int m, int n, int k, float alpha, bool accumulate,
+                     bool fast);
+
+/* The same on a panel of the I8 path (matmul_i8_cpu.c, called by lora_cpu_matmul): columns
+ * [n0, n1) of y (m rows, stride ldy) from rows [n0, n1) of w (n, k) and its scales w_scales,
+ * x quantized blk rows at a time (1..4, as many as fit) into stage (LORA_CPU_STAGE_BYTES). */
+void lora_cpu_matmul_i8_panel(const struct lora_cpu_isa *isa, float *y, int ldy, const float *x,
+                              const signed char *w, const char *w_scales, int m, int k, int n0,
+                              int n1, float alpha, bool acc, int blk, char *stage);
+
+/* Bytes of stage one row of k activations takes on the I8 path. */
+size_t lora_cpu_i8_row_stage_bytes(const struct lora_cpu_isa *isa, int k);
 
 /* y (m, n) += bias (n) broadcast over rows. */
 void lora_cpu_add_bias(float *y, const float *bias, int m, int n);
 
-/* out (m, dim) = table[ids[i]] rows. ids are validated by the caller. */
-void lora_cpu_embed(float *out, const float *table, const int *ids, int m, int dim);
+/* out (m, dim) = table[ids[i]] rows, table of dtype F32, BF16 or F16 (widened exactly). ids are
+ * validated by the caller. */
+void lora_cpu_embed(float *out, const void *table, enum lora_dtype dtype, const int *ids, int m,
+                    int dim);
 
 /* out (m, dim) = x / sqrt(mean(x²) + eps) * w. out may equal x. */
 void lora_cpu_rmsnorm(float *out, const float *x, const float *w, int m, int dim, float eps);
@@ -38,28 +79,32 @@ void lora_cpu_silu_mul(float *gate, const float *up, size_t n);
 /* y (n) += x (n). */
 void lora_cpu_add(float *y, const float *x, size_t n);
 
-/* Paged KV cache of one layer: (n_blocks * block_size, kv_dim) for keys and for values; a
- * position p of a sequence lives in slot block_table[p / block_size] * block_size + p % block_size.
- * Writes rows k, v (m, kv_dim) into slots slot[i]. */
-void lora_cpu_kv_write(float *k_cache, float *v_cache, const float *k, const float *v,
-                       const int *slot, int m, int kv_dim);
+/* Paged KV cache of one layer: (n_blocks * block_size, kv_dim) for keys and for values, of
+ * dtype F32, BF16 or F16; a position p of a sequence lives in slot
+ * block_table[p / block_size] * block_size + p % block_size. Writes rows k, v (m, kv_dim) into
+ * slots slot[i], rounded to the cache's dtype to nearest even. */
+void lora_cpu_kv_write(void *k_cache, void *v_cache, enum lora_dtype dtype, const float *k,
+                       const float *v, const int *slot, int m, int kv_dim);
 
-/* out (rows, n_heads * head_dim) = softmax(q · kᵀ / sqrt(head_dim)) · v over the paged cache,
- * grouped-query: query head h reads KV head h / (n_heads / n_kv_heads). scratch holds
- * n_threads * max_ctx floats, max_ctx >= the longest context in the batch. */
-void lora_cpu_attention(float *out, const float *q, const float *k_cache, const float *v_cache,
-                        const struct lora_attn_seq *seqs, int n_seqs, int n_heads,
-                        int n_kv_heads, int head_dim, int block_size, float *scratch,
+/* out (rows, n_heads * head_dim) = softmax(q · kᵀ / sqrt(head_dim)) · v over the paged cache
+ * (dtype F32, BF16 or F16, widened to float32), grouped-query: query head h reads KV head
+ * h / (n_heads / n_kv_heads). scratch holds n_threads * max_ctx floats, max_ctx >= the longest
+ * context in the batch. */
+void lora_cpu_attention(float *out, const float *q, const void *k_cache, const void *v_cache,
+                        enum lora_dtype dtype, const struct lora_attn_seq *seqs, int n_seqs,
+                        int n_heads, int n_kv_heads, int head_dim, int block_size, float *scratch,
                         int max_ctx);
 
 /* Number of threads lora_cpu_attention may use (sizes its scratch). */
 int lora_cpu_n_threads(void);
 
-/* For each segment (its a and b_t float32 tensors in host memory): t (n_rows, rank) = x · aᵀ
- * (shrink), y += scale · t · b (expand), with the segments spread over the threads.
+/* For each segment (its a and b_t tensors in host memory, F32, BF16 or F16, widened to float32
+ * as they are read): t (n_rows, rank) = x · aᵀ (shrink), y += scale · t · b (expand), with the
+ * segments spread over the threads; each adapter's weights are read once per call.
  * Batch-invariant like lora_cpu_matmul. tmp is (rows of x, max_rank): a segment's t sits at its
  * own rows. */
-void lora_cpu_lora_sgmv(float *y, const float *x, const struct lora_sgmv_seg *segs, int n_segs,
-                        int in, int out, float *tmp, int max_rank);
+void lora_cpu_lora_sgmv(const struct lora_cpu *cpu, float *y, const float *x,
+                        const struct lora_sgmv_seg *segs, int n_segs, int in, int out, float *tmp,
+                        int max_rank);
 
 #endif

@@ -1,4 +1,5 @@
-/* matmul_cpu: y = alpha · x · wᵀ (+ y), batch-invariant.
+/* matmul_cpu: y = alpha · x · wᵀ (+ y), batch-invariant, for weights of F32, BF16, F16 and I8
+ * (the I8 tiles are in matmul_i8_cpu.c), and the multi-LoRA SGMV built on the same tiles.
  *
  * Why not OpenBLAS here: its sgemm picks different micro-kernels by matrix shape (for example
  * M <= 4 against M >= 5 at some sizes), so one row's result changes with the number of rows in the
@@ -8,20 +9,109 @@
  * through masked loads, which add exact zeros), then the lanes are summed in a fixed tree.
  * Register tiles reuse every load; threads split the rows of w, so each weight is streamed from
  * memory once per call, which is what bounds decoding. Where the CPU has AVX-512 every call uses
- * 16 lanes and 4 x 4 tiles, else AVX2 with 8 lanes and 2 x 4 tiles: one path per machine, so
- * results are reproducible on it (not across the two).
+ * 16 lanes and 4 x 4 tiles, else AVX2 with 8 lanes and 2 x 4 tiles: one path per backend, chosen
+ * when it opens, so results are reproducible on a machine (not across the two).
+ *
+ * BF16 and F16 weights are widened to float32 in registers (bf16 by a shift, f16 by vcvtph2ps)
+ * and go through the very same FMAs in the same order: the exact mode's result is the F32
+ * matmul's on the widened weights, bit for bit. The fast BF16 mode rounds each row of x to bf16
+ * once per panel into the calling thread's staging rows (no allocation, and a row's rounding is
+ * the same whoever does it), then sums pairs of products with vdpbf16ps into float32 lanes, in the
+ * same fixed lane order; a machine without AVX512_BF16 widens the rounded x back to float32 and
+ * uses the exact tiles (the same products, summed one at a time).
  */
 #include "backend/cpu/kernels_cpu.h"
 
 #include <immintrin.h>
 #include <math.h>
 #include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
-#define MR 2 /* rows of x per tile */
+#define ALWAYS_INLINE static inline __attribute__((always_inline))
+#define T512          __attribute__((target("avx512f,avx512bw,avx512vl")))
+#define T512BF16      __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
+
+#define MR 2 /* rows of x per AVX2 tile */
 #define NR 4 /* rows of w per tile */
 
-static inline __attribute__((always_inline)) float hsum(__m256 v)
+/* ---- bf16 rounding of activations (the fast mode's staging) ---- */
+
+/* x (k) rounded to bf16 to nearest even, as lora_f32_to_bf16 does (NaN kept quiet), as the
+ * top halves of 32-bit lanes. */
+ALWAYS_INLINE __m256i round_bf16_8(__m256 x)
+{
+    __m256i u = _mm256_castps_si256(x);
+    __m256i abs = _mm256_and_si256(u, _mm256_set1_epi32(0x7fffffff));
+    __m256i nan = _mm256_cmpgt_epi32(abs, _mm256_set1_epi32(0x7f800000));
+    __m256i odd = _mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1));
+    __m256i r = _mm256_add_epi32(u, _mm256_add_epi32(_mm256_set1_epi32(0x7fff), odd));
+    __m256i q = _mm256_or_si256(u, _mm256_set1_epi32(0x00400000));
+    return _mm256_and_si256(_mm256_blendv_epi8(r, q, nan), _mm256_set1_epi32((int)0xffff0000u));
+}
+
+/* rows (mr, k) of x rounded to bf16 and widened back: float rows of stride k at dst. */
+static void stage_bf16_as_f32(const float *x, int mr, int k, float *dst)
+{
+    for (int i = 0; i < mr; i++) {
+        const float *xi = x + (size_t)i * k;
+        float *di = dst + (size_t)i * k;
+        int c = 0;
+        for (; c + 8 <= k; c += 8)
+            _mm256_storeu_si256((__m256i *)(di + c), round_bf16_8(_mm256_loadu_ps(xi + c)));
+        for (; c < k; c++) {
+            uint32_t u = (uint32_t)lora_f32_to_bf16(xi[c]) << 16;
+            memcpy(di + c, &u, sizeof(u));
+        }
+    }
+}
+
+/* rows (mr, k) of x as bf16 bits, rows of stride kp (k rounded up to 32, zero-filled). */
+T512 static void stage_bf16_bits(const float *x, int mr, int k, int kp, uint16_t *dst)
+{
+    for (int i = 0; i < mr; i++) {
+        const float *xi = x + (size_t)i * k;
+        uint16_t *di = dst + (size_t)i * kp;
+        int c = 0;
+        for (; c + 8 <= k; c += 8) {
+            __m256i r = _mm256_srli_epi32(round_bf16_8(_mm256_loadu_ps(xi + c)), 16);
+            _mm_storeu_si128((__m128i *)(di + c), _mm256_cvtepi32_epi16(r));
+        }
+        for (; c < k; c++)
+            di[c] = lora_f32_to_bf16(xi[c]);
+        for (; c < kp; c++)
+            di[c] = 0;
+    }
+}
+
+/* ---- AVX2: 8 lanes ---- */
+
+/* 8 weights from element i of w, widened to float. */
+ALWAYS_INLINE __m256 load8(const void *w, size_t i, enum lora_dtype dt)
+{
+    if (dt == LORA_DTYPE_F32)
+        return _mm256_loadu_ps((const float *)w + i);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
+    if (dt == LORA_DTYPE_F16)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* The rem (1..7) weights from element i, zeros after. AVX2 has no 16-bit masked load: the 16-bit
+ * types go through a zeroed copy, which reads nothing past the row either. */
+ALWAYS_INLINE __m256 load8_tail(const void *w, size_t i, int rem, __m256i mask,
+                                enum lora_dtype dt)
+{
+    if (dt == LORA_DTYPE_F32)
+        return _mm256_maskload_ps((const float *)w + i, mask);
+    uint16_t buf[8] = {0};
+    memcpy(buf, (const uint16_t *)w + i, (size_t)rem * sizeof(uint16_t));
+    return load8(buf, 0, dt);
+}
+
+ALWAYS_INLINE float hsum(__m256 v)
 {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -30,9 +120,8 @@ static inline __attribute__((always_inline)) float hsum(__m256 v)
 }
 
 /* One tile of mr x nr outputs (mr <= MR, nr <= NR known at each call site). */
-static inline __attribute__((always_inline)) void tile(float *y, int ldy, const float *x,
-                                                       const float *w, int k, __m256i tail_mask,
-                                                       int mr, int nr, float alpha, bool acc)
+ALWAYS_INLINE void tile(float *y, int ldy, const float *x, const void *w, enum lora_dtype dt,
+                        int k, __m256i tail_mask, int mr, int nr, float alpha, bool acc)
 {
     __m256 a[MR][NR];
     int kk = 0;
@@ -46,7 +135,7 @@ static inline __attribute__((always_inline)) void tile(float *y, int ldy, const 
         __m256 wv[NR], xv[MR];
 #pragma GCC unroll 4
         for (int j = 0; j < nr; j++)
-            wv[j] = _mm256_loadu_ps(w + (size_t)j * k + kk);
+            wv[j] = load8(w, (size_t)j * k + kk, dt);
 #pragma GCC unroll 2
         for (int i = 0; i < mr; i++) {
             xv[i] = _mm256_loadu_ps(x + (size_t)i * k + kk);
@@ -59,7 +148,7 @@ static inline __attribute__((always_inline)) void tile(float *y, int ldy, const 
         __m256 wv[NR], xv[MR];
 #pragma GCC unroll 4
         for (int j = 0; j < nr; j++)
-            wv[j] = _mm256_maskload_ps(w + (size_t)j * k + kk, tail_mask);
+            wv[j] = load8_tail(w, (size_t)j * k + kk, k - kk, tail_mask, dt);
 #pragma GCC unroll 2
         for (int i = 0; i < mr; i++) {
             xv[i] = _mm256_maskload_ps(x + (size_t)i * k + kk, tail_mask);
@@ -78,28 +167,6 @@ static inline __attribute__((always_inline)) void tile(float *y, int ldy, const 
     }
 }
 
-/* Rows [n0, n1) of w against every row of x. */
-static void panel(float *y, int ldy, const float *x, const float *w, int m, int k, int n0, int n1,
-                  __m256i tail_mask, float alpha, bool acc)
-{
-    for (int i = 0; i < m; i += MR) {
-        const float *xi = x + (size_t)i * k;
-        float *yi = y + (size_t)i * ldy;
-        int j = n0;
-        if (m - i >= MR) {
-            for (; j + NR <= n1; j += NR)
-                tile(yi + j, ldy, xi, w + (size_t)j * k, k, tail_mask, MR, NR, alpha, acc);
-            for (; j < n1; j++)
-                tile(yi + j, ldy, xi, w + (size_t)j * k, k, tail_mask, MR, 1, alpha, acc);
-        } else {
-            for (; j + NR <= n1; j += NR)
-                tile(yi + j, ldy, xi, w + (size_t)j * k, k, tail_mask, 1, NR, alpha, acc);
-            for (; j < n1; j++)
-                tile(yi + j, ldy, xi, w + (size_t)j * k, k, tail_mask, 1, 1, alpha, acc);
-        }
-    }
-}
-
 static __m256i tail_mask_of(int k)
 {
     int rem = k % 8;
@@ -108,11 +175,93 @@ static __m256i tail_mask_of(int k)
                              rem > 6 ? -1 : 0, 0);
 }
 
+/* Element size of a float path's weight. */
+static size_t w_size(enum lora_dtype dt)
+{
+    return dt == LORA_DTYPE_F32 ? 4 : 2;
+}
+
+/* Rows [n0, n1) of w against rows of x in tiles of mr (a constant at each call). */
+#define PANEL8_ROWS(mr)                                                                            \
+    do {                                                                                           \
+        int j = n0;                                                                                \
+        for (; j + NR <= n1; j += NR)                                                              \
+            tile(yi + j, ldy, xi, (const char *)w + (size_t)j * k * es, dt, k, tail_mask, mr, NR,  \
+                 alpha, acc);                                                                      \
+        for (; j < n1; j++)                                                                        \
+            tile(yi + j, ldy, xi, (const char *)w + (size_t)j * k * es, dt, k, tail_mask, mr, 1,   \
+                 alpha, acc);                                                                      \
+    } while (0)
+
+/* Rows [n0, n1) of w against every row of x, in tiles of at most blk rows of x; with round_x,
+ * each tile's rows of x are first rounded to bf16 into stage. */
+ALWAYS_INLINE void panel8_body(float *y, int ldy, const float *x, const void *w, enum lora_dtype dt,
+                               int m, int k, int n0, int n1, float alpha, bool acc, int blk,
+                               bool round_x, char *stage)
+{
+    __m256i tail_mask = tail_mask_of(k);
+    size_t es = w_size(dt);
+
+    for (int i = 0; i < m;) {
+        int mr = m - i >= MR && blk >= MR ? MR : 1;
+        const float *xi = x + (size_t)i * k;
+        float *yi = y + (size_t)i * ldy;
+        if (round_x) {
+            stage_bf16_as_f32(xi, mr, k, (float *)stage);
+            xi = (const float *)stage;
+        }
+        if (mr == MR) {
+            PANEL8_ROWS(MR);
+        } else {
+            PANEL8_ROWS(1);
+        }
+        i += mr;
+    }
+}
+
+static void panel8(float *y, int ldy, const float *x, const void *w, enum lora_dtype dt, int m,
+                   int k, int n0, int n1, float alpha, bool acc, int blk, bool round_x,
+                   char *stage)
+{
+    switch (dt) {
+    case LORA_DTYPE_F32:
+        panel8_body(y, ldy, x, w, LORA_DTYPE_F32, m, k, n0, n1, alpha, acc, blk, false, stage);
+        break;
+    case LORA_DTYPE_BF16:
+        panel8_body(y, ldy, x, w, LORA_DTYPE_BF16, m, k, n0, n1, alpha, acc, blk, round_x, stage);
+        break;
+    default:
+        panel8_body(y, ldy, x, w, LORA_DTYPE_F16, m, k, n0, n1, alpha, acc, blk, false, stage);
+        break;
+    }
+}
+
+/* ---- AVX-512: 16 lanes ---- */
+
 #define MR16 4 /* rows of x per AVX-512 tile */
 
-__attribute__((target("avx512f"))) static inline __attribute__((always_inline)) void
-tile16(float *y, int ldy, const float *x, const float *w, int k, __mmask16 tail, int mr, int nr,
-       float alpha, bool acc)
+T512 ALWAYS_INLINE __m512 load16(const void *w, size_t i, enum lora_dtype dt)
+{
+    if (dt == LORA_DTYPE_F32)
+        return _mm512_loadu_ps((const float *)w + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i));
+    if (dt == LORA_DTYPE_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+T512 ALWAYS_INLINE __m512 load16_tail(const void *w, size_t i, __mmask16 tail, enum lora_dtype dt)
+{
+    if (dt == LORA_DTYPE_F32)
+        return _mm512_maskz_loadu_ps(tail, (const float *)w + i);
+    __m256i h = _mm256_maskz_loadu_epi16(tail, (const uint16_t *)w + i);
+    if (dt == LORA_DTYPE_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w, enum lora_dtype dt,
+                               int k, __mmask16 tail, int mr, int nr, float alpha, bool acc)
 {
     __m512 a[MR16][NR];
     int kk = 0;
@@ -126,7 +275,7 @@ tile16(float *y, int ldy, const float *x, const float *w, int k, __mmask16 tail,
         __m512 wv[NR];
 #pragma GCC unroll 4
         for (int j = 0; j < nr; j++)
-            wv[j] = _mm512_loadu_ps(w + (size_t)j * k + kk);
+            wv[j] = load16(w, (size_t)j * k + kk, dt);
 #pragma GCC unroll 4
         for (int i = 0; i < mr; i++) {
             __m512 xv = _mm512_loadu_ps(x + (size_t)i * k + kk);
@@ -139,7 +288,7 @@ tile16(float *y, int ldy, const float *x, const float *w, int k, __mmask16 tail,
         __m512 wv[NR];
 #pragma GCC unroll 4
         for (int j = 0; j < nr; j++)
-            wv[j] = _mm512_maskz_loadu_ps(tail, w + (size_t)j * k + kk);
+            wv[j] = load16_tail(w, (size_t)j * k + kk, tail, dt);
 #pragma GCC unroll 4
         for (int i = 0; i < mr; i++) {
             __m512 xv = _mm512_maskz_loadu_ps(tail, x + (size_t)i * k + kk);
@@ -159,87 +308,280 @@ tile16(float *y, int ldy, const float *x, const float *w, int k, __mmask16 tail,
 }
 
 /* The rows of w in [n0, n1) against rows of x in groups of mr (a constant at each call). */
-#define PANEL16_ROWS(mr)                                                                         \
-    do {                                                                                         \
-        int j = n0;                                                                              \
-        for (; j + NR <= n1; j += NR)                                                            \
-            tile16(yi + j, ldy, xi, w + (size_t)j * k, k, tail, mr, NR, alpha, acc);               \
-        for (; j < n1; j++)                                                                      \
-            tile16(yi + j, ldy, xi, w + (size_t)j * k, k, tail, mr, 1, alpha, acc);                \
+#define PANEL16_ROWS(mr)                                                                           \
+    do {                                                                                           \
+        int j = n0;                                                                                \
+        for (; j + NR <= n1; j += NR)                                                              \
+            tile16(yi + j, ldy, xi, (const char *)w + (size_t)j * k * es, dt, k, tail, mr, NR,     \
+                   alpha, acc);                                                                    \
+        for (; j < n1; j++)                                                                        \
+            tile16(yi + j, ldy, xi, (const char *)w + (size_t)j * k * es, dt, k, tail, mr, 1,      \
+                   alpha, acc);                                                                    \
     } while (0)
 
-__attribute__((target("avx512f"))) static void panel16(float *y, int ldy, const float *x,
-                                                       const float *w, int m, int k, int n0,
-                                                       int n1, float alpha, bool acc)
+T512 ALWAYS_INLINE void panel16_body(float *y, int ldy, const float *x, const void *w,
+                                     enum lora_dtype dt, int m, int k, int n0, int n1, float alpha,
+                                     bool acc, int blk, bool round_x, char *stage)
 {
     __mmask16 tail = (__mmask16)((1u << (k % 16)) - 1);
+    size_t es = w_size(dt);
 
     for (int i = 0; i < m;) {
+        int mr = m - i >= blk ? blk : m - i;
         const float *xi = x + (size_t)i * k;
         float *yi = y + (size_t)i * ldy;
-        switch (m - i >= MR16 ? MR16 : m - i) {
+        if (round_x) {
+            stage_bf16_as_f32(xi, mr, k, (float *)stage);
+            xi = (const float *)stage;
+        }
+        switch (mr) {
         case 4:
             PANEL16_ROWS(4);
-            i += 4;
             break;
         case 3:
             PANEL16_ROWS(3);
-            i += 3;
             break;
         case 2:
             PANEL16_ROWS(2);
-            i += 2;
             break;
         default:
             PANEL16_ROWS(1);
-            i += 1;
+            break;
+        }
+        i += mr;
+    }
+}
+
+T512 static void panel16(float *y, int ldy, const float *x, const void *w, enum lora_dtype dt,
+                         int m, int k, int n0, int n1, float alpha, bool acc, int blk,
+                         bool round_x, char *stage)
+{
+    switch (dt) {
+    case LORA_DTYPE_F32:
+        panel16_body(y, ldy, x, w, LORA_DTYPE_F32, m, k, n0, n1, alpha, acc, blk, false, stage);
+        break;
+    case LORA_DTYPE_BF16:
+        panel16_body(y, ldy, x, w, LORA_DTYPE_BF16, m, k, n0, n1, alpha, acc, blk, round_x,
+                     stage);
+        break;
+    default:
+        panel16_body(y, ldy, x, w, LORA_DTYPE_F16, m, k, n0, n1, alpha, acc, blk, false, stage);
+        break;
+    }
+}
+
+/* ---- AVX512_BF16: pairs of bf16 products per float32 lane ---- */
+
+/* mr x nr outputs; x is staged bf16 rows of stride kp (zero-filled past k), w bf16 rows of k. */
+T512BF16 ALWAYS_INLINE void tile_dot(float *y, int ldy, const uint16_t *x, int kp,
+                                     const uint16_t *w, int k, __mmask32 tail, int mr, int nr,
+                                     float alpha, bool acc)
+{
+    __m512 a[MR16][NR];
+    int kk = 0;
+
+#pragma GCC unroll 4
+    for (int i = 0; i < MR16; i++)
+#pragma GCC unroll 4
+        for (int j = 0; j < NR; j++)
+            a[i][j] = _mm512_setzero_ps();
+    for (; kk + 32 <= k; kk += 32) {
+        __m512i wv[NR];
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++)
+            wv[j] = _mm512_loadu_si512(w + (size_t)j * k + kk);
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++) {
+            __m512i xv = _mm512_loadu_si512(x + (size_t)i * kp + kk);
+#pragma GCC unroll 4
+            for (int j = 0; j < nr; j++)
+                a[i][j] = _mm512_dpbf16_ps(a[i][j], (__m512bh)xv, (__m512bh)wv[j]);
+        }
+    }
+    if (kk < k) {
+        __m512i wv[NR];
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++)
+            wv[j] = _mm512_maskz_loadu_epi16(tail, w + (size_t)j * k + kk);
+#pragma GCC unroll 4
+        for (int i = 0; i < mr; i++) {
+            __m512i xv = _mm512_loadu_si512(x + (size_t)i * kp + kk);
+#pragma GCC unroll 4
+            for (int j = 0; j < nr; j++)
+                a[i][j] = _mm512_dpbf16_ps(a[i][j], (__m512bh)xv, (__m512bh)wv[j]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int i = 0; i < mr; i++) {
+#pragma GCC unroll 4
+        for (int j = 0; j < nr; j++) {
+            float v = alpha * _mm512_reduce_add_ps(a[i][j]);
+            y[(size_t)i * ldy + j] = acc ? y[(size_t)i * ldy + j] + v : v;
+        }
+    }
+}
+
+#define PANEL_DOT_ROWS(mr)                                                                         \
+    do {                                                                                           \
+        int j = n0;                                                                                \
+        for (; j + NR <= n1; j += NR)                                                              \
+            tile_dot(yi + j, ldy, xs, kp, w + (size_t)j * k, k, tail, mr, NR, alpha, acc);         \
+        for (; j < n1; j++)                                                                        \
+            tile_dot(yi + j, ldy, xs, kp, w + (size_t)j * k, k, tail, mr, 1, alpha, acc);          \
+    } while (0)
+
+T512BF16 static void panel_dot(float *y, int ldy, const float *x, const uint16_t *w, int m, int k,
+                               int n0, int n1, float alpha, bool acc, int blk, char *stage)
+{
+    int kp = (k + 31) / 32 * 32;
+    __mmask32 tail = (__mmask32)((1ull << (k % 32)) - 1);
+    uint16_t *xs = (uint16_t *)stage;
+
+    for (int i = 0; i < m;) {
+        int mr = m - i >= blk ? blk : m - i;
+        float *yi = y + (size_t)i * ldy;
+        stage_bf16_bits(x + (size_t)i * k, mr, k, kp, xs);
+        switch (mr) {
+        case 4:
+            PANEL_DOT_ROWS(4);
+            break;
+        case 3:
+            PANEL_DOT_ROWS(3);
+            break;
+        case 2:
+            PANEL_DOT_ROWS(2);
+            break;
+        default:
+            PANEL_DOT_ROWS(1);
+            break;
+        }
+        i += mr;
+    }
+}
+
+/* ---- the paths ---- */
+
+struct lora_cpu_isa lora_cpu_isa_detect(void)
+{
+    struct lora_cpu_isa isa = {false, false, false};
+
+    __builtin_cpu_init();
+    isa.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+                 __builtin_cpu_supports("avx512vl") && !getenv("LORA_NO_AVX512");
+    isa.bf16 = isa.avx512 && __builtin_cpu_supports("avx512bf16") && !getenv("LORA_NO_AVX512_BF16");
+    isa.vnni = isa.avx512 && __builtin_cpu_supports("avx512vnni") && !getenv("LORA_NO_AVX512_VNNI");
+    return isa;
+}
+
+/* What a panel of a call computes with. */
+enum path {
+    PATH_FLOAT,   /* F32, F16, BF16 exact: the float tiles */
+    PATH_ROUND_X, /* BF16 fast without the dot instruction: x rounded, then the float tiles */
+    PATH_DOT,     /* BF16 fast: vdpbf16ps */
+    PATH_I8,
+};
+
+/* Bytes of stage one row of x takes on path; 0 for none. */
+static size_t stage_row_bytes(const struct lora_cpu_isa *isa, enum path path, int k)
+{
+    switch (path) {
+    case PATH_ROUND_X:
+        return (size_t)k * sizeof(float);
+    case PATH_DOT:
+        return (size_t)(k + 31) / 32 * 32 * sizeof(uint16_t);
+    case PATH_I8:
+        return lora_cpu_i8_row_stage_bytes(isa, k);
+    default:
+        return 0;
+    }
+}
+
+/* y (m rows, stride ldy), columns [n0, n1) = alpha · x (m, k) · rows [n0, n1) of wᵀ (+ y), on
+ * the float tiles (path FLOAT or ROUND_X), at most blk rows of x at a time. */
+static void run_panel(const struct lora_cpu_isa *isa, float *y, int ldy, const float *x,
+                      const void *w, enum lora_dtype dt, int m, int k, int n0, int n1, float alpha,
+                      bool acc, int blk, bool round_x, char *stage)
+{
+    if (isa->avx512)
+        panel16(y, ldy, x, w, dt, m, k, n0, n1, alpha, acc, blk, round_x, stage);
+    else
+        panel8(y, ldy, x, w, dt, m, k, n0, n1, alpha, acc, blk, round_x, stage);
+}
+
+void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const void *w,
+                     enum lora_dtype dtype, int m, int n, int k, float alpha, bool accumulate,
+                     bool fast)
+{
+    const struct lora_cpu_isa *isa = &cpu->isa;
+    enum path path = dtype == LORA_DTYPE_I8                   ? PATH_I8
+                     : dtype == LORA_DTYPE_BF16 && fast       ? (isa->bf16 ? PATH_DOT : PATH_ROUND_X)
+                                                              : PATH_FLOAT;
+    size_t row_stage = stage_row_bytes(isa, path, k);
+    /* Rows of x per tile: as many as the tiles take, as many as the stage holds. Results do not
+     * depend on it (each output's sum has the same order in any tile). */
+    int blk = MR16;
+    if (row_stage && LORA_CPU_STAGE_BYTES / row_stage < MR16)
+        blk = (int)(LORA_CPU_STAGE_BYTES / row_stage);
+
+    if (blk < 1) {
+        fprintf(stderr,
+                "lora: fatal: cpu backend: a %s matmul row of %d inputs exceeds the %d KiB of "
+                "staging per thread\n",
+                lora_dtype_name(dtype), k, LORA_CPU_STAGE_BYTES / 1024);
+        abort();
+    }
+    /* Panels of w small enough to stay in L2 while every row of x passes over them, and enough
+     * of them to keep every thread busy. */
+    size_t w_row = dtype == LORA_DTYPE_I8 ? (size_t)k : (size_t)k * w_size(dtype);
+    int rows = (int)((256 * 1024) / (w_row + 1));
+    int threads = omp_get_max_threads() < cpu->n_threads ? omp_get_max_threads() : cpu->n_threads;
+    int share = (n + 4 * threads - 1) / (4 * threads);
+    rows = share < rows ? share : rows;
+    rows = rows < NR ? NR : rows + (NR - rows % NR) % NR;
+    int n_panels = (n + rows - 1) / rows;
+    long work = (long)m * n * k;
+    const char *w_scales = (const char *)w + (size_t)n * (size_t)k; /* I8 only */
+
+#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (work > 32768 && n_panels > 1)
+    for (int p = 0; p < n_panels; p++) {
+        int n0 = p * rows, n1 = n0 + rows < n ? n0 + rows : n;
+        char *stage = cpu->stage + (size_t)omp_get_thread_num() * LORA_CPU_STAGE_BYTES;
+        switch (path) {
+        case PATH_I8:
+            lora_cpu_matmul_i8_panel(isa, y, n, x, w, w_scales, m, k, n0, n1, alpha, accumulate,
+                                     blk, stage);
+            break;
+        case PATH_DOT:
+            panel_dot(y, n, x, w, m, k, n0, n1, alpha, accumulate, blk, stage);
+            break;
+        default:
+            run_panel(isa, y, n, x, w, dtype, m, k, n0, n1, alpha, accumulate, blk,
+                      path == PATH_ROUND_X, stage);
             break;
         }
     }
 }
 
-static bool has_avx512(void)
+/* ---- the multi-LoRA SGMV ---- */
+
+/* Element c of a (F32, BF16 or F16) as float. */
+ALWAYS_INLINE float elem(const void *a, size_t c, enum lora_dtype dt)
 {
-    static int cached = -1;
-    if (cached < 0)
-        cached = __builtin_cpu_supports("avx512f") && !getenv("LORA_NO_AVX512");
-    return cached;
-}
-
-/* y (m rows, stride ldy), columns [n0, n1) = alpha · x (m, k) · rows [n0, n1) of wᵀ (+ y). */
-static void run_panel(float *y, int ldy, const float *x, const float *w, int m, int k, int n0,
-                      int n1, float alpha, bool acc)
-{
-    if (has_avx512())
-        panel16(y, ldy, x, w, m, k, n0, n1, alpha, acc);
-    else
-        panel(y, ldy, x, w, m, k, n0, n1, tail_mask_of(k), alpha, acc);
-}
-
-
-void lora_cpu_matmul(float *y, const float *x, const float *w, int m, int n, int k, float alpha,
-                   bool accumulate)
-{
-    /* Panels of w small enough to stay in L2 while every row of x passes over them, and enough
-     * of them to keep every thread busy. */
-    int rows = (int)((256 * 1024) / ((size_t)k * sizeof(float) + 1));
-    int share = (n + 4 * omp_get_max_threads() - 1) / (4 * omp_get_max_threads());
-    rows = share < rows ? share : rows;
-    rows = rows < NR ? NR : rows + (NR - rows % NR) % NR;
-    int n_panels = (n + rows - 1) / rows;
-    long work = (long)m * n * k;
-
-#pragma omp parallel for schedule(dynamic, 1) if (work > 32768 && n_panels > 1)
-    for (int p = 0; p < n_panels; p++) {
-        int n0 = p * rows, n1 = n0 + rows < n ? n0 + rows : n;
-        run_panel(y, n, x, w, m, k, n0, n1, alpha, accumulate);
-    }
+    if (dt == LORA_DTYPE_F32)
+        return ((const float *)a)[c];
+    uint16_t h = ((const uint16_t *)a)[c];
+    if (dt == LORA_DTYPE_F16)
+        return _cvtsh_ss(h);
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof(f));
+    return f;
 }
 
 /* y row (out) += scale · (t row (rank) · b_t (rank, out)) over columns [c0, c1): each output
  * accumulates over the rank in order, then is added once, the same way on every path. */
-static void expand_row(float *y, const float *t, const float *b_t, int rank, int out, int c0,
-                       int c1, float scale)
+ALWAYS_INLINE void expand_row_body(float *y, const float *t, const void *b_t, enum lora_dtype dt,
+                                   int rank, int out, int c0, int c1, float scale)
 {
     __m256 sv = _mm256_set1_ps(scale);
     int c = c0;
@@ -248,11 +590,11 @@ static void expand_row(float *y, const float *t, const float *b_t, int rank, int
         __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
         for (int r = 0; r < rank; r++) {
             __m256 tv = _mm256_set1_ps(t[r]);
-            const float *b = b_t + (size_t)r * out + c;
-            a0 = _mm256_fmadd_ps(tv, _mm256_loadu_ps(b), a0);
-            a1 = _mm256_fmadd_ps(tv, _mm256_loadu_ps(b + 8), a1);
-            a2 = _mm256_fmadd_ps(tv, _mm256_loadu_ps(b + 16), a2);
-            a3 = _mm256_fmadd_ps(tv, _mm256_loadu_ps(b + 24), a3);
+            size_t b = (size_t)r * out + c;
+            a0 = _mm256_fmadd_ps(tv, load8(b_t, b, dt), a0);
+            a1 = _mm256_fmadd_ps(tv, load8(b_t, b + 8, dt), a1);
+            a2 = _mm256_fmadd_ps(tv, load8(b_t, b + 16, dt), a2);
+            a3 = _mm256_fmadd_ps(tv, load8(b_t, b + 24, dt), a3);
         }
         _mm256_storeu_ps(y + c, _mm256_fmadd_ps(sv, a0, _mm256_loadu_ps(y + c)));
         _mm256_storeu_ps(y + c + 8, _mm256_fmadd_ps(sv, a1, _mm256_loadu_ps(y + c + 8)));
@@ -262,8 +604,24 @@ static void expand_row(float *y, const float *t, const float *b_t, int rank, int
     for (; c < c1; c++) {
         float a = 0;
         for (int r = 0; r < rank; r++)
-            a = fmaf(t[r], b_t[(size_t)r * out + c], a);
+            a = fmaf(t[r], elem(b_t, (size_t)r * out + c, dt), a);
         y[c] = fmaf(scale, a, y[c]);
+    }
+}
+
+static void expand_row(float *y, const float *t, const void *b_t, enum lora_dtype dt, int rank,
+                       int out, int c0, int c1, float scale)
+{
+    switch (dt) {
+    case LORA_DTYPE_F32:
+        expand_row_body(y, t, b_t, LORA_DTYPE_F32, rank, out, c0, c1, scale);
+        break;
+    case LORA_DTYPE_BF16:
+        expand_row_body(y, t, b_t, LORA_DTYPE_BF16, rank, out, c0, c1, scale);
+        break;
+    default:
+        expand_row_body(y, t, b_t, LORA_DTYPE_F16, rank, out, c0, c1, scale);
+        break;
     }
 }
 
@@ -271,12 +629,14 @@ static void expand_row(float *y, const float *t, const float *b_t, int rank, int
  * expand its output columns. */
 #define SGMV_SPLIT 8
 
-void lora_cpu_lora_sgmv(float *y, const float *x, const struct lora_sgmv_seg *segs, int n_segs,
-                      int in, int out, float *tmp, int max_rank)
+void lora_cpu_lora_sgmv(const struct lora_cpu *cpu, float *y, const float *x,
+                        const struct lora_sgmv_seg *segs, int n_segs, int in, int out, float *tmp,
+                        int max_rank)
 {
     int n_items = n_segs * SGMV_SPLIT;
+    int threads = omp_get_max_threads() < cpu->n_threads ? omp_get_max_threads() : cpu->n_threads;
 
-#pragma omp parallel
+#pragma omp parallel num_threads(threads)
     {
 #pragma omp for schedule(dynamic, 1)
         for (int it = 0; it < n_items; it++) {
@@ -285,8 +645,9 @@ void lora_cpu_lora_sgmv(float *y, const float *x, const struct lora_sgmv_seg *se
             int j0 = NR * (quads * part / SGMV_SPLIT), j1 = NR * (quads * (part + 1) / SGMV_SPLIT);
             j1 = j1 < g->rank ? j1 : g->rank;
             if (j0 < j1)
-                run_panel(tmp + (size_t)g->row * max_rank, max_rank, x + (size_t)g->row * in,
-                          lora_tensor_addr(&g->a), g->n_rows, in, j0, j1, 1.0f, false);
+                run_panel(&cpu->isa, tmp + (size_t)g->row * max_rank, max_rank,
+                          x + (size_t)g->row * in, lora_tensor_addr(&g->a), g->a.dtype, g->n_rows,
+                          in, j0, j1, 1.0f, false, MR16, false, NULL);
         }
         /* The implicit barrier above: every t row is ready. */
 #pragma omp for schedule(dynamic, 1)
@@ -298,7 +659,8 @@ void lora_cpu_lora_sgmv(float *y, const float *x, const struct lora_sgmv_seg *se
             c1 = c1 < out ? c1 : out;
             for (int i = g->row; i < g->row + g->n_rows && c0 < c1; i++)
                 expand_row(y + (size_t)i * out, tmp + (size_t)i * max_rank,
-                           lora_tensor_addr(&g->b_t), g->rank, out, c0, c1, g->scale);
+                           lora_tensor_addr(&g->b_t), g->b_t.dtype, g->rank, out, c0, c1,
+                           g->scale);
         }
     }
 }

@@ -1,10 +1,12 @@
 /* ref: the double-precision twins of the backend operations, in plain loops, one per operation
  * of backend/backend.h; ref.h says why they exist and how tests use them (docs/design.md,
  * "Backend"). Kept deliberately naive: no threads, no tiling, weights read element by element
- * in their dtype, sums in double. */
+ * in their dtype, sums in double. The twins allocate (a row at a time): they are never on a
+ * serving path. */
 #include "backend/ref/ref.h"
 
 #include <math.h>
+#include <stdlib.h>
 #include <string.h>
 
 double lora_ref_at(const struct lora_ref_w *w, int64_t r, int64_t c)
@@ -24,7 +26,11 @@ double lora_ref_at(const struct lora_ref_w *w, int64_t r, int64_t c)
         lora_dtype_to_f32(w->dtype, &h, &f, 1);
         return f;
     case LORA_DTYPE_I8:
-        memcpy(&f, p + (size_t)w->rows * (size_t)w->cols + (size_t)r * sizeof(float), sizeof(f));
+        memcpy(&f,
+               p + (size_t)w->rows * (size_t)w->cols +
+                   ((size_t)r * (size_t)lora_i8_groups(w->cols) + (size_t)c / LORA_I8_GROUP) *
+                       sizeof(float),
+               sizeof(f));
         return (double)((const signed char *)p)[i] * f;
     default:
         return NAN;
@@ -48,6 +54,72 @@ void lora_ref_matmul(double *dot, double *absdot, const float *x, const struct l
                 absdot[(size_t)i * n + j] = a;
         }
     }
+}
+
+void lora_ref_matmul_xbf16(double *dot, double *absdot, const float *x,
+                           const struct lora_ref_w *w, int m)
+{
+    int k = (int)w->cols;
+
+    for (int i = 0; i < m; i++) {
+        float *xr = malloc(sizeof(float) * (size_t)(k ? k : 1));
+        for (int d = 0; d < k; d++) {
+            uint16_t h = lora_f32_to_bf16(x[(size_t)i * k + d]);
+            lora_dtype_to_f32(LORA_DTYPE_BF16, &h, &xr[d], 1);
+        }
+        lora_ref_matmul(dot + (size_t)i * w->rows, absdot ? absdot + (size_t)i * w->rows : NULL,
+                        xr, w, 1);
+        free(xr);
+    }
+}
+
+void lora_ref_quantize_row(const float *x, int64_t n, signed char *q, float *scales)
+{
+    for (int64_t g = 0; g * LORA_I8_GROUP < n; g++) {
+        int64_t c0 = g * LORA_I8_GROUP, c1 = c0 + LORA_I8_GROUP < n ? c0 + LORA_I8_GROUP : n;
+        float max = 0;
+        for (int64_t c = c0; c < c1; c++)
+            max = fabsf(x[c]) > max ? fabsf(x[c]) : max;
+        scales[g] = max / 127.0f;
+        for (int64_t c = c0; c < c1; c++) {
+            float r = scales[g] > 0 ? nearbyintf(x[c] / scales[g]) : 0.0f;
+            q[c] = (signed char)(r > 127 ? 127 : r < -127 ? -127 : r);
+        }
+    }
+}
+
+void lora_ref_matmul_xi8(double *dot, double *absdot, const float *x, const struct lora_ref_w *w,
+                         int m)
+{
+    int n = (int)w->rows, k = (int)w->cols, n_groups = (int)lora_i8_groups(k);
+    const signed char *qw = w->data;
+    const char *w_scales = (const char *)w->data + (size_t)n * (size_t)k;
+    signed char *qx = malloc((size_t)(k ? k : 1));
+    float *x_scales = malloc(sizeof(float) * (size_t)(n_groups ? n_groups : 1));
+
+    for (int i = 0; i < m; i++) {
+        lora_ref_quantize_row(x + (size_t)i * k, k, qx, x_scales);
+        for (int j = 0; j < n; j++) {
+            double s = 0, a = 0;
+            for (int g = 0; g < n_groups; g++) {
+                long long sum = 0, abs_sum = 0; /* exact, as the kernels' int32 sums */
+                for (int d = g * LORA_I8_GROUP; d < k && d < (g + 1) * LORA_I8_GROUP; d++) {
+                    long long p = (long long)qx[d] * qw[(size_t)j * k + d];
+                    sum += p;
+                    abs_sum += p < 0 ? -p : p;
+                }
+                float ws;
+                memcpy(&ws, w_scales + ((size_t)j * n_groups + g) * sizeof(float), sizeof(ws));
+                s += (double)x_scales[g] * ws * (double)sum;
+                a += fabs((double)x_scales[g] * ws) * (double)abs_sum;
+            }
+            dot[(size_t)i * n + j] = s;
+            if (absdot)
+                absdot[(size_t)i * n + j] = a;
+        }
+    }
+    free(qx);
+    free(x_scales);
 }
 
 void lora_ref_add_bias(double *out, const float *y, const struct lora_ref_w *bias, int m)

@@ -5,7 +5,8 @@
  * tensors in device memory. Every backend is tested against these twins (tests/backend and
  * tests/unit/test_kernels.c), never against another backend, so a fast kernel and its reference
  * can never share a mistake. Weights are read in any compute dtype (F32, BF16, F16, I8 with its
- * row scales), so the next step's kernels are tested against the same code. Compiled into the
+ * group scales); the matmul has a twin for each way a kernel may round its activations (to bf16,
+ * quantized to int8). Compiled into the
  * library so that tests and tools can reach it; nothing on a serving path calls it.
  *
  * Where a twin returns a magnitude (mag, absdot) it is the sum of the absolute values of the
@@ -33,6 +34,21 @@ double lora_ref_at(const struct lora_ref_w *w, int64_t r, int64_t c);
 /* dot (m, w->rows) = x (m, w->cols) · wᵀ; absdot = Σ |x w| per element (may be NULL). */
 void lora_ref_matmul(double *dot, double *absdot, const float *x, const struct lora_ref_w *w,
                      int m);
+
+/* The fast BF16 matmul's twin: lora_ref_matmul of x rounded to bf16 (to nearest even). */
+void lora_ref_matmul_xbf16(double *dot, double *absdot, const float *x,
+                           const struct lora_ref_w *w, int m);
+
+/* Quantizes x (n) as the I8 layout and the int8 matmul do (backend.h, LORA_I8_GROUP): per group
+ * scales[g] = max |x| / 127 in float, q = round-half-even(x / scale) in float, 0 for a zero
+ * group. q holds n values, scales lora_i8_groups(n). */
+void lora_ref_quantize_row(const float *x, int64_t n, signed char *q, float *scales);
+
+/* The I8 matmul's twin, w of dtype I8: each row of x quantized by lora_ref_quantize_row, the
+ * group sums of q_x * q_w exact, scaled by both groups' scales in double. absdot is the sum of
+ * the magnitudes of the scaled group terms (may be NULL). */
+void lora_ref_matmul_xi8(double *dot, double *absdot, const float *x, const struct lora_ref_w *w,
+                         int m);
 
 /* out (m, bias->cols) = y + bias broadcast over rows. */
 void lora_ref_add_bias(double *out, const float *y, const struct lora_ref_w *bias, int m);

@@ -201,14 +201,18 @@ static int fetch(struct loader *ld, struct lora_tensor *out, unsigned read_by, c
             free(dst);
         return -1;
     }
-    if (dtype == LORA_DTYPE_I8)
-        lora_quantize_i8(t->dtype, src, out_rows, out_cols, dst);
-    else
-        lora_dtype_convert(t->dtype, src, dtype, dst, n);
-    free(gathered);
     int rc = 0;
+    if (dtype == LORA_DTYPE_I8 && lora_quantize_i8(t->dtype, src, out_rows, out_cols, dst) < 0) {
+        snprintf(ld->err, ld->err_len, "%s: tensor '%s' holds a value that is not finite: it "
+                 "cannot be quantized", f->path, name);
+        rc = -1;
+    } else if (dtype != LORA_DTYPE_I8) {
+        lora_dtype_convert(t->dtype, src, dtype, dst, n);
+    }
+    free(gathered);
     if (!buf->host) {
-        rc = be->ops->upload(be, buf, 0, dst, bytes, ld->err, ld->err_len);
+        if (rc == 0)
+            rc = be->ops->upload(be, buf, 0, dst, bytes, ld->err, ld->err_len);
         free(dst);
     }
     return rc;

@@ -91,7 +91,8 @@ struct weight {
     struct lora_tensor t;
 };
 
-/* Encodes src (rows, cols) into dtype at dst: I8 with one scale per row, max |x| / 127. */
+/* Encodes src (rows, cols) into dtype at dst: I8 through lora_quantize_i8 (groups of
+ * LORA_I8_GROUP, checked against its twin in check_quantize_i8). */
 static void encode(enum lora_dtype dtype, const float *src, int64_t rows, int64_t cols, void *dst)
 {
     size_t n = (size_t)(rows * cols);
@@ -107,14 +108,9 @@ static void encode(enum lora_dtype dtype, const float *src, int64_t rows, int64_
         }
         break;
     case LORA_DTYPE_I8:
-        for (int64_t r = 0; r < rows; r++) {
-            float max = 0, scale;
-            for (int64_t c = 0; c < cols; c++)
-                max = fmaxf(max, fabsf(src[r * cols + c]));
-            scale = max > 0 ? max / 127.0f : 1.0f;
-            for (int64_t c = 0; c < cols; c++)
-                d[r * cols + c] = (char)(signed char)lrintf(src[r * cols + c] / scale);
-            memcpy(d + n + (size_t)r * sizeof(float), &scale, sizeof(scale));
+        if (lora_quantize_i8(LORA_DTYPE_F32, src, rows, cols, dst) < 0) {
+            printf("Bail out! lora_quantize_i8 refused finite floats\n");
+            exit(1);
         }
         break;
     default:
@@ -222,63 +218,171 @@ static void arena_free(struct arena *a)
 
 /* ---- the operations ---- */
 
+/* The matmul modes: be->fast_matmul off and on. */
+static const char *const mode_names[2] = {"exact", "fast"};
+
+/* The twin of the matmul of dt in mode fast (backend.h, matmul): dot and its magnitude. */
+static void matmul_twin(double *dot, double *absdot, const float *x, const struct lora_ref_w *w,
+                        int m, bool fast)
+{
+    if (w->dtype == LORA_DTYPE_I8)
+        lora_ref_matmul_xi8(dot, absdot, x, w, m);
+    else if (w->dtype == LORA_DTYPE_BF16 && fast)
+        lora_ref_matmul_xbf16(dot, absdot, x, w, m);
+    else
+        lora_ref_matmul(dot, absdot, x, w, m);
+}
+
+/* I8: how far quantizing x may move x · wᵀ from the product with the dequantized weights:
+ * half a step of each group's activation scale times the group's sum of |w|. */
+static void i8_bound(double *bound, const float *x, const struct lora_ref_w *w, int m)
+{
+    int n = (int)w->rows, k = (int)w->cols, n_groups = (int)lora_i8_groups(k);
+    signed char *q = xmalloc((size_t)k);
+    float *scales = new_floats((size_t)n_groups);
+
+    for (int i = 0; i < m; i++) {
+        lora_ref_quantize_row(x + (size_t)i * k, k, q, scales);
+        for (int j = 0; j < n; j++) {
+            double b = 0;
+            for (int d = 0; d < k; d++)
+                b += 0.5 * scales[d / LORA_I8_GROUP] * fabs(lora_ref_at(w, j, d));
+            bound[(size_t)i * n + j] = b;
+        }
+    }
+    free(q);
+    free(scales);
+}
+
+/* y (m, w->rows) through the backend, x already at dx; y starts as y0 (m rows). */
+static void run_matmul(struct arena *a, float *y, float *dy, const float *dx, const float *y0,
+                       const struct lora_tensor *w, int m, float alpha, bool acc)
+{
+    size_t mn = (size_t)m * (size_t)w->rows;
+
+    put(a, dy, y0, mn);
+    k_->matmul(be, dy, dx, w, m, alpha, acc);
+    get(a, y, dy, mn);
+}
+
+/* Shapes: m from 1 to 70, k with every kind of tail (below a vector, between tiles, a partial
+ * int8 group, several groups), n not a multiple of the tiles. Each mode of each dtype against
+ * its twin within REL_TOL; BF16 and F16 exact bit for bit the F32 matmul of the widened weights;
+ * fast the same bits as exact where it changes nothing; I8 within the stated bound of the
+ * product with the dequantized weights; and batch invariance: every row alone, and a batch of
+ * another size over the same rows, give the batch's bits. */
 static void case_matmul(void)
 {
-    static const int shapes[][3] = {{1, 1, 1},      {3, 5, 7},      {2, 4, 8},   {5, 33, 9},
-                                    {17, 129, 100}, {64, 300, 257}, {7, 64, 897}}; /* m n k */
+    static const int shapes[][3] = {{1, 1, 1},     {3, 5, 7},      {2, 4, 8},       {5, 33, 9},
+                                    {17, 129, 100}, {64, 67, 257},  {7, 64, 897},   {70, 37, 130},
+                                    {33, 6, 64},    {1, 131, 1000}, {12, 19, 4864}, {40, 3, 65}};
 
     for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
         int m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
-        size_t mn = (size_t)m * n;
-        struct weight w = weight_random(n, k, 1.0f);
-        float *x = new_floats((size_t)m * k), *y0 = new_floats(mn), *y = new_floats(mn);
-        float *alone = new_floats(n);
-        double *dot = new_doubles(mn), *absdot = new_doubles(mn);
-        double *want = new_doubles(mn), *mag = new_doubles(mn);
-        struct arena a = arena_new(((size_t)m * k + 2 * mn) * sizeof(float) + 256);
-        float *dx = dev(&a, (size_t)m * k), *dy = dev(&a, mn), *d1 = dev(&a, n);
-        char what[96];
+        size_t mn = (size_t)m * n, mk = (size_t)m * k;
+        float *src = new_floats((size_t)n * k), *wide = new_floats((size_t)n * k);
+        float *x = new_floats(mk), *y0 = new_floats(mn), *y = new_floats(mn);
+        float *batch = new_floats(mn), *other = new_floats(mn), *alone = new_floats(n);
+        float *exact = new_floats(mn);
+        double *dot = new_doubles(mn), *absdot = new_doubles(mn), *bound = new_doubles(mn);
+        double *want = new_doubles(mn), *mag = new_doubles(mn), *deq = new_doubles(mn);
+        struct arena a = arena_new((mk + 2 * mn + (size_t)n * k) * sizeof(float) + 512);
+        float *dx = dev(&a, mk), *dy = dev(&a, mn), *d1 = dev(&a, n);
+        float *dwide = dev(&a, (size_t)n * k);
+        char what[128];
 
-        fill_random(x, (size_t)m * k, 1.0f);
+        fill_random(src, (size_t)n * k, 1.0f);
+        struct weight w = weight_new(src, n, k);
+        for (int r = 0; r < n; r++)
+            lora_tensor_row_to_f32(dt, w.host, n, k, r, wide + (size_t)r * k);
+        fill_random(x, mk, 1.0f);
+        if (k > 40) { /* an activation outlier: int8's groups must contain it */
+            x[k / 2] *= 30.0f;
+            x[mk - 1] = 0.0f;
+        }
         fill_random(y0, mn, 2.0f);
-        put(&a, dx, x, (size_t)m * k);
-        lora_ref_matmul(dot, absdot, x, &w.ref, m);
-        for (int mode = 0; mode < 2; mode++) { /* plain; accumulate with alpha */
-            bool acc = mode == 1;
-            float alpha = acc ? -0.75f : 1.0f;
-            put(&a, dy, y0, mn);
-            k_->matmul(be, dy, dx, &w.t, m, alpha, acc);
-            get(&a, y, dy, mn);
-            for (size_t i = 0; i < mn; i++) {
-                want[i] = alpha * dot[i] + (acc ? y0[i] : 0.0);
-                mag[i] = fabs(alpha) * absdot[i] + (acc ? fabs(y0[i]) : 0.0);
+        put(&a, dx, x, mk);
+        put(&a, dwide, wide, (size_t)n * k);
+        struct lora_tensor wide_t = {a.buf, off_of(&a, dwide), LORA_DTYPE_F32, n, k};
+        for (int fast = 0; fast < 2; fast++) {
+            be->fast_matmul = fast;
+            /* Where fast changes nothing its bits are compared with exact's below. */
+            bool own_twin = !fast || dt == LORA_DTYPE_BF16;
+            if (own_twin)
+                matmul_twin(dot, absdot, x, &w.ref, m, fast);
+            for (int acc = 0; acc < 2 && own_twin; acc++) { /* plain; accumulate with alpha */
+                float alpha = acc ? -0.75f : 1.0f;
+                run_matmul(&a, y, dy, dx, y0, &w.t, m, alpha, acc);
+                for (size_t i = 0; i < mn; i++) {
+                    want[i] = alpha * dot[i] + (acc ? y0[i] : 0.0);
+                    mag[i] = fabs(alpha) * absdot[i] + (acc ? fabs(y0[i]) : 0.0);
+                }
+                snprintf(what, sizeof(what), "%s m=%d n=%d k=%d acc=%d", mode_names[fast], m, n,
+                         k, acc);
+                check_far(what, y, want, mag, mn);
             }
-            snprintf(what, sizeof(what), "m=%d n=%d k=%d acc=%d", m, n, k, acc);
-            check_far(what, y, want, mag, mn);
+            run_matmul(&a, batch, dy, dx, y0, &w.t, m, 1.0f, false);
+            if (!fast)
+                memcpy(exact, batch, mn * sizeof(float));
+            else if (dt != LORA_DTYPE_BF16) /* fast changes BF16 alone */
+                CHECK(memcmp(exact, batch, mn * sizeof(float)) == 0);
+            if (!fast && (dt == LORA_DTYPE_BF16 || dt == LORA_DTYPE_F16)) {
+                run_matmul(&a, y, dy, dx, y0, &wide_t, m, 1.0f, false);
+                if (memcmp(y, batch, mn * sizeof(float)) != 0)
+                    printf("# m=%d n=%d k=%d: exact differs from F32 on the widened weights\n", m,
+                           n, k);
+                CHECK(memcmp(y, batch, mn * sizeof(float)) == 0);
+            }
+            if (dt == LORA_DTYPE_I8 && !fast) {
+                lora_ref_matmul(deq, NULL, x, &w.ref, m);
+                i8_bound(bound, x, &w.ref, m);
+                long bad = -1;
+                for (size_t i = 0; i < mn && bad < 0; i++)
+                    if (!(fabs(batch[i] - deq[i]) <= bound[i] + REL_TOL * (1.0 + absdot[i])))
+                        bad = (long)i;
+                if (bad >= 0) {
+                    printf("# %s: element %ld beyond the quantization bound\n", what, bad);
+                    CHECK_NEAR(batch[bad], deq[bad], bound[bad] + REL_TOL * (1.0 + absdot[bad]));
+                }
+            }
+            /* Batch invariance: rows alone (every one of a small batch, every 7th and the last
+             * of a large one: each tile position, and fewer calls, as a thread team is slow to
+             * start on a loaded machine), and the batch's last rows as a batch of their own
+             * (another m, every row at another position), give the batch's bits. */
+            int n_bad = 0, off = m / 3;
+            for (int r = 0; r < m; r++) {
+                if (m > 8 && r % 7 != 0 && r != m - 1)
+                    continue;
+                k_->matmul(be, d1, dx + (size_t)r * k, &w.t, 1, 1.0f, false);
+                get(&a, alone, d1, n);
+                n_bad += memcmp(alone, batch + (size_t)r * n, (size_t)n * sizeof(float)) != 0;
+            }
+            k_->matmul(be, dy, dx + (size_t)off * k, &w.t, m - off, 1.0f, false);
+            get(&a, other, dy, (size_t)(m - off) * n);
+            n_bad += memcmp(other, batch + (size_t)off * n, (size_t)(m - off) * n * 4) != 0;
+            if (n_bad)
+                printf("# %s m=%d n=%d k=%d: %d rows differ from the batch\n", mode_names[fast], m,
+                       n, k, n_bad);
+            CHECK(n_bad == 0);
         }
-        /* Batch invariance: each row alone gives the batch's bits. */
-        int n_bad = 0;
-        put(&a, dy, y0, mn);
-        k_->matmul(be, dy, dx, &w.t, m, 1.0f, false);
-        get(&a, y, dy, mn);
-        for (int r = 0; r < m; r++) {
-            k_->matmul(be, d1, dx + (size_t)r * k, &w.t, 1, 1.0f, false);
-            get(&a, alone, d1, n);
-            n_bad += memcmp(alone, y + (size_t)r * n, (size_t)n * sizeof(float)) != 0;
-        }
-        if (n_bad)
-            printf("# m=%d n=%d k=%d: %d rows differ from the row alone\n", m, n, k, n_bad);
-        CHECK(n_bad == 0);
+        be->fast_matmul = false;
         arena_free(&a);
         weight_free(&w);
+        free(src);
+        free(wide);
         free(x);
         free(y0);
         free(y);
+        free(batch);
+        free(other);
         free(alone);
+        free(exact);
         free(dot);
         free(absdot);
+        free(bound);
         free(want);
         free(mag);
+        free(deq);
     }
 }
 
@@ -515,6 +619,12 @@ static void round_through(float *x, int rows, int cols)
     free(tmp);
 }
 
+/* Ties (to even, in bf16 and in f16), subnormals of float32 and of f16, an f16 overflow,
+ * infinity and NaN. */
+static const float kv_specials[] = {1.00390625f, 1.01171875f, 1.00048828125f, 1.00146484375f,
+                                    1e-40f,      -3e-6f,      65520.0f,       -INFINITY,
+                                    NAN,         -0.0f,       3.0e38f,        -1e-45f};
+
 static void case_kv_write(void)
 {
     static const int kv_dims[] = {1, 16, 37};
@@ -535,10 +645,13 @@ static void case_kv_write(void)
         }
         fill_random(k, (size_t)M * kv_dim, 1.0f);
         fill_random(v, (size_t)M * kv_dim, 1.0f);
-        round_through(k, M, kv_dim);
-        round_through(v, M, kv_dim);
+        if (kv_dim >= 16) /* what rounding must get right, in a row's first vectors */
+            memcpy(k, kv_specials, sizeof(kv_specials));
         put(&a, dk, k, (size_t)M * kv_dim);
         put(&a, dv, v, (size_t)M * kv_dim);
+        /* The cache holds each value rounded to its dtype to nearest even, as dtype.c does. */
+        round_through(k, M, kv_dim);
+        round_through(v, M, kv_dim);
         k_->kv_write(be, &kc, &vc, dk, dv, slot, M);
         for (int i = 0; i < M; i++) {
             cache_row(&kc, slot[i], row);
@@ -671,6 +784,7 @@ static void sgmv_case(int in, int out)
     struct weight wa[N_SEGS], wb[N_SEGS];
     size_t nx = (size_t)ROWS * in, ny = (size_t)ROWS * out;
     float *x = new_floats(nx), *y0 = new_floats(ny), *y = new_floats(ny), *x_after = new_floats(nx);
+    float *alone = new_floats((size_t)out);
     double *want = new_doubles((size_t)out), *mag = new_doubles((size_t)out);
     size_t scratch = k_->scratch_bytes(be, LORA_KERNEL_LORA_SGMV, ROWS, 0, MAX_RANK);
     struct arena a = arena_new((nx + ny) * sizeof(float) + scratch + 256);
@@ -708,6 +822,23 @@ static void sgmv_case(int in, int out)
         if (!in_seg[r])
             CHECK(memcmp(y + (size_t)r * out, y0 + (size_t)r * out, (size_t)out * 4) == 0);
     CHECK(memcmp(x, x_after, nx * sizeof(float)) == 0);
+    /* Batch invariance: each row as the only row of its segment, the only segment of the call,
+     * gives the batch's bits. */
+    int n_bad = 0;
+    for (int s = 0; s < N_SEGS; s++) {
+        for (int r = 0; r < layout[s][1]; r++) {
+            struct lora_sgmv_seg one = segs[s];
+            one.row = layout[s][0] + r;
+            one.n_rows = 1;
+            put(&a, dy, y0, ny);
+            k_->lora_sgmv(be, dy, dx, &one, 1, in, out, dtmp, MAX_RANK);
+            get(&a, alone, dy + (size_t)one.row * out, (size_t)out);
+            n_bad += memcmp(alone, y + (size_t)one.row * out, (size_t)out * 4) != 0;
+        }
+    }
+    if (n_bad)
+        printf("# in=%d out=%d: %d rows differ alone\n", in, out, n_bad);
+    CHECK(n_bad == 0);
     for (int s = 0; s < N_SEGS; s++) {
         weight_free(&wa[s]);
         weight_free(&wb[s]);
@@ -717,6 +848,7 @@ static void sgmv_case(int in, int out)
     free(y0);
     free(y);
     free(x_after);
+    free(alone);
     free(want);
     free(mag);
 }
@@ -803,7 +935,7 @@ static void case_allreduce(void)
  * rounding (F32 exact, BF16 2^-8 and F16 2^-11 relative, I8 half a step of its row's scale). */
 static void check_ref_dtypes(void)
 {
-    enum { ROWS = 3, COLS = 37 };
+    enum { ROWS = 3, COLS = 2 * LORA_I8_GROUP + 37 }; /* three groups, the last one short */
     float src[ROWS * COLS], row[COLS];
     int n_bad = 0;
 
@@ -816,16 +948,17 @@ static void check_ref_dtypes(void)
 
         encode(d, src, ROWS, COLS, host);
         for (int r = 0; r < ROWS; r++) {
-            float max = 0;
-            for (int c = 0; c < COLS; c++)
-                max = fmaxf(max, fabsf(src[r * COLS + c]));
             CHECK(lora_tensor_row_to_f32(d, host, ROWS, COLS, r, row) == 0);
             for (int c = 0; c < COLS; c++) {
+                int g0 = c / LORA_I8_GROUP * LORA_I8_GROUP;
+                float max = 0; /* of the value's I8 group */
+                for (int t = g0; t < COLS && t < g0 + LORA_I8_GROUP; t++)
+                    max = fmaxf(max, fabsf(src[r * COLS + t]));
                 double x = src[r * COLS + c], got = lora_ref_at(&w, r, c);
                 double tol = d == LORA_DTYPE_F32    ? 0
                              : d == LORA_DTYPE_BF16 ? 0x1p-8 * fabs(x)
                              : d == LORA_DTYPE_F16  ? 0x1p-11 * fabs(x) + 0x1p-24
-                                                    : 0.5 * max / 127 * (1 + 1e-6);
+                                                    : max / 127.0 * (0.5 + 127 * 0x1p-23);
                 /* I8's q * scale is exact in the twin, rounded once in a float row. */
                 n_bad += fabs(got - row[c]) > 0x1p-24 * fabs(got) || !(fabs(got - x) <= tol);
             }
@@ -835,9 +968,95 @@ static void check_ref_dtypes(void)
         free(host);
     }
     CHECK(n_bad == 0);
-    CHECK(lora_tensor_bytes(LORA_DTYPE_I8, ROWS, COLS) == ROWS * COLS + ROWS * sizeof(float));
+    CHECK(lora_tensor_bytes(LORA_DTYPE_I8, ROWS, COLS) == ROWS * COLS + ROWS * 3 * sizeof(float));
+    CHECK(lora_tensor_bytes(LORA_DTYPE_I8, 2, LORA_I8_GROUP) == 2 * LORA_I8_GROUP + 2 * 4);
+    CHECK(lora_tensor_bytes(LORA_DTYPE_I8, 2, 1) == 2 + 2 * 4);
     CHECK(lora_tensor_bytes(LORA_DTYPE_BF16, ROWS, COLS) == ROWS * COLS * 2);
     CHECK(lora_tensor_row_to_f32(LORA_DTYPE_I32, src, ROWS, COLS, 0, row) == -1);
+}
+
+/* lora_quantize_i8 from each source dtype: byte for byte its twin's quantization of the
+ * (widened) source, each value back within half a step of its group's scale, all-zero groups
+ * and rows (scale 0, no NaN), short last groups, a tensor large enough to be split over threads,
+ * and the refusals. */
+static void check_quantize_i8(void)
+{
+    static const int shapes[][2] = {{3, 37}, {4, LORA_I8_GROUP}, {5, 2 * LORA_I8_GROUP + 2},
+                                    {2, 1},  {0, 10},            {300, 4000}};
+    static const enum lora_dtype srcs[] = {LORA_DTYPE_F32, LORA_DTYPE_BF16, LORA_DTYPE_F16};
+    int n_bad = 0;
+
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
+        int rows = shapes[si][0], cols = shapes[si][1];
+        size_t n = (size_t)rows * cols, bytes = lora_tensor_bytes(LORA_DTYPE_I8, rows, cols);
+        int n_groups = (int)lora_i8_groups(cols);
+        float *x = new_floats(n), *deq = new_floats((size_t)cols);
+        float *scales = new_floats((size_t)n_groups);
+        signed char *q = xmalloc((size_t)cols);
+        uint16_t *half = xmalloc(n * sizeof(uint16_t));
+        char *dst = xmalloc(bytes);
+
+        fill_random(x, n, 4.0f);
+        if (rows > 1) { /* an all-zero row, and an all-zero group in another */
+            memset(x + (size_t)cols, 0, (size_t)cols * sizeof(float));
+            for (int c = 0; c < cols && c < LORA_I8_GROUP; c++)
+                x[c] = c % 2 ? 0.0f : -0.0f;
+        }
+        for (size_t di = 0; di < sizeof(srcs) / sizeof(srcs[0]); di++) {
+            enum lora_dtype d = srcs[di];
+            const void *src = x;
+            if (d != LORA_DTYPE_F32) {
+                for (size_t i = 0; i < n; i++)
+                    half[i] = d == LORA_DTYPE_BF16 ? lora_f32_to_bf16(x[i]) : lora_f32_to_f16(x[i]);
+                src = half;
+            }
+            CHECK(lora_quantize_i8(d, src, rows, cols, dst) == 0);
+            const float *all_scales = (const float *)(dst + n);
+            for (int r = 0; r < rows; r++) {
+                float *wide = new_floats((size_t)cols);
+                if (d == LORA_DTYPE_F32)
+                    memcpy(wide, x + (size_t)r * cols, (size_t)cols * sizeof(float));
+                else
+                    lora_dtype_to_f32(d, half + (size_t)r * cols, wide, (size_t)cols);
+                lora_ref_quantize_row(wide, cols, q, scales);
+                n_bad += memcmp(q, dst + (size_t)r * cols, (size_t)cols) != 0;
+                n_bad += memcmp(scales, (const char *)all_scales + (size_t)r * n_groups * 4,
+                                (size_t)n_groups * 4) != 0;
+                lora_tensor_row_to_f32(LORA_DTYPE_I8, dst, rows, cols, r, deq);
+                for (int c = 0; c < cols; c++) {
+                    /* Half a step, and the float roundings of x / s and q * s (|q| <= 127). */
+                    double s = scales[c / LORA_I8_GROUP], tol = s * (0.5 + 127 * 0x1p-23);
+                    n_bad += !(fabs((double)deq[c] - wide[c]) <= tol);
+                    n_bad += isnan(deq[c]) || (s == 0 && deq[c] != 0.0f);
+                }
+                free(wide);
+            }
+        }
+        if (rows > 1) {
+            float s;
+            memcpy(&s, dst + n + (size_t)n_groups * sizeof(float), sizeof(s));
+            CHECK(s == 0.0f); /* the zero row's first scale */
+        }
+        if (n_bad)
+            printf("# quantize (%d, %d): %d values wrong\n", rows, cols, n_bad);
+        free(x);
+        free(deq);
+        free(scales);
+        free(q);
+        free(half);
+        free(dst);
+    }
+    CHECK(n_bad == 0);
+    float bad_src[4] = {1.0f, NAN, 2.0f, 3.0f};
+    char out[64];
+    CHECK(lora_quantize_i8(LORA_DTYPE_F32, bad_src, 1, 4, out) == -1);
+    bad_src[1] = INFINITY;
+    CHECK(lora_quantize_i8(LORA_DTYPE_F32, bad_src, 1, 4, out) == -1);
+    bad_src[1] = 0.5f;
+    CHECK(lora_quantize_i8(LORA_DTYPE_F32, bad_src, 1, 4, out) == 0);
+    CHECK(lora_quantize_i8(LORA_DTYPE_I32, bad_src, 1, 4, out) == -1);
+    CHECK(lora_quantize_i8(LORA_DTYPE_I8, bad_src, 1, 4, out) == -1);
+    CHECK(lora_quantize_i8(LORA_DTYPE_F32, bad_src, -1, 4, out) == -1);
 }
 
 /* ---- the matrix ---- */
@@ -875,20 +1094,23 @@ static void report(bool ok, const char *name, const char *skip)
     fflush(stdout);
 }
 
-static void run_device(const char *device)
+/* Opens device (with the environment as it is) and runs every operation and dtype on it, the
+ * tests named after label. Returns the backend's description in desc. */
+static void run_device(const char *device, const char *label, char *desc, size_t desc_len)
 {
     char err[512], name[96];
 
     be = lora_backend_open(device, err, sizeof(err));
     if (!be) {
         for (int op = 0; op < LORA_KERNEL_COUNT; op++) {
-            snprintf(name, sizeof(name), "%s %s", device, lora_kernel_name(op));
+            snprintf(name, sizeof(name), "%s %s", label, lora_kernel_name(op));
             report(true, name, err);
         }
         return;
     }
     k_ = be->ops;
-    printf("# %s: %s\n", device, be->description);
+    snprintf(desc, desc_len, "%s", be->description);
+    printf("# %s: %s\n", label, be->description);
     for (int op = 0; op < LORA_KERNEL_COUNT; op++) {
         char unsupported[96] = "";
         for (size_t di = 0; di < sizeof(compute_dtypes) / sizeof(compute_dtypes[0]); di++) {
@@ -900,24 +1122,53 @@ static void run_device(const char *device)
                 snprintf(unsupported + len, sizeof(unsupported) - len, " %s", lora_dtype_name(dt));
                 continue;
             }
-            snprintf(name, sizeof(name), "%s %s %s", device, lora_kernel_name(op),
+            snprintf(name, sizeof(name), "%s %s %s", label, lora_kernel_name(op),
                      lora_dtype_name(dt));
             check_cur_failed = 0;
             cases[op]();
             report(!check_cur_failed, name, NULL);
         }
         if (*unsupported)
-            printf("# %s %s: not supported:%s\n", device, lora_kernel_name(op), unsupported);
+            printf("# %s %s: not supported:%s\n", label, lora_kernel_name(op), unsupported);
     }
     lora_backend_close(&be);
 }
 
+/* The CPU backend again on each narrower path this machine can take (the environment switches
+ * of backend/cpu/kernels_cpu.h): AVX-512 without its bf16 dot and int8 instructions, then AVX2.
+ * A path the machine is already on is not run twice. */
+static const struct {
+    const char *label;
+    const char *env[2];
+} cpu_paths[] = {
+    {"cpu/no-bf16-vnni", {"LORA_NO_AVX512_BF16", "LORA_NO_AVX512_VNNI"}},
+    {"cpu/avx2", {"LORA_NO_AVX512", NULL}},
+};
+
 int main(void)
 {
+    char desc[160] = "", seen[160] = "";
+
     check_cur_failed = 0;
     check_ref_dtypes();
     report(!check_cur_failed, "ref twins read F32 BF16 F16 I8", NULL);
+    check_cur_failed = 0;
+    check_quantize_i8();
+    report(!check_cur_failed, "lora_quantize_i8 F32 BF16 F16", NULL);
     for (size_t i = 0; i < sizeof(devices) / sizeof(devices[0]); i++)
-        run_device(devices[i]);
+        run_device(devices[i], devices[i], i == 0 ? seen : desc, sizeof(desc));
+    for (size_t p = 0; p < sizeof(cpu_paths) / sizeof(cpu_paths[0]); p++) {
+        for (int e = 0; e < 2; e++)
+            if (cpu_paths[p].env[e])
+                setenv(cpu_paths[p].env[e], "1", 1);
+        char err[256];
+        struct lora_backend *probe = lora_backend_open("cpu", err, sizeof(err));
+        bool same = probe && strcmp(probe->description, seen) == 0;
+        lora_backend_close(&probe);
+        if (same)
+            printf("# %s: the same paths as before, not run again\n", cpu_paths[p].label);
+        else
+            run_device("cpu", cpu_paths[p].label, seen, sizeof(seen));
+    }
     return check_done();
 }
