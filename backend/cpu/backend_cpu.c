@@ -151,8 +151,8 @@ static bool cpu_supports(struct lora_backend *be, enum lora_kernel op, enum lora
         return true;
     switch (op) {
     case LORA_KERNEL_MATMUL:
-        return half || dtype == LORA_DTYPE_I8;
     case LORA_KERNEL_EMBED:
+        return half || dtype == LORA_DTYPE_I8;
     case LORA_KERNEL_LORA_SGMV:
     case LORA_KERNEL_KV_WRITE:
     case LORA_KERNEL_ATTENTION:
@@ -194,8 +194,16 @@ static void cpu_add_bias(struct lora_backend *be, float *y, const struct lora_te
 static void cpu_embed(struct lora_backend *be, float *out, const struct lora_tensor *table,
                       const int *ids, int m)
 {
-    lora_cpu_embed(out, data_for(be, LORA_KERNEL_EMBED, table, "embedding"), table->dtype, ids, m,
-                   (int)table->cols);
+    const void *data = data_for(be, LORA_KERNEL_EMBED, table, "embedding");
+
+    if (table->dtype != LORA_DTYPE_I8) {
+        lora_cpu_embed(out, data, table->dtype, ids, m, (int)table->cols);
+        return;
+    }
+    /* A tied LM head quantized to int8 is the embedding too: a lookup dequantizes its row. */
+    for (int i = 0; i < m; i++)
+        lora_tensor_row_to_f32(LORA_DTYPE_I8, data, table->rows, table->cols, ids[i],
+                               out + (size_t)i * table->cols);
 }
 
 static void cpu_rmsnorm(struct lora_backend *be, float *out, const float *x,

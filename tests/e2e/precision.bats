@@ -51,11 +51,11 @@ batch_invariant() {
             --ignore-eos --logprobs 4 "$@" >> "$out/alone.jsonl"
     done < "$D/batch.jsonl"
     cmp "$out/batched.jsonl" "$out/alone.jsonl"
-    # The precision matters, or the comparison proves less than it says.
+    # The flags matter (the model is bfloat16 as stored), or the run proves less than it says.
     if [ $# -gt 0 ]; then
         # shellcheck disable=SC2046
         ! "$WORKER" generate --model "$D/m" $(cat "$D/loras") --batch "$D/batch.jsonl" --json \
-            --ignore-eos --logprobs 4 --max-num-batched-tokens 24 --dtype float32 |
+            --ignore-eos --logprobs 4 --max-num-batched-tokens 24 |
             cmp -s - "$out/batched.jsonl"
     fi
 }
@@ -94,15 +94,19 @@ batch_invariant() {
     $CHECK --model "$D/bf16" --min-agree 0.98 --max-kl 2e-3 -- --quantization int8
 }
 
-@test "adapter slots in bfloat16 and float16: close to the reference with the adapter" {
+@test "adapter slots in bfloat16 and float16: within 1e-4 of the reference on the same adapter" {
     $CHECK --model "$D/f32" --lora "$D/a" --min-agree 1 --max-dlp 1e-4
-    $CHECK --model "$D/f32" --lora "$D/a" --min-agree 0.98 --max-dlp 1e-2 -- --lora-dtype bfloat16
-    $CHECK --model "$D/f32" --lora "$D/a" --min-agree 0.98 --max-dlp 1e-2 -- --lora-dtype float16
+    $CHECK --model "$D/f32" --lora "$D/a" --round-lora bf16 --min-agree 1 --max-dlp 1e-4 -- \
+        --lora-dtype bfloat16
+    $CHECK --model "$D/f32" --lora "$D/a" --round-lora f16 --min-agree 1 --max-dlp 1e-4 -- \
+        --lora-dtype float16
 }
 
-@test "KV cache in bfloat16 and float16: close to the reference" {
-    $CHECK --model "$D/f32" --min-agree 0.98 --max-dlp 1e-2 -- --kv-cache-dtype bfloat16
-    $CHECK --model "$D/f32" --min-agree 0.98 --max-dlp 1e-2 -- --kv-cache-dtype float16
+# Measured here: bfloat16 0.013 and float16 0.0013 at most, mean KL 6.8e-6 and 1e-7.
+@test "KV cache in bfloat16 and float16: the rounding's effect stays within its bound" {
+    $CHECK --model "$D/f32" --min-agree 0.98 --max-dlp 3e-2 --max-kl 1e-4 -- \
+        --kv-cache-dtype bfloat16
+    $CHECK --model "$D/f32" --min-agree 1 --max-dlp 3e-3 --max-kl 1e-6 -- --kv-cache-dtype float16
 }
 
 @test "batch invariance, bit for bit: bfloat16 weights as stored, exact" {

@@ -9,10 +9,11 @@ the reference. At each position:
   dlp    |worker's - reference's log-probability| of the reference's greedy token
   kl     KL(reference || worker) over the whole vocabulary
 --round bf16|f16 first rounds the reference's matmul weights and embedding (not the norms) as
-`--dtype bfloat16|float16` does to a float32 checkpoint. Prints one summary line and exits 1 when
+`--dtype bfloat16|float16` does to a float32 checkpoint; --round-lora the adapter's A and B as
+`--lora-dtype` does. Prints one summary line and exits 1 when
 a bound given by --min-agree, --max-dlp or --max-kl is broken.
 
-  precision_check.py --worker BIN --model DIR [--lora DIR] [--round bf16|f16]
+  precision_check.py --worker BIN --model DIR [--lora DIR] [--round bf16|f16] [--round-lora T]
                      [--positions N] [--min-agree F] [--max-dlp X] [--max-kl X] -- WORKER FLAGS
 """
 
@@ -53,6 +54,8 @@ def main():
     p.add_argument("--model", required=True)
     p.add_argument("--lora", help="adapter directory applied to every request")
     p.add_argument("--round", choices=("bf16", "f16"))
+    p.add_argument("--round-lora", choices=("bf16", "f16"),
+                   help="round the adapter's A and B as --lora-dtype bfloat16|float16 does")
     p.add_argument("--positions", type=int, default=48)
     p.add_argument("--min-agree", type=float)
     p.add_argument("--max-dlp", type=float)
@@ -64,6 +67,9 @@ def main():
     if a.round:
         model = rounded(model, a.round)
     adapter = ref.load_adapter(a.lora, model.config) if a.lora else None
+    if adapter and a.round_lora:
+        adapter.pairs = {k: (round_to(pa, a.round_lora), round_to(pb, a.round_lora))
+                         for k, (pa, pb) in adapter.pairs.items()}
     vocab = model.config.vocab
 
     prefixes, want = [], []

@@ -456,7 +456,7 @@ static void test_int8_quantized(void)
     long bad = 0;
     for (int64_t r = 0; r < t->rows; r++) {
         const float *want = H(f->layers[1].w_gate) + r * t->cols;
-        float amax = 0;
+        float amax = 0; /* of the row: a bound on its groups' */
         for (int64_t k = 0; k < t->cols; k++)
             amax = fabsf(want[k]) > amax ? fabsf(want[k]) : amax;
         lora_tensor_row_to_f32(LORA_DTYPE_I8, lora_tensor_host(t), t->rows, t->cols, r, row);
@@ -465,7 +465,17 @@ static void test_int8_quantized(void)
     }
     free(row);
     CHECK(bad == 0);
-    CHECK(q->weight_bytes < f->weight_bytes / 3);
+    /* Each projection's bytes: one per weight and a float32 scale per group of LORA_I8_GROUP. */
+    CHECK(lora_tensor_bytes(LORA_DTYPE_I8, t->rows, t->cols) ==
+          (size_t)(t->rows * t->cols) +
+              (size_t)t->rows * ((t->cols + LORA_I8_GROUP - 1) / LORA_I8_GROUP) * sizeof(float));
+    /* An untied embedding is only looked up: it stays in the base dtype. */
+    CHECK(q->embed.dtype == LORA_DTYPE_F32 && q1->embed.dtype == LORA_DTYPE_BF16);
+    /* A tied one is the LM head: quantized once, looked up and multiplied as int8. */
+    struct lora_model *tied = load_as(tied_dir, 0, 1, NULL, "int8");
+    CHECK(tied && tied->lm_head.dtype == LORA_DTYPE_I8 &&
+          lora_tensor_host(&tied->lm_head) == lora_tensor_host(&tied->embed));
+    lora_model_destroy(&tied);
 out:
     lora_model_destroy(&q);
     lora_model_destroy(&f);
