@@ -622,12 +622,19 @@ in_run_dir() {
 
 # ---- commands --------------------------------------------------------------------------------
 
-# check_device: opens --device once as a worker would (lora-worker device) and keeps its
-# description for the ready line; a device no worker could use fails here with the worker's
-# reason (100), before a run directory is touched.
+# check_device: opens --device once as a worker would (lora-worker device, given the workers'
+# precision flags) and keeps its description for the ready line; a device no worker could use,
+# or a precision flag the workers would refuse, fails here with the worker's reason (100), before
+# a run directory is touched.
 check_device() {
-    local line rc
-    line=$("$BIN/lora-worker" device --device "$DEVICE" 2>&1)
+    local line rc i prec=()
+    for ((i = 0; i < ${#WORKER_ARGS[@]}; i++)); do
+        case ${WORKER_ARGS[$i]} in
+        --dtype | --quantization | --lora-dtype | --kv-cache-dtype | --matmul-precision)
+            prec+=("${WORKER_ARGS[$i]}" "${WORKER_ARGS[$((i + 1))]}") ;;
+        esac
+    done
+    line=$("$BIN/lora-worker" device --device "$DEVICE" "${prec[@]}" 2>&1)
     rc=$?
     line=${line#lora-worker: fatal: }
     [ "$rc" = 0 ] || die "$([ "$rc" = 100 ] && echo 100 || echo 111)" "$line"

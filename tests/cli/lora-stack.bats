@@ -283,6 +283,25 @@ fake_supervisor() { # DIR [USER]
     [ ! -e "$r" ]
 }
 
+@test "precision flags reach every rank; a value a worker would refuse fails up (exit 100) before anything starts" {
+    local r=$BATS_TEST_TMPDIR/p
+    run --separate-stderr "$STACK" up --run-dir "$r" --dtype bf16
+    expect_status 100
+    expect_message "--dtype 'bf16' must be auto, float32, bfloat16 or float16"
+    run --separate-stderr "$STACK" up --run-dir "$r" --quantization awq
+    expect_status 100
+    expect_message "--quantization 'awq' is not supported"
+    [ ! -e "$r" ]
+    up "$r" "$BASE" --tp 2 --quantization int8 --kv-cache-dtype bfloat16 --lora-dtype float16
+    expect_status 0
+    [[ "$stderr" == *"ready in $r "* ]]
+    wait_serving "$BASE" demo-sql
+    for rank in 0 1; do
+        grep -q "rank $rank: set up on .* of int8 weights, .* of bfloat16 KV cache, .* float16 adapter slots" \
+            "$r/logs/worker-$rank.log"
+    done
+}
+
 @test "a run directory writable by group or others is refused with the reason (exit 100), by every program" {
     local r=$BATS_TEST_TMPDIR/open
     mkdir -m 0777 "$r"
