@@ -11,8 +11,11 @@
  * LORA_I8_GROUP); shapes (rows, cols of w): a Qwen2-0.5B MLP's down (896 x 4864) and gate/up
  * (4864 x 896) projections and its LM head (151936 x 896). Each figure is the median over
  * interleaved rounds, each round running every configuration once in a rotated order, so that
- * the machine's noise hits them alike: compare ratios within one run. --quick: small shapes and
- * two rounds, to check that the benchmark runs.
+ * the machine's noise hits them alike: compare ratios within one run. Last, int8's accuracy: the
+ * relative error of a matmul with x and w quantized in groups of 32, 64, 128 or per output
+ * channel, on uniform and on realistic inputs (outliers among the weights and the activations),
+ * beside the backend's own I8 matmul, the numbers behind LORA_I8_GROUP (backend/backend.h).
+ * --quick: small shapes and two rounds, to check that the benchmark runs.
  */
 #include <immintrin.h>
 #include <math.h>
@@ -202,6 +205,131 @@ static double fma_peak_256(long iters)
     return flops / (lora_clock_mono() - t) / 1e9;
 }
 
+/* ---- int8 accuracy ---- */
+
+static uint64_t acc_rng = 12345;
+
+static double uniform01(void)
+{
+    uint64_t z = (acc_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return ((double)((z ^ (z >> 31)) >> 11) + 0.5) / 9007199254740992.0;
+}
+
+static double normal(void)
+{
+    return sqrt(-2 * log(uniform01())) * cos(6.283185307179586 * uniform01());
+}
+
+/* v (k) quantized symmetrically in groups of g (k: one scale per row). */
+static void quantize_groups(const float *v, int k, int g, signed char *q, float *scales)
+{
+    for (int g0 = 0, gi = 0; g0 < k; g0 += g, gi++) {
+        int g1 = g0 + g < k ? g0 + g : k;
+        float max = 0;
+        for (int c = g0; c < g1; c++)
+            max = fabsf(v[c]) > max ? fabsf(v[c]) : max;
+        scales[gi] = max / 127.0f;
+        for (int c = g0; c < g1; c++)
+            q[c] = scales[gi] > 0 ? (signed char)lrintf(v[c] / scales[gi]) : 0;
+    }
+}
+
+/* The relative error |y - y_ref|_2 / |y_ref|_2 of x · wᵀ with both quantized in groups of g
+ * (k: per output channel and per row), y_ref the float32 inputs' product in double, for four
+ * kinds of inputs, next to the backend's own I8 matmul (LORA_I8_GROUP). */
+static void i8_accuracy(bool quick)
+{
+    int n = quick ? 32 : 256, k = quick ? 640 : 4864, m = quick ? 4 : 16;
+    const int groups[] = {0, 32, 64, 128}; /* 0: per channel */
+    float *w = malloc(sizeof(float) * (size_t)n * k), *x = malloc(sizeof(float) * (size_t)m * k);
+    float *y = malloc(sizeof(float) * (size_t)m * n), *sw = malloc(sizeof(float) * (size_t)n * k);
+    float *sx = malloc(sizeof(float) * (size_t)m * k);
+    signed char *qw = malloc((size_t)n * k), *qx = malloc((size_t)m * k);
+    double *ref = malloc(sizeof(double) * (size_t)m * n);
+    char *i8 = malloc(lora_tensor_bytes(LORA_DTYPE_I8, n, k)), err[256];
+
+    if (!w || !x || !y || !sw || !sx || !qw || !qx || !ref || !i8)
+        die("accuracy", "out of memory");
+    printf("\nint8 relative matmul error, x and w quantized alike (k = %d, %d x %d outputs; kernel: "
+           "the backend's, groups of %d):\n",
+           k, m, n, LORA_I8_GROUP);
+    printf("  %-44s %11s %11s %11s %11s %11s\n", "inputs", "per channel", "group 32", "group 64",
+           "group 128", "kernel");
+    for (int kind = 0; kind < 4; kind++) {
+        bool w_outliers = kind >= 2, x_outliers = kind % 2;
+        for (size_t i = 0; i < (size_t)n * k; i++) {
+            if (!w_outliers)
+                w[i] = (float)(2 * uniform01() - 1);
+            else
+                w[i] = (float)(0.02 * normal() * (uniform01() < 0.001 ? 20 : 1));
+        }
+        for (size_t i = 0; i < (size_t)m * k; i++)
+            x[i] = (float)normal();
+        if (x_outliers) /* LLM activations: a few channels far larger than the rest */
+            for (int j = 0; j < 8; j++) {
+                int c = (int)(uniform01() * k);
+                for (int i = 0; i < m; i++)
+                    x[(size_t)i * k + c] *= 30;
+            }
+        double ref2 = 0;
+        for (int i = 0; i < m; i++)
+            for (int j = 0; j < n; j++) {
+                double d = 0;
+                for (int c = 0; c < k; c++)
+                    d += (double)x[(size_t)i * k + c] * w[(size_t)j * k + c];
+                ref[(size_t)i * n + j] = d;
+                ref2 += d * d;
+            }
+        printf("  %-44s", (const char *[]){"w uniform, x normal",
+                                           "w uniform, x normal + 8 channels x30",
+                                           "w normal + 0.1% x20, x normal",
+                                           "w normal + 0.1% x20, x + 8 channels x30"}[kind]);
+        for (int gi = 0; gi < 4; gi++) {
+            int g = groups[gi] ? groups[gi] : k, ng = (k + g - 1) / g;
+            for (int j = 0; j < n; j++)
+                quantize_groups(w + (size_t)j * k, k, g, qw + (size_t)j * k, sw + (size_t)j * ng);
+            for (int i = 0; i < m; i++)
+                quantize_groups(x + (size_t)i * k, k, g, qx + (size_t)i * k, sx + (size_t)i * ng);
+            double e2 = 0;
+            for (int i = 0; i < m; i++)
+                for (int j = 0; j < n; j++) {
+                    double got = 0;
+                    for (int gg = 0; gg < ng; gg++) {
+                        long sum = 0;
+                        for (int c = gg * g; c < k && c < (gg + 1) * g; c++)
+                            sum += qx[(size_t)i * k + c] * qw[(size_t)j * k + c];
+                        got += (double)sum * sx[(size_t)i * ng + gg] * sw[(size_t)j * ng + gg];
+                    }
+                    double d = got - ref[(size_t)i * n + j];
+                    e2 += d * d;
+                }
+            printf(" %10.2f%%", 100 * sqrt(e2 / ref2));
+        }
+        struct lora_buffer *b = be->ops->buffer_wrap(be, i8, lora_tensor_bytes(LORA_DTYPE_I8, n, k),
+                                                     err, sizeof(err));
+        if (!b || lora_quantize_i8(LORA_DTYPE_F32, w, n, k, i8) < 0)
+            die("accuracy", "unable to quantize");
+        struct lora_tensor t = {b, 0, LORA_DTYPE_I8, n, k};
+        be->ops->matmul(be, y, x, &t, m, 1.0f, false);
+        be->ops->buffer_free(be, b);
+        double e2 = 0;
+        for (size_t i = 0; i < (size_t)m * n; i++)
+            e2 += (y[i] - ref[i]) * (y[i] - ref[i]);
+        printf(" %10.2f%%\n", 100 * sqrt(e2 / ref2));
+    }
+    free(w);
+    free(x);
+    free(y);
+    free(sw);
+    free(sx);
+    free(qw);
+    free(qx);
+    free(ref);
+    free(i8);
+}
+
 int main(int argc, char **argv)
 {
     bool quick = false;
@@ -318,6 +446,7 @@ int main(int argc, char **argv)
         }
         printf("\n");
     }
+    i8_accuracy(quick);
     for (int s = 0; s < N_SHAPES; s++)
         shape_release(&shapes[s]);
     free(x);
