@@ -96,8 +96,7 @@ ALWAYS_INLINE __m256 load8(const void *w, size_t i, enum lora_dtype dt)
 
 /* The rem (1..7) weights from element i, zeros after. AVX2 has no 16-bit masked load: the 16-bit
  * types go through a zeroed copy, which reads nothing past the row either. */
-ALWAYS_INLINE __m256 load8_tail(const void *w, size_t i, int rem, __m256i mask,
-                                enum lora_dtype dt)
+ALWAYS_INLINE __m256 load8_tail(const void *w, size_t i, int rem, __m256i mask, enum lora_dtype dt)
 {
     if (dt == LORA_DTYPE_F32)
         return _mm256_maskload_ps((const float *)w + i, mask);
@@ -115,8 +114,8 @@ ALWAYS_INLINE float hsum(__m256 v)
 }
 
 /* One tile of mr x nr outputs (mr <= MR, nr <= NR known at each call site). */
-ALWAYS_INLINE void tile(float *y, int ldy, const float *x, const void *w, enum lora_dtype dt,
-                        int k, __m256i tail_mask, int mr, int nr, float alpha, bool acc)
+ALWAYS_INLINE void tile(float *y, int ldy, const float *x, const void *w, enum lora_dtype dt, int k,
+                        __m256i tail_mask, int mr, int nr, float alpha, bool acc)
 {
     __m256 a[MR][NR];
     int kk = 0;
@@ -165,9 +164,8 @@ ALWAYS_INLINE void tile(float *y, int ldy, const float *x, const void *w, enum l
 static __m256i tail_mask_of(int k)
 {
     int rem = k % 8;
-    return _mm256_setr_epi32(rem > 0 ? -1 : 0, rem > 1 ? -1 : 0, rem > 2 ? -1 : 0,
-                             rem > 3 ? -1 : 0, rem > 4 ? -1 : 0, rem > 5 ? -1 : 0,
-                             rem > 6 ? -1 : 0, 0);
+    return _mm256_setr_epi32(rem > 0 ? -1 : 0, rem > 1 ? -1 : 0, rem > 2 ? -1 : 0, rem > 3 ? -1 : 0,
+                             rem > 4 ? -1 : 0, rem > 5 ? -1 : 0, rem > 6 ? -1 : 0, 0);
 }
 
 /* Element size of a float path's weight. */
@@ -506,15 +504,15 @@ static void run_panel(const struct lora_cpu_isa *isa, float *y, int ldy, const f
 
 /* The panels of one call over m rows of x (or of their staged form, xs), y of stride n. */
 static void run_panels(const struct lora_cpu *cpu, enum path path, float *y, int n, const float *x,
-                       const char *xs, const void *w, enum lora_dtype dtype, int m, int k,
-                       int rows, int p, float alpha, bool acc)
+                       const char *xs, const void *w, enum lora_dtype dtype, int m, int k, int rows,
+                       int p, float alpha, bool acc)
 {
     int n0 = p * rows, n1 = n0 + rows < n ? n0 + rows : n;
 
     switch (path) {
     case PATH_I8:
-        lora_cpu_i8_panel(&cpu->isa, y, n, xs, w, (const char *)w + (size_t)n * (size_t)k, m, k,
-                          n0, n1, alpha, acc);
+        lora_cpu_i8_panel(&cpu->isa, y, n, xs, w, (const char *)w + (size_t)n * (size_t)k, m, k, n0,
+                          n1, alpha, acc);
         break;
     case PATH_DOT:
         panel_dot(y, n, (const uint16_t *)xs, w, m, k, n0, n1, alpha, acc);
@@ -533,9 +531,9 @@ void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const
                      bool fast)
 {
     const struct lora_cpu_isa *isa = &cpu->isa;
-    enum path path = dtype == LORA_DTYPE_I8                   ? PATH_I8
-                     : dtype == LORA_DTYPE_BF16 && fast       ? (isa->bf16 ? PATH_DOT : PATH_ROUND_X)
-                                                              : PATH_FLOAT;
+    enum path path = dtype == LORA_DTYPE_I8             ? PATH_I8
+                     : dtype == LORA_DTYPE_BF16 && fast ? (isa->bf16 ? PATH_DOT : PATH_ROUND_X)
+                                                        : PATH_FLOAT;
     size_t row_stage = stage_row_bytes(isa, path, k);
     /* Rows of x per pass: all of them, or as many as the staging memory holds (each pass
      * streams w again; results do not depend on it, as each row is computed alone). */
@@ -676,8 +674,7 @@ void lora_cpu_lora_sgmv(const struct lora_cpu *cpu, float *y, const float *x,
             c1 = c1 < out ? c1 : out;
             for (int i = g->row; i < g->row + g->n_rows && c0 < c1; i++)
                 expand_row(y + (size_t)i * out, tmp + (size_t)i * max_rank,
-                           lora_tensor_addr(&g->b_t), g->b_t.dtype, g->rank, out, c0, c1,
-                           g->scale);
+                           lora_tensor_addr(&g->b_t), g->b_t.dtype, g->rank, out, c0, c1, g->scale);
         }
     }
 }

@@ -3,10 +3,11 @@
  *
  * Each row of x is quantized the same way, group by group (scale = max |x| / 127, q = x / scale
  * rounded to nearest even), once per call into the backend's staging memory (lora_cpu_matmul
- * spreads the rows over threads, then the panels), so a row's bytes never depend on the batch. Within a group the products q_x · q_w are summed exactly in
- * int32 lanes; each group's lanes are converted to float32, scaled by the weights' scale then
- * the activations' and added into float32 lanes in group order, and the lanes are summed in a fixed tree at the
- * end: every output element has one order of operations whatever m and the thread count.
+ * spreads the rows over threads, then the panels), so a row's bytes never depend on the batch.
+ * Within a group the products q_x · q_w are summed exactly in int32 lanes; each group's lanes are
+ * converted to float32, scaled by the weights' scale then the activations' and added into float32
+ * lanes in group order, and the lanes are summed in a fixed tree at the end: every output element
+ * has one order of operations whatever m and the thread count.
  *
  * With AVX512_VNNI (vpdpbusd: unsigned bytes times signed bytes), the weights' sign bit is flipped
  * on load (q_w + 128, unsigned) and each lane starts at -128 · (the sum of its four x bytes),
@@ -25,13 +26,13 @@
 #if LORA_I8_GROUP % 64 != 0
 #error "the int8 kernels take groups of a multiple of 64 values"
 #endif
-#define G        LORA_I8_GROUP
-#define CPG      (G / 64) /* 64-byte chunks per group (VNNI) */
-#define CPG16    (G / 16) /* 16-value chunks per group (AVX2) */
-#define MR_VNNI  4
-#define NR_VNNI  4
-#define MR_AVX2  2
-#define NR_AVX2  4
+#define G       LORA_I8_GROUP
+#define CPG     (G / 64) /* 64-byte chunks per group (VNNI) */
+#define CPG16   (G / 16) /* 16-value chunks per group (AVX2) */
+#define MR_VNNI 4
+#define NR_VNNI 4
+#define MR_AVX2 2
+#define NR_AVX2 4
 
 static size_t round_up(size_t n, size_t to)
 {
@@ -108,7 +109,7 @@ TVNNI ALWAYS_INLINE void vnni_group(__m512 f[MR_VNNI][NR_VNNI], const char *xs, 
 #pragma GCC unroll 4
         for (int c = 0; c < CPG; c++) {
             const signed char *p = w + (size_t)j * k + (size_t)(ch0 + c) * 64;
-            __m512i v = c >= nch                    ? _mm512_setzero_si512()
+            __m512i v = c >= nch               ? _mm512_setzero_si512()
                         : tail && c == nch - 1 ? _mm512_maskz_loadu_epi8(tail_mask, p)
                                                : _mm512_loadu_si512(p);
             wv[j][c] = _mm512_xor_si512(v, flip);
@@ -210,9 +211,8 @@ TVNNI static void vnni_panel(float *y, int ldy, const char *xs, const signed cha
  * scales; 64-byte aligned. */
 static size_t avx2_row_bytes(int k)
 {
-    return round_up(round_up((size_t)k, 16) * sizeof(int16_t) +
-                        (size_t)lora_i8_groups(k) * sizeof(float),
-                    64);
+    return round_up(
+        round_up((size_t)k, 16) * sizeof(int16_t) + (size_t)lora_i8_groups(k) * sizeof(float), 64);
 }
 
 static void avx2_stage_row(const float *x, int k, char *row)
@@ -275,8 +275,8 @@ ALWAYS_INLINE float avx2_hsum(__m256 v)
 
 /* One group of an mr x nr tile: nch chunks of 16 from value c0. */
 ALWAYS_INLINE void avx2_group(__m256 f[MR_AVX2][NR_AVX2], const char *xs, size_t x_stride,
-                              size_t kp, int ng, const signed char *w, int k,
-                              const char *w_scales, int g, int nch, int mr, int nr)
+                              size_t kp, int ng, const signed char *w, int k, const char *w_scales,
+                              int g, int nch, int mr, int nr)
 {
     int c0 = g * G;
 
@@ -286,8 +286,8 @@ ALWAYS_INLINE void avx2_group(__m256 f[MR_AVX2][NR_AVX2], const char *xs, size_t
         const signed char *wr = w + (size_t)j * k;
 #pragma GCC unroll 8
         for (int c = 0; c < CPG16; c++)
-            wv[c] = c < nch ? avx2_w16(wr + c0 + 16 * c, k - (c0 + 16 * c))
-                            : _mm256_setzero_si256();
+            wv[c] =
+                c < nch ? avx2_w16(wr + c0 + 16 * c, k - (c0 + 16 * c)) : _mm256_setzero_si256();
         __m256 bw = _mm256_set1_ps(scale_at(w_scales, (size_t)j * ng + g));
 #pragma GCC unroll 2
         for (int i = 0; i < mr; i++) {
@@ -322,8 +322,8 @@ ALWAYS_INLINE void avx2_tile(float *y, int ldy, const char *xs, size_t x_stride,
     for (int g = 0; g < n_full; g++)
         avx2_group(f, xs, x_stride, kp, ng, w, k, w_scales, g, CPG16, mr, nr);
     if (n_full < ng)
-        avx2_group(f, xs, x_stride, kp, ng, w, k, w_scales, n_full, (k - n_full * G + 15) / 16,
-                   mr, nr);
+        avx2_group(f, xs, x_stride, kp, ng, w, k, w_scales, n_full, (k - n_full * G + 15) / 16, mr,
+                   nr);
 #pragma GCC unroll 2
     for (int i = 0; i < mr; i++) {
 #pragma GCC unroll 4

@@ -39,7 +39,7 @@ struct mode {
 };
 
 static const struct mode modes[] = {
-    {"f32", LORA_DTYPE_F32, false},        {"bf16", LORA_DTYPE_BF16, false},
+    {"f32", LORA_DTYPE_F32, false},       {"bf16", LORA_DTYPE_BF16, false},
     {"bf16 fast", LORA_DTYPE_BF16, true}, {"f16", LORA_DTYPE_F16, false},
     {"int8", LORA_DTYPE_I8, false},
 };
@@ -252,9 +252,10 @@ static void i8_accuracy(bool quick)
 
     if (!w || !x || !y || !sw || !sx || !qw || !qx || !ref || !i8)
         die("accuracy", "out of memory");
-    printf("\nint8 relative matmul error, x and w quantized alike (k = %d, %d x %d outputs; kernel: "
-           "the backend's, groups of %d):\n",
-           k, m, n, LORA_I8_GROUP);
+    printf(
+        "\nint8 relative matmul error, x and w quantized alike (k = %d, %d x %d outputs; kernel: "
+        "the backend's, groups of %d):\n",
+        k, m, n, LORA_I8_GROUP);
     printf("  %-44s %11s %11s %11s %11s %11s\n", "inputs", "per channel", "group 32", "group 64",
            "group 128", "kernel");
     for (int kind = 0; kind < 4; kind++) {
@@ -282,10 +283,10 @@ static void i8_accuracy(bool quick)
                 ref[(size_t)i * n + j] = d;
                 ref2 += d * d;
             }
-        printf("  %-44s", (const char *[]){"w uniform, x normal",
-                                           "w uniform, x normal + 8 channels x30",
-                                           "w normal + 0.1% x20, x normal",
-                                           "w normal + 0.1% x20, x + 8 channels x30"}[kind]);
+        printf("  %-44s",
+               (const char *[]){"w uniform, x normal", "w uniform, x normal + 8 channels x30",
+                                "w normal + 0.1% x20, x normal",
+                                "w normal + 0.1% x20, x + 8 channels x30"}[kind]);
         for (int gi = 0; gi < 4; gi++) {
             int g = groups[gi] ? groups[gi] : k, ng = (k + g - 1) / g;
             for (int j = 0; j < n; j++)
@@ -307,8 +308,8 @@ static void i8_accuracy(bool quick)
                 }
             printf(" %10.2f%%", 100 * sqrt(e2 / ref2));
         }
-        struct lora_buffer *b = be->ops->buffer_wrap(be, i8, lora_tensor_bytes(LORA_DTYPE_I8, n, k),
-                                                     err, sizeof(err));
+        struct lora_buffer *b =
+            be->ops->buffer_wrap(be, i8, lora_tensor_bytes(LORA_DTYPE_I8, n, k), err, sizeof(err));
         if (!b || lora_quantize_i8(LORA_DTYPE_F32, w, n, k, i8) < 0)
             die("accuracy", "unable to quantize");
         struct lora_tensor t = {b, 0, LORA_DTYPE_I8, n, k};

@@ -1,10 +1,10 @@
 /* Unit tests for the CPU backend (backend/cpu, through backend/backend.h's table) and
  * lib/runtime/kv_cache: every kernel against the double-precision twins of backend/ref (never
  * against another kernel), matmul batch invariance bit for bit across batch sizes, row positions
- * and thread counts in every weight dtype and mode, kv_write + attention over a shuffled paged cache with grouped-query heads,
- * the multi-LoRA SGMV, and the cache's storage. tests/backend/test_backend.c runs the same twins
- * over every backend; this file holds what is the CPU's own: thread counts, NaN guards, in-place
- * calls, exact sums.
+ * and thread counts in every weight dtype and mode, kv_write + attention over a shuffled paged
+ * cache with grouped-query heads, the multi-LoRA SGMV, and the cache's storage.
+ * tests/backend/test_backend.c runs the same twins over every backend; this file holds what is the
+ * CPU's own: thread counts, NaN guards, in-place calls, exact sums.
  */
 #include "check.h"
 #include "backend/backend.h"
@@ -246,9 +246,8 @@ static struct lora_tensor typed_tensor_of(const float *w, int64_t n, int64_t k,
         for (size_t i = 0; i < (size_t)(n * k); i++)
             ((uint16_t *)*host)[i] =
                 dtype == LORA_DTYPE_BF16 ? lora_f32_to_bf16(w[i]) : lora_f32_to_f16(w[i]);
-    struct lora_buffer *b = n_wraps < MAX_WRAPS
-                                ? k_->buffer_wrap(be, *host, bytes, err, sizeof(err))
-                                : NULL;
+    struct lora_buffer *b =
+        n_wraps < MAX_WRAPS ? k_->buffer_wrap(be, *host, bytes, err, sizeof(err)) : NULL;
     if (!b) {
         printf("Bail out! unable to wrap a tensor\n");
         exit(1);
