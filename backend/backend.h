@@ -99,8 +99,13 @@ uint16_t lora_f32_to_f16(float f);
  *     8 channels x30 (as LLMs have)          7.34%      1.02%     1.40%     1.97%
  *   weights normal + 0.1% outliers x20       6.13%      0.97%     1.21%     1.58%
  *   both                                    10.88%      1.45%     1.96%     2.73%
- * for 1.0625 bytes per weight (1.125 for groups of 32; 1.03 for 128); the speed of each is in
- * tests/bench/bench_kernels.c's output and docs/design.md, "Backend". */
+ * for 1.0625 bytes per weight (1.125 for groups of 32, 1.031 for 128), which decoding streams.
+ * Arithmetic-bound (m = 256, one thread of an AVX512_VNNI core, its CPU time), groups of 64 give
+ * 197-221 GFLOP/s, 128 give 278-297 and float32 weights 113-143: each group costs a conversion
+ * and two multiplies per output, so larger groups are faster, and the outliers' error grows with
+ * them; 64 keeps int8 well ahead of float32 everywhere. One scale per output channel could sum a
+ * whole row in int32 (faster again), but one activation outlier then costs its row's precision.
+ * The kernels take any multiple of 64 (tests/bench/bench_kernels measures the one built). */
 #define LORA_I8_GROUP 64
 
 /* Scale groups of an I8 row of cols values. */

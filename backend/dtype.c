@@ -287,8 +287,9 @@ int lora_quantize_i8(enum lora_dtype src_dtype, const void *src, int64_t rows, i
      * hundred megabytes, quantized once when it loads). */
 #pragma omp parallel for schedule(dynamic, 64) reduction(| : bad) if (rows * cols > 1 << 20)
     for (int64_t r = 0; r < rows; r++)
-        bad |= quantize_row(src_dtype, (const unsigned char *)src + (size_t)r * (size_t)cols * esize,
-                            cols, (signed char *)dst + (size_t)r * (size_t)cols,
-                            scales + (size_t)r * n_groups * sizeof(float)) < 0;
+        bad |=
+            quantize_row(src_dtype, (const unsigned char *)src + (size_t)r * (size_t)cols * esize,
+                         cols, (signed char *)dst + (size_t)r * (size_t)cols,
+                         scales + (size_t)r * n_groups * sizeof(float)) < 0;
     return bad ? -1 : 0;
 }

@@ -25,8 +25,8 @@ void lora_cpu_embed(float *out, const void *table, enum lora_dtype dtype, const 
     size_t row = (size_t)dim * lora_dtype_size(dtype);
 
     for (int i = 0; i < m; i++)
-        lora_dtype_to_f32(dtype, (const char *)table + (size_t)ids[i] * row,
-                          out + (size_t)i * dim, (size_t)dim);
+        lora_dtype_to_f32(dtype, (const char *)table + (size_t)ids[i] * row, out + (size_t)i * dim,
+                          (size_t)dim);
 }
 
 void lora_cpu_rmsnorm(float *out, const float *x, const float *w, int m, int dim, float eps)
@@ -135,10 +135,9 @@ ALWAYS_INLINE float kv_at(const void *row, int d, enum lora_dtype dtype)
 }
 
 /* One query row of one head against positions [0, n_ctx) of its sequence. */
-ALWAYS_INLINE void attend_one(float *out, const float *q, const void *k_cache,
-                              const void *v_cache, enum lora_dtype dtype, const int *block_table,
-                              int n_ctx, int kv_off, int kv_dim, int head_dim, int block_size,
-                              float *scores)
+ALWAYS_INLINE void attend_one(float *out, const float *q, const void *k_cache, const void *v_cache,
+                              enum lora_dtype dtype, const int *block_table, int n_ctx, int kv_off,
+                              int kv_dim, int head_dim, int block_size, float *scores)
 {
     float scale = 1.0f / sqrtf((float)head_dim);
     float max = -INFINITY;
@@ -171,8 +170,8 @@ ALWAYS_INLINE void attend_one(float *out, const float *q, const void *k_cache,
 
 /* attend_one with dtype a constant in each branch, so each loop reads its type directly. */
 static void attend(float *out, const float *q, const void *k_cache, const void *v_cache,
-                   enum lora_dtype dtype, const int *block_table, int n_ctx, int kv_off,
-                   int kv_dim, int head_dim, int block_size, float *scores)
+                   enum lora_dtype dtype, const int *block_table, int n_ctx, int kv_off, int kv_dim,
+                   int head_dim, int block_size, float *scores)
 {
     switch (dtype) {
     case LORA_DTYPE_F32:

@@ -28,15 +28,16 @@ struct lora_cpu_isa {
  * LORA_NO_AVX512 (AVX2 for everything), LORA_NO_AVX512_BF16, LORA_NO_AVX512_VNNI. */
 struct lora_cpu_isa lora_cpu_isa_detect(void);
 
-/* Bytes of staging each thread has: LORA_CPU_STAGE_BYTES, for at least one row of activations
- * converted (k <= 65536 for every path; the matmul aborts beyond, naming the limit). */
-#define LORA_CPU_STAGE_BYTES (512 * 1024)
+/* Bytes of the staging memory of a backend: the matmuls that convert x (fast BF16, I8) convert
+ * each row once per call into it, as many rows at a time as fit (k <= 65536 on every path; the
+ * matmul aborts beyond, naming the limit). */
+#define LORA_CPU_STAGE_BYTES ((size_t)8 << 20)
 
 /* One CPU backend's state (be->ctx). */
 struct lora_cpu {
     struct lora_cpu_isa isa;
-    int n_threads;  /* threads a kernel uses at most: omp_get_max_threads() when opened */
-    char *stage;    /* n_threads * LORA_CPU_STAGE_BYTES, 64-byte aligned */
+    int n_threads; /* threads a kernel uses at most: omp_get_max_threads() when opened */
+    char *stage;   /* LORA_CPU_STAGE_BYTES, 64-byte aligned */
 };
 
 /* y (m, n) = alpha · x (m, k) · w (n, k)ᵀ, or y += that when accumulate. w is a Hugging Face
@@ -48,15 +49,15 @@ void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const
                      enum lora_dtype dtype, int m, int n, int k, float alpha, bool accumulate,
                      bool fast);
 
-/* The same on a panel of the I8 path (matmul_i8_cpu.c, called by lora_cpu_matmul): columns
- * [n0, n1) of y (m rows, stride ldy) from rows [n0, n1) of w (n, k) and its scales w_scales,
- * x quantized blk rows at a time (1..4, as many as fit) into stage (LORA_CPU_STAGE_BYTES). */
-void lora_cpu_matmul_i8_panel(const struct lora_cpu_isa *isa, float *y, int ldy, const float *x,
-                              const signed char *w, const char *w_scales, int m, int k, int n0,
-                              int n1, float alpha, bool acc, int blk, char *stage);
-
-/* Bytes of stage one row of k activations takes on the I8 path. */
-size_t lora_cpu_i8_row_stage_bytes(const struct lora_cpu_isa *isa, int k);
+/* The I8 path (matmul_i8_cpu.c, called by lora_cpu_matmul). A row of x (k) quantized into its
+ * staged form at row, lora_cpu_i8_row_bytes(isa, k) bytes (a multiple of 64, at a 64-byte aligned
+ * address); then columns [n0, n1) of y (m rows, stride ldy) = alpha · the m staged rows at xs
+ * (one after the other) · rows [n0, n1) of w (n, k)ᵀ (+ y), w_scales its scales. */
+size_t lora_cpu_i8_row_bytes(const struct lora_cpu_isa *isa, int k);
+void lora_cpu_i8_stage_row(const struct lora_cpu_isa *isa, const float *x, int k, char *row);
+void lora_cpu_i8_panel(const struct lora_cpu_isa *isa, float *y, int ldy, const char *xs,
+                       const signed char *w, const char *w_scales, int m, int k, int n0, int n1,
+                       float alpha, bool acc);
 
 /* y (m, n) += bias (n) broadcast over rows. */
 void lora_cpu_add_bias(float *y, const float *bias, int m, int n);

@@ -15,10 +15,11 @@
  * BF16 and F16 weights are widened to float32 in registers (bf16 by a shift, f16 by vcvtph2ps)
  * and go through the very same FMAs in the same order: the exact mode's result is the F32
  * matmul's on the widened weights, bit for bit. The fast BF16 mode rounds each row of x to bf16
- * once per panel into the calling thread's staging rows (no allocation, and a row's rounding is
- * the same whoever does it), then sums pairs of products with vdpbf16ps into float32 lanes, in the
- * same fixed lane order; a machine without AVX512_BF16 widens the rounded x back to float32 and
- * uses the exact tiles (the same products, summed one at a time).
+ * once per call into the backend's staging memory (threads split the rows, then the panels; no
+ * allocation, and a row's rounding is the same whoever does it), then sums pairs of products with
+ * vdpbf16ps into float32 lanes, in the same fixed lane order; a machine without AVX512_BF16 widens
+ * the rounded x back to float32 and uses the exact tiles (the same products, summed one at a
+ * time). The I8 path stages its quantized rows the same way.
  */
 #include "backend/cpu/kernels_cpu.h"
 
@@ -52,38 +53,32 @@ ALWAYS_INLINE __m256i round_bf16_8(__m256 x)
     return _mm256_and_si256(_mm256_blendv_epi8(r, q, nan), _mm256_set1_epi32((int)0xffff0000u));
 }
 
-/* rows (mr, k) of x rounded to bf16 and widened back: float rows of stride k at dst. */
-static void stage_bf16_as_f32(const float *x, int mr, int k, float *dst)
+/* A row x (k) rounded to bf16 and widened back: k floats at dst. */
+static void stage_bf16_as_f32(const float *x, int k, float *dst)
 {
-    for (int i = 0; i < mr; i++) {
-        const float *xi = x + (size_t)i * k;
-        float *di = dst + (size_t)i * k;
-        int c = 0;
-        for (; c + 8 <= k; c += 8)
-            _mm256_storeu_si256((__m256i *)(di + c), round_bf16_8(_mm256_loadu_ps(xi + c)));
-        for (; c < k; c++) {
-            uint32_t u = (uint32_t)lora_f32_to_bf16(xi[c]) << 16;
-            memcpy(di + c, &u, sizeof(u));
-        }
+    int c = 0;
+
+    for (; c + 8 <= k; c += 8)
+        _mm256_storeu_si256((__m256i *)(dst + c), round_bf16_8(_mm256_loadu_ps(x + c)));
+    for (; c < k; c++) {
+        uint32_t u = (uint32_t)lora_f32_to_bf16(x[c]) << 16;
+        memcpy(dst + c, &u, sizeof(u));
     }
 }
 
-/* rows (mr, k) of x as bf16 bits, rows of stride kp (k rounded up to 32, zero-filled). */
-T512 static void stage_bf16_bits(const float *x, int mr, int k, int kp, uint16_t *dst)
+/* A row x (k) as bf16 bits: kp (k rounded up to 32) values at dst, zeros after k. */
+T512 static void stage_bf16_bits(const float *x, int k, int kp, uint16_t *dst)
 {
-    for (int i = 0; i < mr; i++) {
-        const float *xi = x + (size_t)i * k;
-        uint16_t *di = dst + (size_t)i * kp;
-        int c = 0;
-        for (; c + 8 <= k; c += 8) {
-            __m256i r = _mm256_srli_epi32(round_bf16_8(_mm256_loadu_ps(xi + c)), 16);
-            _mm_storeu_si128((__m128i *)(di + c), _mm256_cvtepi32_epi16(r));
-        }
-        for (; c < k; c++)
-            di[c] = lora_f32_to_bf16(xi[c]);
-        for (; c < kp; c++)
-            di[c] = 0;
+    int c = 0;
+
+    for (; c + 8 <= k; c += 8) {
+        __m256i r = _mm256_srli_epi32(round_bf16_8(_mm256_loadu_ps(x + c)), 16);
+        _mm_storeu_si128((__m128i *)(dst + c), _mm256_cvtepi32_epi16(r));
     }
+    for (; c < k; c++)
+        dst[c] = lora_f32_to_bf16(x[c]);
+    for (; c < kp; c++)
+        dst[c] = 0;
 }
 
 /* ---- AVX2: 8 lanes ---- */
@@ -101,8 +96,7 @@ ALWAYS_INLINE __m256 load8(const void *w, size_t i, enum lora_dtype dt)
 
 /* The rem (1..7) weights from element i, zeros after. AVX2 has no 16-bit masked load: the 16-bit
  * types go through a zeroed copy, which reads nothing past the row either. */
-ALWAYS_INLINE __m256 load8_tail(const void *w, size_t i, int rem, __m256i mask,
-                                enum lora_dtype dt)
+ALWAYS_INLINE __m256 load8_tail(const void *w, size_t i, int rem, __m256i mask, enum lora_dtype dt)
 {
     if (dt == LORA_DTYPE_F32)
         return _mm256_maskload_ps((const float *)w + i, mask);
@@ -120,8 +114,8 @@ ALWAYS_INLINE float hsum(__m256 v)
 }
 
 /* One tile of mr x nr outputs (mr <= MR, nr <= NR known at each call site). */
-ALWAYS_INLINE void tile(float *y, int ldy, const float *x, const void *w, enum lora_dtype dt,
-                        int k, __m256i tail_mask, int mr, int nr, float alpha, bool acc)
+ALWAYS_INLINE void tile(float *y, int ldy, const float *x, const void *w, enum lora_dtype dt, int k,
+                        __m256i tail_mask, int mr, int nr, float alpha, bool acc)
 {
     __m256 a[MR][NR];
     int kk = 0;
@@ -170,9 +164,8 @@ ALWAYS_INLINE void tile(float *y, int ldy, const float *x, const void *w, enum l
 static __m256i tail_mask_of(int k)
 {
     int rem = k % 8;
-    return _mm256_setr_epi32(rem > 0 ? -1 : 0, rem > 1 ? -1 : 0, rem > 2 ? -1 : 0,
-                             rem > 3 ? -1 : 0, rem > 4 ? -1 : 0, rem > 5 ? -1 : 0,
-                             rem > 6 ? -1 : 0, 0);
+    return _mm256_setr_epi32(rem > 0 ? -1 : 0, rem > 1 ? -1 : 0, rem > 2 ? -1 : 0, rem > 3 ? -1 : 0,
+                             rem > 4 ? -1 : 0, rem > 5 ? -1 : 0, rem > 6 ? -1 : 0, 0);
 }
 
 /* Element size of a float path's weight. */
@@ -193,45 +186,36 @@ static size_t w_size(enum lora_dtype dt)
                  alpha, acc);                                                                      \
     } while (0)
 
-/* Rows [n0, n1) of w against every row of x, in tiles of at most blk rows of x; with round_x,
- * each tile's rows of x are first rounded to bf16 into stage. */
+/* Rows [n0, n1) of w against every row of x. */
 ALWAYS_INLINE void panel8_body(float *y, int ldy, const float *x, const void *w, enum lora_dtype dt,
-                               int m, int k, int n0, int n1, float alpha, bool acc, int blk,
-                               bool round_x, char *stage)
+                               int m, int k, int n0, int n1, float alpha, bool acc)
 {
     __m256i tail_mask = tail_mask_of(k);
     size_t es = w_size(dt);
 
-    for (int i = 0; i < m;) {
-        int mr = m - i >= MR && blk >= MR ? MR : 1;
+    for (int i = 0; i < m; i += MR) {
         const float *xi = x + (size_t)i * k;
         float *yi = y + (size_t)i * ldy;
-        if (round_x) {
-            stage_bf16_as_f32(xi, mr, k, (float *)stage);
-            xi = (const float *)stage;
-        }
-        if (mr == MR) {
+        if (m - i >= MR) {
             PANEL8_ROWS(MR);
         } else {
             PANEL8_ROWS(1);
         }
-        i += mr;
     }
 }
 
 static void panel8(float *y, int ldy, const float *x, const void *w, enum lora_dtype dt, int m,
-                   int k, int n0, int n1, float alpha, bool acc, int blk, bool round_x,
-                   char *stage)
+                   int k, int n0, int n1, float alpha, bool acc)
 {
     switch (dt) {
     case LORA_DTYPE_F32:
-        panel8_body(y, ldy, x, w, LORA_DTYPE_F32, m, k, n0, n1, alpha, acc, blk, false, stage);
+        panel8_body(y, ldy, x, w, LORA_DTYPE_F32, m, k, n0, n1, alpha, acc);
         break;
     case LORA_DTYPE_BF16:
-        panel8_body(y, ldy, x, w, LORA_DTYPE_BF16, m, k, n0, n1, alpha, acc, blk, round_x, stage);
+        panel8_body(y, ldy, x, w, LORA_DTYPE_BF16, m, k, n0, n1, alpha, acc);
         break;
     default:
-        panel8_body(y, ldy, x, w, LORA_DTYPE_F16, m, k, n0, n1, alpha, acc, blk, false, stage);
+        panel8_body(y, ldy, x, w, LORA_DTYPE_F16, m, k, n0, n1, alpha, acc);
         break;
     }
 }
@@ -321,19 +305,15 @@ T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w,
 
 T512 ALWAYS_INLINE void panel16_body(float *y, int ldy, const float *x, const void *w,
                                      enum lora_dtype dt, int m, int k, int n0, int n1, float alpha,
-                                     bool acc, int blk, bool round_x, char *stage)
+                                     bool acc)
 {
     __mmask16 tail = (__mmask16)((1u << (k % 16)) - 1);
     size_t es = w_size(dt);
 
     for (int i = 0; i < m;) {
-        int mr = m - i >= blk ? blk : m - i;
+        int mr = m - i >= MR16 ? MR16 : m - i;
         const float *xi = x + (size_t)i * k;
         float *yi = y + (size_t)i * ldy;
-        if (round_x) {
-            stage_bf16_as_f32(xi, mr, k, (float *)stage);
-            xi = (const float *)stage;
-        }
         switch (mr) {
         case 4:
             PANEL16_ROWS(4);
@@ -353,19 +333,17 @@ T512 ALWAYS_INLINE void panel16_body(float *y, int ldy, const float *x, const vo
 }
 
 T512 static void panel16(float *y, int ldy, const float *x, const void *w, enum lora_dtype dt,
-                         int m, int k, int n0, int n1, float alpha, bool acc, int blk,
-                         bool round_x, char *stage)
+                         int m, int k, int n0, int n1, float alpha, bool acc)
 {
     switch (dt) {
     case LORA_DTYPE_F32:
-        panel16_body(y, ldy, x, w, LORA_DTYPE_F32, m, k, n0, n1, alpha, acc, blk, false, stage);
+        panel16_body(y, ldy, x, w, LORA_DTYPE_F32, m, k, n0, n1, alpha, acc);
         break;
     case LORA_DTYPE_BF16:
-        panel16_body(y, ldy, x, w, LORA_DTYPE_BF16, m, k, n0, n1, alpha, acc, blk, round_x,
-                     stage);
+        panel16_body(y, ldy, x, w, LORA_DTYPE_BF16, m, k, n0, n1, alpha, acc);
         break;
     default:
-        panel16_body(y, ldy, x, w, LORA_DTYPE_F16, m, k, n0, n1, alpha, acc, blk, false, stage);
+        panel16_body(y, ldy, x, w, LORA_DTYPE_F16, m, k, n0, n1, alpha, acc);
         break;
     }
 }
@@ -430,17 +408,17 @@ T512BF16 ALWAYS_INLINE void tile_dot(float *y, int ldy, const uint16_t *x, int k
             tile_dot(yi + j, ldy, xs, kp, w + (size_t)j * k, k, tail, mr, 1, alpha, acc);          \
     } while (0)
 
-T512BF16 static void panel_dot(float *y, int ldy, const float *x, const uint16_t *w, int m, int k,
-                               int n0, int n1, float alpha, bool acc, int blk, char *stage)
+/* Rows [n0, n1) of w against the m staged rows of x at x_staged (stride kp). */
+T512BF16 static void panel_dot(float *y, int ldy, const uint16_t *x_staged, const uint16_t *w,
+                               int m, int k, int n0, int n1, float alpha, bool acc)
 {
     int kp = (k + 31) / 32 * 32;
     __mmask32 tail = (__mmask32)((1ull << (k % 32)) - 1);
-    uint16_t *xs = (uint16_t *)stage;
 
     for (int i = 0; i < m;) {
-        int mr = m - i >= blk ? blk : m - i;
+        int mr = m - i >= MR16 ? MR16 : m - i;
         float *yi = y + (size_t)i * ldy;
-        stage_bf16_bits(x + (size_t)i * k, mr, k, kp, xs);
+        const uint16_t *xs = x_staged + (size_t)i * kp;
         switch (mr) {
         case 4:
             PANEL_DOT_ROWS(4);
@@ -481,31 +459,71 @@ enum path {
     PATH_I8,
 };
 
-/* Bytes of stage one row of x takes on path; 0 for none. */
+/* Bytes of stage one row of x takes on path (the stride of the staged rows); 0 for none. */
 static size_t stage_row_bytes(const struct lora_cpu_isa *isa, enum path path, int k)
 {
     switch (path) {
-    case PATH_ROUND_X:
+    case PATH_ROUND_X: /* float rows of stride k, as the float tiles read x */
         return (size_t)k * sizeof(float);
-    case PATH_DOT:
+    case PATH_DOT: /* k rounded up to 32 values: a whole number of 64-byte loads */
         return (size_t)(k + 31) / 32 * 32 * sizeof(uint16_t);
     case PATH_I8:
-        return lora_cpu_i8_row_stage_bytes(isa, k);
+        return lora_cpu_i8_row_bytes(isa, k);
     default:
         return 0;
     }
 }
 
+static void stage_row(const struct lora_cpu_isa *isa, enum path path, const float *x, int k,
+                      char *row)
+{
+    switch (path) {
+    case PATH_ROUND_X:
+        stage_bf16_as_f32(x, k, (float *)row);
+        break;
+    case PATH_DOT:
+        stage_bf16_bits(x, k, (k + 31) / 32 * 32, (uint16_t *)row);
+        break;
+    default:
+        lora_cpu_i8_stage_row(isa, x, k, row);
+        break;
+    }
+}
+
 /* y (m rows, stride ldy), columns [n0, n1) = alpha · x (m, k) · rows [n0, n1) of wᵀ (+ y), on
- * the float tiles (path FLOAT or ROUND_X), at most blk rows of x at a time. */
+ * the float tiles (x as it is, or its rounded rows on path ROUND_X). */
 static void run_panel(const struct lora_cpu_isa *isa, float *y, int ldy, const float *x,
                       const void *w, enum lora_dtype dt, int m, int k, int n0, int n1, float alpha,
-                      bool acc, int blk, bool round_x, char *stage)
+                      bool acc)
 {
     if (isa->avx512)
-        panel16(y, ldy, x, w, dt, m, k, n0, n1, alpha, acc, blk, round_x, stage);
+        panel16(y, ldy, x, w, dt, m, k, n0, n1, alpha, acc);
     else
-        panel8(y, ldy, x, w, dt, m, k, n0, n1, alpha, acc, blk, round_x, stage);
+        panel8(y, ldy, x, w, dt, m, k, n0, n1, alpha, acc);
+}
+
+/* The panels of one call over m rows of x (or of their staged form, xs), y of stride n. */
+static void run_panels(const struct lora_cpu *cpu, enum path path, float *y, int n, const float *x,
+                       const char *xs, const void *w, enum lora_dtype dtype, int m, int k, int rows,
+                       int p, float alpha, bool acc)
+{
+    int n0 = p * rows, n1 = n0 + rows < n ? n0 + rows : n;
+
+    switch (path) {
+    case PATH_I8:
+        lora_cpu_i8_panel(&cpu->isa, y, n, xs, w, (const char *)w + (size_t)n * (size_t)k, m, k, n0,
+                          n1, alpha, acc);
+        break;
+    case PATH_DOT:
+        panel_dot(y, n, (const uint16_t *)xs, w, m, k, n0, n1, alpha, acc);
+        break;
+    case PATH_ROUND_X:
+        run_panel(&cpu->isa, y, n, (const float *)xs, w, dtype, m, k, n0, n1, alpha, acc);
+        break;
+    default:
+        run_panel(&cpu->isa, y, n, x, w, dtype, m, k, n0, n1, alpha, acc);
+        break;
+    }
 }
 
 void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const void *w,
@@ -513,21 +531,19 @@ void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const
                      bool fast)
 {
     const struct lora_cpu_isa *isa = &cpu->isa;
-    enum path path = dtype == LORA_DTYPE_I8                   ? PATH_I8
-                     : dtype == LORA_DTYPE_BF16 && fast       ? (isa->bf16 ? PATH_DOT : PATH_ROUND_X)
-                                                              : PATH_FLOAT;
+    enum path path = dtype == LORA_DTYPE_I8             ? PATH_I8
+                     : dtype == LORA_DTYPE_BF16 && fast ? (isa->bf16 ? PATH_DOT : PATH_ROUND_X)
+                                                        : PATH_FLOAT;
     size_t row_stage = stage_row_bytes(isa, path, k);
-    /* Rows of x per tile: as many as the tiles take, as many as the stage holds. Results do not
-     * depend on it (each output's sum has the same order in any tile). */
-    int blk = MR16;
-    if (row_stage && LORA_CPU_STAGE_BYTES / row_stage < MR16)
-        blk = (int)(LORA_CPU_STAGE_BYTES / row_stage);
+    /* Rows of x per pass: all of them, or as many as the staging memory holds (each pass
+     * streams w again; results do not depend on it, as each row is computed alone). */
+    int chunk = row_stage ? (int)(LORA_CPU_STAGE_BYTES / row_stage) : m;
 
-    if (blk < 1) {
+    if (chunk < 1) {
         fprintf(stderr,
-                "lora: fatal: cpu backend: a %s matmul row of %d inputs exceeds the %d KiB of "
-                "staging per thread\n",
-                lora_dtype_name(dtype), k, LORA_CPU_STAGE_BYTES / 1024);
+                "lora: fatal: cpu backend: a %s matmul row of %d inputs exceeds the %zu MiB of "
+                "staging\n",
+                lora_dtype_name(dtype), k, LORA_CPU_STAGE_BYTES >> 20);
         abort();
     }
     /* Panels of w small enough to stay in L2 while every row of x passes over them, and enough
@@ -539,25 +555,24 @@ void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const
     rows = share < rows ? share : rows;
     rows = rows < NR ? NR : rows + (NR - rows % NR) % NR;
     int n_panels = (n + rows - 1) / rows;
-    long work = (long)m * n * k;
-    const char *w_scales = (const char *)w + (size_t)n * (size_t)k; /* I8 only */
 
-#pragma omp parallel for schedule(dynamic, 1) num_threads(threads) if (work > 32768 && n_panels > 1)
-    for (int p = 0; p < n_panels; p++) {
-        int n0 = p * rows, n1 = n0 + rows < n ? n0 + rows : n;
-        char *stage = cpu->stage + (size_t)omp_get_thread_num() * LORA_CPU_STAGE_BYTES;
-        switch (path) {
-        case PATH_I8:
-            lora_cpu_matmul_i8_panel(isa, y, n, x, w, w_scales, m, k, n0, n1, alpha, accumulate,
-                                     blk, stage);
-            break;
-        case PATH_DOT:
-            panel_dot(y, n, x, w, m, k, n0, n1, alpha, accumulate, blk, stage);
-            break;
-        default:
-            run_panel(isa, y, n, x, w, dtype, m, k, n0, n1, alpha, accumulate, blk,
-                      path == PATH_ROUND_X, stage);
-            break;
+    for (int i0 = 0; i0 < m; i0 += chunk) {
+        int mc = m - i0 < chunk ? m - i0 : chunk;
+        const float *xc = x + (size_t)i0 * k;
+        float *yc = y + (size_t)i0 * n;
+        long work = (long)mc * n * k;
+#pragma omp parallel num_threads(threads) if (work > 32768 && n_panels > 1)
+        {
+            if (row_stage) {
+#pragma omp for schedule(static)
+                for (int r = 0; r < mc; r++)
+                    stage_row(isa, path, xc + (size_t)r * k, k, cpu->stage + (size_t)r * row_stage);
+                /* The implicit barrier: every staged row is ready. */
+            }
+#pragma omp for schedule(dynamic, 1)
+            for (int p = 0; p < n_panels; p++)
+                run_panels(cpu, path, yc, n, xc, cpu->stage, w, dtype, mc, k, rows, p, alpha,
+                           accumulate);
         }
     }
 }
@@ -647,7 +662,7 @@ void lora_cpu_lora_sgmv(const struct lora_cpu *cpu, float *y, const float *x,
             if (j0 < j1)
                 run_panel(&cpu->isa, tmp + (size_t)g->row * max_rank, max_rank,
                           x + (size_t)g->row * in, lora_tensor_addr(&g->a), g->a.dtype, g->n_rows,
-                          in, j0, j1, 1.0f, false, MR16, false, NULL);
+                          in, j0, j1, 1.0f, false);
         }
         /* The implicit barrier above: every t row is ready. */
 #pragma omp for schedule(dynamic, 1)
@@ -659,8 +674,7 @@ void lora_cpu_lora_sgmv(const struct lora_cpu *cpu, float *y, const float *x,
             c1 = c1 < out ? c1 : out;
             for (int i = g->row; i < g->row + g->n_rows && c0 < c1; i++)
                 expand_row(y + (size_t)i * out, tmp + (size_t)i * max_rank,
-                           lora_tensor_addr(&g->b_t), g->b_t.dtype, g->rank, out, c0, c1,
-                           g->scale);
+                           lora_tensor_addr(&g->b_t), g->b_t.dtype, g->rank, out, c0, c1, g->scale);
         }
     }
 }

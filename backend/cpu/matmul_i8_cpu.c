@@ -2,11 +2,12 @@
  * LORA_I8_GROUP along the input (backend.h's I8 layout), batch-invariant.
  *
  * Each row of x is quantized the same way, group by group (scale = max |x| / 127, q = x / scale
- * rounded to nearest even), once per panel into the calling thread's staging rows, so a row's
- * bytes never depend on the batch. Within a group the products q_x · q_w are summed exactly in
- * int32 lanes; each group's lanes are converted to float32 and added, times the product of the
- * two scales, into float32 lanes in group order, and the lanes are summed in a fixed tree at the
- * end: every output element has one order of operations whatever m and the thread count.
+ * rounded to nearest even), once per call into the backend's staging memory (lora_cpu_matmul
+ * spreads the rows over threads, then the panels), so a row's bytes never depend on the batch.
+ * Within a group the products q_x · q_w are summed exactly in int32 lanes; each group's lanes are
+ * converted to float32, scaled by the weights' scale then the activations' and added into float32
+ * lanes in group order, and the lanes are summed in a fixed tree at the end: every output element
+ * has one order of operations whatever m and the thread count.
  *
  * With AVX512_VNNI (vpdpbusd: unsigned bytes times signed bytes), the weights' sign bit is flipped
  * on load (q_w + 128, unsigned) and each lane starts at -128 · (the sum of its four x bytes),
@@ -25,13 +26,13 @@
 #if LORA_I8_GROUP % 64 != 0
 #error "the int8 kernels take groups of a multiple of 64 values"
 #endif
-#define G        LORA_I8_GROUP
-#define CPG      (G / 64) /* 64-byte chunks per group (VNNI) */
-#define CPG16    (G / 16) /* 16-value chunks per group (AVX2) */
-#define MR_VNNI  4
-#define NR_VNNI  4
-#define MR_AVX2  2
-#define NR_AVX2  4
+#define G       LORA_I8_GROUP
+#define CPG     (G / 64) /* 64-byte chunks per group (VNNI) */
+#define CPG16   (G / 16) /* 16-value chunks per group (AVX2) */
+#define MR_VNNI 4
+#define NR_VNNI 4
+#define MR_AVX2 2
+#define NR_AVX2 4
 
 static size_t round_up(size_t n, size_t to)
 {
@@ -108,7 +109,7 @@ TVNNI ALWAYS_INLINE void vnni_group(__m512 f[MR_VNNI][NR_VNNI], const char *xs, 
 #pragma GCC unroll 4
         for (int c = 0; c < CPG; c++) {
             const signed char *p = w + (size_t)j * k + (size_t)(ch0 + c) * 64;
-            __m512i v = c >= nch                    ? _mm512_setzero_si512()
+            __m512i v = c >= nch               ? _mm512_setzero_si512()
                         : tail && c == nch - 1 ? _mm512_maskz_loadu_epi8(tail_mask, p)
                                                : _mm512_loadu_si512(p);
             wv[j][c] = _mm512_xor_si512(v, flip);
@@ -130,7 +131,7 @@ TVNNI ALWAYS_INLINE void vnni_group(__m512 f[MR_VNNI][NR_VNNI], const char *xs, 
                 a = _mm512_dpbusd_epi32(a, wv[j][c],
                                         _mm512_load_si512(xr + (size_t)(ch0 + c) * 64));
             }
-            f[i][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(a), _mm512_mul_ps(bx, bw[j]), f[i][j]);
+            f[i][j] = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(a), bw[j]), bx, f[i][j]);
         }
     }
 }
@@ -168,25 +169,24 @@ TVNNI ALWAYS_INLINE void vnni_tile(float *y, int ldy, const char *xs, size_t x_s
     do {                                                                                           \
         int j = n0;                                                                                \
         for (; j + NR_VNNI <= n1; j += NR_VNNI)                                                    \
-            vnni_tile(yi + j, ldy, stage, stride, w + (size_t)j * k, k,                            \
+            vnni_tile(yi + j, ldy, xi, stride, w + (size_t)j * k, k,                               \
                       w_scales + (size_t)j * ng * sizeof(float), mr, NR_VNNI, alpha, acc);         \
         for (; j < n1; j++)                                                                        \
-            vnni_tile(yi + j, ldy, stage, stride, w + (size_t)j * k, k,                            \
+            vnni_tile(yi + j, ldy, xi, stride, w + (size_t)j * k, k,                               \
                       w_scales + (size_t)j * ng * sizeof(float), mr, 1, alpha, acc);               \
     } while (0)
 
-TVNNI static void vnni_panel(float *y, int ldy, const float *x, const signed char *w,
+TVNNI static void vnni_panel(float *y, int ldy, const char *xs, const signed char *w,
                              const char *w_scales, int m, int k, int n0, int n1, float alpha,
-                             bool acc, int blk, char *stage)
+                             bool acc)
 {
     size_t stride = vnni_row_bytes(k);
     int ng = (int)lora_i8_groups(k);
 
     for (int i = 0; i < m;) {
-        int mr = m - i >= blk ? blk : m - i;
+        int mr = m - i >= MR_VNNI ? MR_VNNI : m - i;
         float *yi = y + (size_t)i * ldy;
-        for (int r = 0; r < mr; r++)
-            vnni_stage_row(x + (size_t)(i + r) * k, k, stage + (size_t)r * stride);
+        const char *xi = xs + (size_t)i * stride;
         switch (mr) {
         case 4:
             VNNI_ROWS(4);
@@ -211,9 +211,8 @@ TVNNI static void vnni_panel(float *y, int ldy, const float *x, const signed cha
  * scales; 64-byte aligned. */
 static size_t avx2_row_bytes(int k)
 {
-    return round_up(round_up((size_t)k, 16) * sizeof(int16_t) +
-                        (size_t)lora_i8_groups(k) * sizeof(float),
-                    64);
+    return round_up(
+        round_up((size_t)k, 16) * sizeof(int16_t) + (size_t)lora_i8_groups(k) * sizeof(float), 64);
 }
 
 static void avx2_stage_row(const float *x, int k, char *row)
@@ -276,8 +275,8 @@ ALWAYS_INLINE float avx2_hsum(__m256 v)
 
 /* One group of an mr x nr tile: nch chunks of 16 from value c0. */
 ALWAYS_INLINE void avx2_group(__m256 f[MR_AVX2][NR_AVX2], const char *xs, size_t x_stride,
-                              size_t kp, int ng, const signed char *w, int k,
-                              const char *w_scales, int g, int nch, int mr, int nr)
+                              size_t kp, int ng, const signed char *w, int k, const char *w_scales,
+                              int g, int nch, int mr, int nr)
 {
     int c0 = g * G;
 
@@ -287,9 +286,9 @@ ALWAYS_INLINE void avx2_group(__m256 f[MR_AVX2][NR_AVX2], const char *xs, size_t
         const signed char *wr = w + (size_t)j * k;
 #pragma GCC unroll 8
         for (int c = 0; c < CPG16; c++)
-            wv[c] = c < nch ? avx2_w16(wr + c0 + 16 * c, k - (c0 + 16 * c))
-                            : _mm256_setzero_si256();
-        float sw = scale_at(w_scales, (size_t)j * ng + g);
+            wv[c] =
+                c < nch ? avx2_w16(wr + c0 + 16 * c, k - (c0 + 16 * c)) : _mm256_setzero_si256();
+        __m256 bw = _mm256_set1_ps(scale_at(w_scales, (size_t)j * ng + g));
 #pragma GCC unroll 2
         for (int i = 0; i < mr; i++) {
             const char *xr = xs + (size_t)i * x_stride;
@@ -301,8 +300,8 @@ ALWAYS_INLINE void avx2_group(__m256 f[MR_AVX2][NR_AVX2], const char *xs, size_t
                     a = _mm256_add_epi32(
                         a, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(q + 16 * c)),
                                              wv[c]));
-            float sx = scale_at(xr + kp * sizeof(int16_t), (size_t)g);
-            f[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a), _mm256_set1_ps(sx * sw), f[i][j]);
+            __m256 bx = _mm256_set1_ps(scale_at(xr + kp * sizeof(int16_t), (size_t)g));
+            f[i][j] = _mm256_fmadd_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(a), bw), bx, f[i][j]);
         }
     }
 }
@@ -323,8 +322,8 @@ ALWAYS_INLINE void avx2_tile(float *y, int ldy, const char *xs, size_t x_stride,
     for (int g = 0; g < n_full; g++)
         avx2_group(f, xs, x_stride, kp, ng, w, k, w_scales, g, CPG16, mr, nr);
     if (n_full < ng)
-        avx2_group(f, xs, x_stride, kp, ng, w, k, w_scales, n_full, (k - n_full * G + 15) / 16,
-                   mr, nr);
+        avx2_group(f, xs, x_stride, kp, ng, w, k, w_scales, n_full, (k - n_full * G + 15) / 16, mr,
+                   nr);
 #pragma GCC unroll 2
     for (int i = 0; i < mr; i++) {
 #pragma GCC unroll 4
@@ -339,25 +338,23 @@ ALWAYS_INLINE void avx2_tile(float *y, int ldy, const char *xs, size_t x_stride,
     do {                                                                                           \
         int j = n0;                                                                                \
         for (; j + NR_AVX2 <= n1; j += NR_AVX2)                                                    \
-            avx2_tile(yi + j, ldy, stage, stride, w + (size_t)j * k, k,                            \
+            avx2_tile(yi + j, ldy, xi, stride, w + (size_t)j * k, k,                               \
                       w_scales + (size_t)j * ng * sizeof(float), mr, NR_AVX2, alpha, acc);         \
         for (; j < n1; j++)                                                                        \
-            avx2_tile(yi + j, ldy, stage, stride, w + (size_t)j * k, k,                            \
+            avx2_tile(yi + j, ldy, xi, stride, w + (size_t)j * k, k,                               \
                       w_scales + (size_t)j * ng * sizeof(float), mr, 1, alpha, acc);               \
     } while (0)
 
-static void avx2_panel(float *y, int ldy, const float *x, const signed char *w,
-                       const char *w_scales, int m, int k, int n0, int n1, float alpha, bool acc,
-                       int blk, char *stage)
+static void avx2_panel(float *y, int ldy, const char *xs, const signed char *w,
+                       const char *w_scales, int m, int k, int n0, int n1, float alpha, bool acc)
 {
     size_t stride = avx2_row_bytes(k);
     int ng = (int)lora_i8_groups(k);
 
     for (int i = 0; i < m;) {
-        int mr = m - i >= MR_AVX2 && blk >= MR_AVX2 ? MR_AVX2 : 1;
+        int mr = m - i >= MR_AVX2 ? MR_AVX2 : 1;
         float *yi = y + (size_t)i * ldy;
-        for (int r = 0; r < mr; r++)
-            avx2_stage_row(x + (size_t)(i + r) * k, k, stage + (size_t)r * stride);
+        const char *xi = xs + (size_t)i * stride;
         if (mr == MR_AVX2)
             AVX2_ROWS(MR_AVX2);
         else
@@ -368,17 +365,25 @@ static void avx2_panel(float *y, int ldy, const float *x, const signed char *w,
 
 /* ---- the path ---- */
 
-size_t lora_cpu_i8_row_stage_bytes(const struct lora_cpu_isa *isa, int k)
+size_t lora_cpu_i8_row_bytes(const struct lora_cpu_isa *isa, int k)
 {
     return isa->vnni ? vnni_row_bytes(k) : avx2_row_bytes(k);
 }
 
-void lora_cpu_matmul_i8_panel(const struct lora_cpu_isa *isa, float *y, int ldy, const float *x,
-                              const signed char *w, const char *w_scales, int m, int k, int n0,
-                              int n1, float alpha, bool acc, int blk, char *stage)
+void lora_cpu_i8_stage_row(const struct lora_cpu_isa *isa, const float *x, int k, char *row)
 {
     if (isa->vnni)
-        vnni_panel(y, ldy, x, w, w_scales, m, k, n0, n1, alpha, acc, blk, stage);
+        vnni_stage_row(x, k, row);
     else
-        avx2_panel(y, ldy, x, w, w_scales, m, k, n0, n1, alpha, acc, blk, stage);
+        avx2_stage_row(x, k, row);
+}
+
+void lora_cpu_i8_panel(const struct lora_cpu_isa *isa, float *y, int ldy, const char *xs,
+                       const signed char *w, const char *w_scales, int m, int k, int n0, int n1,
+                       float alpha, bool acc)
+{
+    if (isa->vnni)
+        vnni_panel(y, ldy, xs, w, w_scales, m, k, n0, n1, alpha, acc);
+    else
+        avx2_panel(y, ldy, xs, w, w_scales, m, k, n0, n1, alpha, acc);
 }

@@ -56,8 +56,8 @@ void lora_ref_matmul(double *dot, double *absdot, const float *x, const struct l
     }
 }
 
-void lora_ref_matmul_xbf16(double *dot, double *absdot, const float *x,
-                           const struct lora_ref_w *w, int m)
+void lora_ref_matmul_xbf16(double *dot, double *absdot, const float *x, const struct lora_ref_w *w,
+                           int m)
 {
     int k = (int)w->cols;
 
@@ -67,8 +67,8 @@ void lora_ref_matmul_xbf16(double *dot, double *absdot, const float *x,
             uint16_t h = lora_f32_to_bf16(x[(size_t)i * k + d]);
             lora_dtype_to_f32(LORA_DTYPE_BF16, &h, &xr[d], 1);
         }
-        lora_ref_matmul(dot + (size_t)i * w->rows, absdot ? absdot + (size_t)i * w->rows : NULL,
-                        xr, w, 1);
+        lora_ref_matmul(dot + (size_t)i * w->rows, absdot ? absdot + (size_t)i * w->rows : NULL, xr,
+                        w, 1);
         free(xr);
     }
 }

@@ -36,8 +36,8 @@ void lora_ref_matmul(double *dot, double *absdot, const float *x, const struct l
                      int m);
 
 /* The fast BF16 matmul's twin: lora_ref_matmul of x rounded to bf16 (to nearest even). */
-void lora_ref_matmul_xbf16(double *dot, double *absdot, const float *x,
-                           const struct lora_ref_w *w, int m);
+void lora_ref_matmul_xbf16(double *dot, double *absdot, const float *x, const struct lora_ref_w *w,
+                           int m);
 
 /* Quantizes x (n) as the I8 layout and the int8 matmul do (backend.h, LORA_I8_GROUP): per group
  * scales[g] = max |x| / 127 in float, q = round-half-even(x / scale) in float, 0 for a zero

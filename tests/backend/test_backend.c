@@ -266,16 +266,18 @@ static void run_matmul(struct arena *a, float *y, float *dy, const float *dx, co
 }
 
 /* Shapes: m from 1 to 70, k with every kind of tail (below a vector, between tiles, a partial
- * int8 group, several groups), n not a multiple of the tiles. Each mode of each dtype against
- * its twin within REL_TOL; BF16 and F16 exact bit for bit the F32 matmul of the widened weights;
- * fast the same bits as exact where it changes nothing; I8 within the stated bound of the
- * product with the dequantized weights; and batch invariance: every row alone, and a batch of
- * another size over the same rows, give the batch's bits. */
+ * int8 group, several groups), n not a multiple of the tiles, and rows long enough (k = 65536)
+ * that a backend which converts x in passes (the CPU's staging) needs several. Each mode of each
+ * dtype against its twin within REL_TOL; BF16 and F16 exact bit for bit the F32 matmul of the
+ * widened weights; fast the same bits as exact where it changes nothing; I8 within the stated bound
+ * of the product with the dequantized weights; and batch invariance: every row alone, and a batch
+ * of another size over the same rows, give the batch's bits. */
 static void case_matmul(void)
 {
-    static const int shapes[][3] = {{1, 1, 1},     {3, 5, 7},      {2, 4, 8},       {5, 33, 9},
+    static const int shapes[][3] = {{1, 1, 1},      {3, 5, 7},      {2, 4, 8},      {5, 33, 9},
                                     {17, 129, 100}, {64, 67, 257},  {7, 64, 897},   {70, 37, 130},
-                                    {33, 6, 64},    {1, 131, 1000}, {12, 19, 4864}, {40, 3, 65}};
+                                    {33, 6, 64},    {1, 131, 1000}, {12, 19, 4864}, {40, 3, 65},
+                                    {70, 2, 65536}};
 
     for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
         int m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
@@ -317,8 +319,8 @@ static void case_matmul(void)
                     want[i] = alpha * dot[i] + (acc ? y0[i] : 0.0);
                     mag[i] = fabs(alpha) * absdot[i] + (acc ? fabs(y0[i]) : 0.0);
                 }
-                snprintf(what, sizeof(what), "%s m=%d n=%d k=%d acc=%d", mode_names[fast], m, n,
-                         k, acc);
+                snprintf(what, sizeof(what), "%s m=%d n=%d k=%d acc=%d", mode_names[fast], m, n, k,
+                         acc);
                 check_far(what, y, want, mag, mn);
             }
             run_matmul(&a, batch, dy, dx, y0, &w.t, m, 1.0f, false);
@@ -981,8 +983,8 @@ static void check_ref_dtypes(void)
  * and the refusals. */
 static void check_quantize_i8(void)
 {
-    static const int shapes[][2] = {{3, 37}, {4, LORA_I8_GROUP}, {5, 2 * LORA_I8_GROUP + 2},
-                                    {2, 1},  {0, 10},            {300, 4000}};
+    static const int shapes[][2] = {{3, 37}, {4, LORA_I8_GROUP}, {5, 2 * LORA_I8_GROUP + 2}, {2, 1},
+                                    {0, 10}, {300, 4000}};
     static const enum lora_dtype srcs[] = {LORA_DTYPE_F32, LORA_DTYPE_BF16, LORA_DTYPE_F16};
     int n_bad = 0;
 

@@ -31,60 +31,12 @@
 #include "runtime/model.h"
 #include "runtime/precision.h"
 #include "runtime/synthetic.h"
+#include "tests/common/bench_machine.h"
 
 #define N_ADAPTERS 8
 #define MAX_VARIANTS 5
 
 #define REPEATS 3
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-/* Streaming read: bytes read per second, best of five. Decoding mostly reads weights, so this
- * is the bound that matters; eight independent vector sums keep the loads, not the adds, the
- * limit. */
-static double read_bandwidth(size_t bytes)
-{
-    size_t n = bytes / sizeof(float) / 64 * 64;
-    float *a = malloc(bytes);
-    double best = 0;
-    float total = 0;
-
-    if (!a) {
-        fprintf(stderr, "bench: out of memory\n");
-        exit(111);
-    }
-#pragma omp parallel for
-    for (size_t i = 0; i < n; i++)
-        a[i] = (float)(i & 7);
-    for (int r = 0; r < 5; r++) {
-        double t = lora_clock_mono();
-        float sum = 0;
-#pragma omp parallel reduction(+ : sum)
-        {
-            __m256 acc[8];
-            for (int j = 0; j < 8; j++)
-                acc[j] = _mm256_setzero_ps();
-#pragma omp for schedule(static)
-            for (size_t i = 0; i < n; i += 64)
-                for (int j = 0; j < 8; j++)
-                    acc[j] = _mm256_add_ps(acc[j], _mm256_loadu_ps(a + i + 8 * j));
-            for (int j = 0; j < 8; j++)
-                for (int l = 0; l < 8; l++)
-                    sum += acc[j][l];
-        }
-        double bw = (double)n * sizeof(float) / (lora_clock_mono() - t);
-        best = bw > best ? bw : best;
-        total += sum;
-    }
-    volatile float sink = total;
-    (void)sink;
-    free(a);
-    return best;
-}
 
 static int fail(const char *what, const char *err)
 {
@@ -169,47 +121,11 @@ static double rss_gb(void)
     return kb / 1e6;
 }
 
-/* FMA throughput of all threads in FLOP/s at one vector width: independent fused multiply-add
- * chains on every core, 16 accumulators so latency never stalls them, best of five. */
-#define FMA_PEAK(NAME, TARGET, VEC, SET1, FMADD, LANES)                                        \
-    __attribute__((target(TARGET))) static double NAME(void)                                   \
-    {                                                                                          \
-        double best = 0;                                                                       \
-        const long iters = 10000000;                                                           \
-        for (int r = 0; r < 5; r++) {                                                          \
-            double t = lora_clock_mono();                                                      \
-            float sink = 0;                                                                    \
-            _Pragma("omp parallel reduction(+ : sink)")                                        \
-            {                                                                                  \
-                VEC acc[16], m = SET1(0.999999f), a = SET1(1e-7f);                             \
-                for (int j = 0; j < 16; j++)                                                   \
-                    acc[j] = SET1((float)j);                                                   \
-                for (long i = 0; i < iters; i++)                                               \
-                    for (int j = 0; j < 16; j++)                                               \
-                        acc[j] = FMADD(acc[j], m, a);                                          \
-                for (int j = 0; j < 16; j++)                                                   \
-                    sink += acc[j][0];                                                         \
-            }                                                                                  \
-            double flops =                                                                     \
-                2.0 * LANES * 16 * iters * omp_get_max_threads() / (lora_clock_mono() - t);   \
-            best = flops > best ? flops : best;                                                \
-            volatile float keep = sink;                                                        \
-            (void)keep;                                                                        \
-        }                                                                                      \
-        return best;                                                                           \
-    }
-FMA_PEAK(fma_peak_256, "avx2,fma", __m256, _mm256_set1_ps, _mm256_fmadd_ps, 8)
-FMA_PEAK(fma_peak_512, "avx512f", __m512, _mm512_set1_ps, _mm512_fmadd_ps, 16)
-
-/* The cores' float32 FMA peak: the wider vectors where the CPU has them and they go faster. */
+/* The cores' float32 FMA peak in FLOP/s, at the backend's vector width. */
 static double fma_peak(void)
 {
-    double p = fma_peak_256();
-    if (__builtin_cpu_supports("avx512f")) {
-        double w = fma_peak_512();
-        p = w > p ? w : p;
-    }
-    return p;
+    bool wide = __builtin_cpu_supports("avx512f") && !getenv("LORA_NO_AVX512");
+    return 1e9 * (wide ? fma_peak_512(20000000) : fma_peak_256(20000000));
 }
 
 /* Runs batch requests of n_prompt tokens and max_tokens new ones on variant v, adapters

@@ -1,10 +1,10 @@
 /* Unit tests for the CPU backend (backend/cpu, through backend/backend.h's table) and
  * lib/runtime/kv_cache: every kernel against the double-precision twins of backend/ref (never
  * against another kernel), matmul batch invariance bit for bit across batch sizes, row positions
- * and thread counts, kv_write + attention over a shuffled paged cache with grouped-query heads,
- * the multi-LoRA SGMV, and the cache's storage. tests/backend/test_backend.c runs the same twins
- * over every backend; this file holds what is the CPU's own: thread counts, NaN guards, in-place
- * calls, exact sums.
+ * and thread counts in every weight dtype and mode, kv_write + attention over a shuffled paged
+ * cache with grouped-query heads, the multi-LoRA SGMV, and the cache's storage.
+ * tests/backend/test_backend.c runs the same twins over every backend; this file holds what is the
+ * CPU's own: thread counts, NaN guards, in-place calls, exact sums.
  */
 #include "check.h"
 #include "backend/backend.h"
@@ -211,26 +211,65 @@ static int bi_mismatches(struct bi_case *c, int m, int off, bool acc)
         const float *want = (acc ? c->alone_acc : c->alone) + r * n;
         if (memcmp(c->yb + i * n, want, n * sizeof(float)) != 0) {
             if (n_bad == 0)
-                printf("# k=%d n=%d threads=%d m=%d acc=%d: batch row %d (x row %d) differs\n",
-                       c->k, c->n, omp_get_max_threads(), m, acc, i, r);
+                printf("# %s k=%d n=%d threads=%d m=%d acc=%d: batch row %d (x row %d) differs\n",
+                       lora_dtype_name(c->tw.dtype), c->k, c->n, omp_get_max_threads(), m, acc, i,
+                       r);
             n_bad++;
         }
     }
     return n_bad;
 }
 
+/* The weight dtypes and modes of the matmul (backend.h): each is batch-invariant alone. */
+static const struct {
+    enum lora_dtype dtype;
+    bool fast;
+} bi_modes[] = {{LORA_DTYPE_F32, false},
+                {LORA_DTYPE_BF16, false},
+                {LORA_DTYPE_BF16, true},
+                {LORA_DTYPE_F16, false},
+                {LORA_DTYPE_I8, false}};
+
+/* w (n, k) in dtype, in a buffer of its own (freed by release_tensors). */
+static struct lora_tensor typed_tensor_of(const float *w, int64_t n, int64_t k,
+                                          enum lora_dtype dtype, void **host)
+{
+    size_t bytes = lora_tensor_bytes(dtype, n, k);
+    char err[256];
+
+    *host = xmalloc(bytes);
+    if (dtype == LORA_DTYPE_I8)
+        lora_quantize_i8(LORA_DTYPE_F32, w, n, k, *host);
+    else if (dtype == LORA_DTYPE_F32)
+        memcpy(*host, w, bytes);
+    else
+        for (size_t i = 0; i < (size_t)(n * k); i++)
+            ((uint16_t *)*host)[i] =
+                dtype == LORA_DTYPE_BF16 ? lora_f32_to_bf16(w[i]) : lora_f32_to_f16(w[i]);
+    struct lora_buffer *b =
+        n_wraps < MAX_WRAPS ? k_->buffer_wrap(be, *host, bytes, err, sizeof(err)) : NULL;
+    if (!b) {
+        printf("Bail out! unable to wrap a tensor\n");
+        exit(1);
+    }
+    wraps[n_wraps++] = b;
+    return (struct lora_tensor){b, 0, dtype, n, k};
+}
+
 /* With 2 threads the rows of w are split between threads (for k = 896: two panels), which must
- * not change a bit either; only some sizes, as a thread team is slow on a loaded machine. */
+ * not change a bit either; only some sizes, as a thread team is slow on a loaded machine. Every
+ * dtype and mode of the matmul. */
 static void test_matmul_batch_invariance(void)
 {
     static const int shapes[][2] = {{64, 300}, {896, 128}, {100, 7}}; /* {k, n} */
     static const int ms_2_threads[] = {2, 3, 7, 16, 17, 33, 64, 69, 70};
     int saved_threads = omp_get_max_threads();
 
-    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
-        struct bi_case c = {.k = shapes[si][0], .n = shapes[si][1]};
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]) * 5; si++) {
+        struct bi_case c = {.k = shapes[si / 5][0], .n = shapes[si / 5][1]};
         size_t k = (size_t)c.k, n = (size_t)c.n;
         int n_bad = 0;
+        void *host = NULL;
 
         c.x = new_floats(BI_ROWS * k);
         c.w = new_floats(n * k);
@@ -242,7 +281,8 @@ static void test_matmul_batch_invariance(void)
         fill_random(c.x, BI_ROWS * k, 1.0f);
         fill_random(c.w, n * k, 1.0f);
         fill_random(c.y_init, BI_ROWS * n, 1.0f);
-        c.tw = tensor_of(c.w, c.n, c.k);
+        c.tw = typed_tensor_of(c.w, c.n, c.k, bi_modes[si % 5].dtype, &host);
+        be->fast_matmul = bi_modes[si % 5].fast;
 
         omp_set_num_threads(1);
         memcpy(c.alone_acc, c.y_init, BI_ROWS * n * sizeof(float));
@@ -262,9 +302,14 @@ static void test_matmul_batch_invariance(void)
             int m = ms_2_threads[mi];
             n_bad += bi_mismatches(&c, m, (m * 13) % BI_ROWS, mi % 2 == 1);
         }
+        if (n_bad)
+            printf("# %s%s: %d rows differ\n", lora_dtype_name(bi_modes[si % 5].dtype),
+                   bi_modes[si % 5].fast ? " fast" : "", n_bad);
         CHECK(n_bad == 0);
 
+        be->fast_matmul = false;
         release_tensors();
+        free(host);
         free(c.x);
         free(c.w);
         free(c.y_init);
