@@ -118,7 +118,9 @@ merged_equal() {
 @test "models written by lora-worker make-model agree with the reference" {
     "$WORKER" make-model --out "$D/gen" --arch qwen2 --hidden 64 --layers 2 --heads 4 \
         --kv-heads 2 --intermediate 96 --vocab 300 --dtype bf16 --shards 2 --seed 9
-    "$WORKER" make-adapter --model "$D/gen" --out "$D/gen-a" --rank 8 --targets q,k,v,o,gate,up,down --seed 3
+    # In bfloat16 as the model: the adapter slots take the base model's dtype.
+    "$WORKER" make-adapter --model "$D/gen" --out "$D/gen-a" --rank 8 --targets q,k,v,o,gate,up,down \
+        --dtype bf16 --seed 3
     agree gen 1e-4
     sed 's/"lora":null/"lora":"a"/' "$D/batch.jsonl" > "$BATS_TEST_TMPDIR/b.jsonl"
     "$WORKER" generate --model "$D/gen" --lora "a=$D/gen-a" --batch "$BATS_TEST_TMPDIR/b.jsonl" \
