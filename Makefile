@@ -176,7 +176,7 @@ FUZZ_CC      ?= clang
 FUZZ_SECONDS ?= 10
 FUZZ_BUILD   := build/fuzz
 FUZZ_SAN     := -fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer
-FUZZ_CFLAGS  := -O1 -g -std=c11 -D_GNU_SOURCE -march=x86-64-v2 -mavx2 -mfma -fopenmp $(WARN) \
+FUZZ_CFLAGS  := -O1 -g -std=c11 -D_GNU_SOURCE -march=x86-64-v2 -mavx2 -mfma -mf16c -fopenmp $(WARN) \
                 -Wno-format-nonliteral -Wno-string-concatenation -Wno-cast-align \
                 -MMD -MP -Ilib -I. -Itests/fuzz $(FUZZ_SAN) -fsanitize=fuzzer-no-link
 FUZZ_SRC     := $(filter-out tests/fuzz/fuzz_util.c,$(wildcard tests/fuzz/fuzz_*.c))

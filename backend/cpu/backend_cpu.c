@@ -35,9 +35,14 @@ static void *data_for(struct lora_backend *be, enum lora_kernel op, const struct
     return lora_tensor_addr(t);
 }
 
-static const float *f32(struct lora_backend *be, const struct lora_tensor *t, const char *what)
+/* Keys and values of one cache share a dtype: the kernels take one. */
+static void same_dtype(const struct lora_tensor *k_cache, const struct lora_tensor *v_cache)
 {
-    return data_for(be, LORA_KERNEL_ADD_BIAS, t, what); /* an operation that takes F32 alone */
+    if (k_cache->dtype != v_cache->dtype) {
+        fprintf(stderr, "lora: fatal: cpu backend: a key cache of %s with a value cache of %s\n",
+                lora_dtype_name(k_cache->dtype), lora_dtype_name(v_cache->dtype));
+        abort();
+    }
 }
 
 static const struct lora_cpu *cpu_of(struct lora_backend *be)
@@ -188,7 +193,7 @@ static void cpu_matmul(struct lora_backend *be, float *y, const float *x,
 
 static void cpu_add_bias(struct lora_backend *be, float *y, const struct lora_tensor *bias, int m)
 {
-    lora_cpu_add_bias(y, f32(be, bias, "bias"), m, (int)bias->cols);
+    lora_cpu_add_bias(y, data_for(be, LORA_KERNEL_ADD_BIAS, bias, "bias"), m, (int)bias->cols);
 }
 
 static void cpu_embed(struct lora_backend *be, float *out, const struct lora_tensor *table,
@@ -209,7 +214,8 @@ static void cpu_embed(struct lora_backend *be, float *out, const struct lora_ten
 static void cpu_rmsnorm(struct lora_backend *be, float *out, const float *x,
                         const struct lora_tensor *w, int m, float eps)
 {
-    lora_cpu_rmsnorm(out, x, f32(be, w, "norm weight"), m, (int)w->cols, eps);
+    lora_cpu_rmsnorm(out, x, data_for(be, LORA_KERNEL_RMSNORM, w, "norm weight"), m, (int)w->cols,
+                     eps);
 }
 
 static void cpu_rope(struct lora_backend *be, float *x, const int *pos, int m, int n_heads,
@@ -232,8 +238,7 @@ static void cpu_kv_write(struct lora_backend *be, const struct lora_tensor *k_ca
                          const struct lora_tensor *v_cache, const float *k, const float *v,
                          const int *slot, int m)
 {
-    if (v_cache->dtype != k_cache->dtype)
-        data_for(be, LORA_KERNEL_COUNT, v_cache, "value cache of another dtype than keys");
+    same_dtype(k_cache, v_cache);
     lora_cpu_kv_write(data_for(be, LORA_KERNEL_KV_WRITE, k_cache, "key cache"),
                       data_for(be, LORA_KERNEL_KV_WRITE, v_cache, "value cache"), k_cache->dtype, k,
                       v, slot, m, (int)k_cache->cols);
@@ -244,8 +249,7 @@ static void cpu_attention(struct lora_backend *be, float *out, const float *q,
                           const struct lora_attn_seq *seqs, int n_seqs, int n_heads, int n_kv_heads,
                           int head_dim, int block_size, void *scratch, int max_ctx)
 {
-    if (v_cache->dtype != k_cache->dtype)
-        data_for(be, LORA_KERNEL_COUNT, v_cache, "value cache of another dtype than keys");
+    same_dtype(k_cache, v_cache);
     lora_cpu_attention(out, q, data_for(be, LORA_KERNEL_ATTENTION, k_cache, "key cache"),
                        data_for(be, LORA_KERNEL_ATTENTION, v_cache, "value cache"), k_cache->dtype,
                        seqs, n_seqs, n_heads, n_kv_heads, head_dim, block_size, scratch, max_ctx);

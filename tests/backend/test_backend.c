@@ -8,13 +8,21 @@
  * Everything goes through the table: inputs are uploaded into the backend's buffers, outputs
  * downloaded, so a device backend runs exactly these checks.
  *
- * Shapes: several per operation, odd sizes among them (1, 5, 7, 33, 37, 257, 897, a block size of
- * 5, a head of 6). Tolerances: a float32 result must lie within REL_TOL * (1 + mag) of the
+ * Shapes: several per operation, odd sizes among them (1, 5, 7, 33, 37, 257, 897, 65536, a block
+ * size of 5, a head of 6). Tolerances: a float32 result must lie within REL_TOL * (1 + mag) of the
  * twin's, where mag is the sum of the magnitudes of the terms the twin summed (its rounding
- * scale); weights are generated in the tensor's dtype and the twin reads the same values, so the
- * dtype adds no error of its own, and the tolerance is the same for all. Results the interface
- * promises to be exact (copies, single additions, cache writes of float32, the all-reduce of two
- * ranks, matmul batch invariance) are compared bit for bit.
+ * scale); weights are generated in the tensor's dtype and the twin reads the same values, and
+ * activations a kernel rounds (the fast BF16 matmul) or quantizes (I8) the twin rounds or
+ * quantizes alike, so the dtype adds no error of its own, and the tolerance is the same for all.
+ * What quantizing activations costs is bounded apart: the I8 matmul lies within half a step of
+ * each group's activation scale times the group's sum of |w| of the product with the dequantized
+ * weights. Results the interface promises to be exact (copies, single additions, cache writes
+ * rounded to nearest even, the all-reduce of two ranks, batch invariance of the matmul and the
+ * SGMV, BF16 and F16 exact as F32 on the widened weights) are compared bit for bit.
+ *
+ * The CPU backend runs again on each narrower instruction path the machine can take (AVX-512
+ * without its bf16 and int8 instructions, AVX2), through the environment switches it reads when
+ * it opens.
  *
  * A backend this build or machine lacks (cuda without a CUDA build, a device, or kernels) is
  * reported as one skipped test per operation, with the reason lora_backend_open gave. Output is
