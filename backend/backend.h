@@ -91,21 +91,22 @@ uint16_t lora_f32_to_f16(float f);
  * unaligned, read with memcpy). The int8 matmul quantizes each row of activations the same way,
  * group by group, and sums q_x * q_w exactly in int32 within a group, scales in float32.
  *
- * Why groups of 64 along the input rather than one scale per output channel: a relative matmul
- * error (|y - y_ref|_2 / |y_ref|_2, k = 4864, activations quantized alike) of
+ * Why groups of 64 along the input rather than one scale per output channel: the relative matmul
+ * error |y - y_ref|_2 / |y_ref|_2 (k = 4864, 16 x 256 outputs, activations quantized alike; the
+ * last section of tests/bench/bench_kernels, whose "kernel" column is this backend's own) is
  *                                        per channel  group 32  group 64  group 128
- *   weights uniform, activations normal      1.02%      0.65%     0.71%     0.75%
- *   weights uniform, activations with
- *     8 channels x30 (as LLMs have)          7.34%      1.02%     1.40%     1.97%
- *   weights normal + 0.1% outliers x20       6.13%      0.97%     1.21%     1.58%
- *   both                                    10.88%      1.45%     1.96%     2.73%
+ *   w uniform, x normal                      0.98%      0.66%     0.70%     0.74%
+ *   w uniform, x with 8 channels x30 (as
+ *     LLM activations have)                  7.72%      1.09%     1.45%     1.94%
+ *   w normal + 0.1% outliers x20              6.24%      0.98%     1.24%     1.61%
+ *   both                                    11.01%      1.39%     1.92%     2.68%
  * for 1.0625 bytes per weight (1.125 for groups of 32, 1.031 for 128), which decoding streams.
- * Arithmetic-bound (m = 256, one thread of an AVX512_VNNI core, its CPU time), groups of 64 give
- * 197-221 GFLOP/s, 128 give 278-297 and float32 weights 113-143: each group costs a conversion
- * and two multiplies per output, so larger groups are faster, and the outliers' error grows with
- * them; 64 keeps int8 well ahead of float32 everywhere. One scale per output channel could sum a
- * whole row in int32 (faster again), but one activation outlier then costs its row's precision.
- * The kernels take any multiple of 64 (tests/bench/bench_kernels measures the one built). */
+ * Arithmetic-bound (m = 256 on 896 x 4864 and 4864 x 896, one thread of an AVX512_VNNI core, its
+ * CPU time), groups of 64 give 197-221 GFLOP/s, 128 (rebuilt so) give 278-297 and float32
+ * weights 113-143: each group costs a conversion and two multiplies per output, so larger groups
+ * are faster, and the outliers' error grows with them; 64 keeps int8 well ahead of float32. One
+ * scale per output channel could sum a whole row in int32 (faster again), but one activation
+ * outlier then costs its row's precision. The kernels take any multiple of 64. */
 #define LORA_I8_GROUP 64
 
 /* Scale groups of an I8 row of cols values. */

@@ -1,5 +1,6 @@
 /* dtype: the element types of backend/backend.h: sizes, names, conversions between float and
- * the 16-bit types, and the byte layout of a tensor of each compute type.
+ * the 16-bit types, the byte layout of a tensor of each compute type, and the int8 quantizer
+ * that writes the I8 layout.
  *
  * Owns the one table of dtypes that safetensors parses with and every backend sizes its tensors
  * with, so the file format and the compute side can never disagree on an element's size
