@@ -90,7 +90,7 @@ static void on_event(struct req *r, const char *data, size_t len, double now)
         r->got_done = true;
         return;
     }
-    json_t *j = json_loadb(data, len, 0, &je);
+    json_t *j = json_loadb(data, len, JSON_ALLOW_NUL, &je);
     if (!json_is_object(j)) {
         json_decref(j);
         set_event_error(r, "the stream held an event that is not a JSON object", "");
@@ -113,9 +113,9 @@ static void on_event(struct req *r, const char *data, size_t len, double now)
         }
         r->t_last = now;
         out->chunks++;
-        const char *t = json_string_value(json_object_get(json_array_get(ch, 0), "text"));
-        if (t)
-            lora_buf_add_str(&out->text, t);
+        json_t *t = json_object_get(json_array_get(ch, 0), "text");
+        if (json_is_string(t)) /* a token may decode to U+0000 */
+            lora_buf_add(&out->text, json_string_value(t), json_string_length(t));
     }
     json_t *u = json_object_get(j, "usage");
     if (json_is_object(u)) {

@@ -15,8 +15,6 @@
 
 #define SERVE_USAGE                                                                                \
     "usage: lora-bench serve [--base-url URL] [--model NAME] [--dataset-name random] [OPTIONS]"
-#define CAMPAIGN_USAGE "usage: lora-bench campaign CONFIG --output-dir DIR [--quick] [OPTIONS]"
-#define REPORT_USAGE   "usage: lora-bench report DIR [--output FILE]"
 
 /* Options whose values may follow one flag, as vLLM's nargs="+" (--lora-modules a b c):
  * rewritten into one flag per value for lib/base/cli. Returns the new argv (the caller's to
