@@ -34,7 +34,8 @@ struct req {
     long status;
     struct lora_buf in;   /* bytes not yet parsed into lines */
     struct lora_buf data; /* the data lines of the event being read */
-    bool has_data, got_done, stream_error, first, retry;
+    bool has_data, got_done, stream_error, first;
+    bool sent_usage; /* the request asked for stream_options.include_usage */
     double t_start, t_last;
     long usage_completion, usage_prompt;
     char curl_err[CURL_ERROR_SIZE];
@@ -198,7 +199,7 @@ static char *request_body(const struct run *run, long i)
                           "max_tokens", p->max_tokens, "stream", 1);
     if (!b)
         return NULL;
-    if (run->usage)
+    if (run->usage) /* see req_finish for a server that refuses it */
         json_object_set_new(b, "stream_options", json_pack("{s:b}", "include_usage", 1));
     if (run->o->ignore_eos)
         json_object_set_new(b, "ignore_eos", json_true());
@@ -230,6 +231,7 @@ static struct req *req_start(struct run *run, CURLM *multi, long i, char *err, s
     r->run = run;
     r->usage_completion = r->usage_prompt = -1;
     r->body = request_body(run, i);
+    r->sent_usage = run->usage;
     r->h = curl_easy_init();
     r->hdrs = curl_slist_append(NULL, "Content-Type: application/json");
     r->hdrs = r->hdrs ? curl_slist_append(r->hdrs, "Accept: text/event-stream") : NULL;
@@ -323,7 +325,9 @@ static bool req_finish(struct req *r, CURLcode code)
             snprintf(msg, sizeof(msg), "%s", detail);
     } else if (r->status != 200) {
         const char *m = refusal_message(&r->err_body, refusal, sizeof(refusal));
-        if (r->status == 400 && run->usage && m && strstr(m, "stream_options")) {
+        /* Requests sent before the first refusal came back are refused too: each is sent
+         * again, without stream_options, as the rest of the run is. */
+        if (r->status == 400 && r->sent_usage && m && strstr(m, "stream_options")) {
             run->usage = false;
             run->usage_refused = true;
             return true;
