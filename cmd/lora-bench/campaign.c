@@ -311,22 +311,28 @@ static int check_rules(json_t *cfg, char *err, size_t err_len)
     return 0;
 }
 
-/* --quick: one repetition of small cells, a minute or two; the config's "quick" object
- * overrides these defaults. */
-static int apply_quick(json_t *cfg, char *err, size_t err_len)
+/* The "quick" object holds only keys that --quick may change (checked with or without it). */
+static int check_quick(const json_t *q, char *err, size_t err_len)
 {
     static const char *const keys[] = {"repetitions", "num_prompts", "num_prompts_per_concurrency",
                                        "input_tokens", "output_tokens", "idle_seconds",
                                        "concurrencies", "warmup_prompts", "description", NULL};
-    json_t *q = json_object_get(cfg, "quick");
-    json_t *in = json_object_get(cfg, "input_tokens"), *out = json_object_get(cfg, "output_tokens");
-    json_t *idle = json_object_get(cfg, "idle_seconds");
-
     if (q && !json_is_object(q)) {
         lora_errf(err, err_len, "quick: must be an object");
         return -1;
     }
-    if (q && check_keys(q, keys, "quick", err, err_len) < 0)
+    return q ? check_keys(q, keys, "quick", err, err_len) : 0;
+}
+
+/* --quick: one repetition of small cells, a minute or two; the config's "quick" object
+ * overrides these defaults. */
+static int apply_quick(json_t *cfg, char *err, size_t err_len)
+{
+    json_t *q = json_object_get(cfg, "quick");
+    json_t *in = json_object_get(cfg, "input_tokens"), *out = json_object_get(cfg, "output_tokens");
+    json_t *idle = json_object_get(cfg, "idle_seconds");
+
+    if (check_quick(q, err, err_len) < 0)
         return -1;
     json_object_set_new(cfg, "repetitions", json_integer(1));
     if (json_is_integer(in) && json_integer_value(in) > 16)
@@ -380,7 +386,8 @@ json_t *campaign_config_load(const char *path, bool quick, char *err, size_t err
         goto bad_e2;
     }
     json_object_set_new(cfg, "version", json_integer(1));
-    if (quick && apply_quick(cfg, e2, sizeof(e2)) < 0)
+    if (check_quick(json_object_get(cfg, "quick"), e2, sizeof(e2)) < 0 ||
+        (quick && apply_quick(cfg, e2, sizeof(e2)) < 0))
         goto bad_e2;
     const char *w = "the configuration";
     if (get_str(cfg, "study", "lora-bench campaign", w, e2, sizeof(e2)) < 0 ||

@@ -795,8 +795,10 @@ static int plot(struct report *r, enum metric m, const char *png, const char *te
              "set terminal %s size 960,600\nset output 'cost-%s.png'\n"
              "set title 'Cost per generated token against distinct adapters: %s'\n"
              "set xlabel 'distinct adapters (N)'\nset ylabel '%s'\nset key outside right\n"
-             "set grid\nset xtics 1\nset yrange [0:*]\nset offsets 0.3, 0.3, 0, 0\nplot ",
-             terminal, png, METRIC_TITLES[m], units[m]);
+             "set grid\nset xtics 1\n%sset offsets 0.3, 0.3, 0, 0\nplot ",
+             terminal, png, METRIC_TITLES[m], units[m],
+             /* net of idle, energy may be below 0 */
+             m == ENERGY ? "" : "set yrange [0:*]\n");
     lora_buf_add_str(&script, line);
     size_t j;
     json_t *cc;
@@ -921,7 +923,7 @@ int report_main(int argc, char **argv)
 
     report_table(&a, opts);
     r.dir = argc > 1 && argv[1][0] != '-' ? argv[1] : NULL;
-    if (lora_cli_parse(opts, "LORA_BENCH_REPORT", argc, argv, r.dir ? 2 : 1, err, sizeof(err)) <
+    if (lora_cli_parse(opts, "LORA_BENCH", argc, argv, r.dir ? 2 : 1, err, sizeof(err)) <
         0) {
         fprintf(stderr, "lora-bench: fatal: %s\n", err);
         return EXIT_USAGE;

@@ -9,7 +9,8 @@ tests/e2e/lora-bench.bats.
   bench_check.py tokens RESULT BEFORE AFTER
       BEFORE and AFTER are scrapes of the server's /metrics around the run: the server's
       counters must have moved by what the result counts (total_output_tokens,
-      total_input_tokens, and per adapter by the result's models list).
+      total_input_tokens, and per adapter by the result's models list where the server has
+      lora-stack's per-adapter counters).
   bench_check.py concurrency RESULT C
       No more than C requests were in flight at once (from start_times and end_times), and
       exactly C at some moment when there were at least C requests.
@@ -102,7 +103,8 @@ def tokens(path, before, after):
         if r["errors"][i] == "" and model in (r.get("lora_modules") or []):
             g, p = per.get(model, (0, 0))
             per[model] = (g + r["output_lens"][i], p + r["input_lens"][i])
-    for name, (g, p) in sorted(per.items()):
+    has_per_adapter = any(k[0] == "lora_adapter_generation_tokens_total" for k in a)
+    for name, (g, p) in sorted(per.items()) if has_per_adapter else []:
         checks.append(("lora_adapter_generation_tokens_total{%s}" % name,
                        moved("lora_adapter_generation_tokens_total", name), g))
         checks.append(("lora_adapter_prompt_tokens_total{%s}" % name,
