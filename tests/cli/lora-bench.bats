@@ -259,6 +259,12 @@ EOF
            and ([.errors[2, 5, 8, 11]] | all(startswith("stream cut short")))
            and ([.errors[0, 1, 3]] | all(. == ""))' "$T/r.json"
     $CHECK percentiles "$T/r.json"
+    start_sse --no-done-every 5
+    serve
+    expect_status 1
+    jq -e '.failed == 2 and .total_output_tokens == 100
+           and .errors[4] == "stream cut short: the server ended it without [DONE] after 5 chunks"' \
+        "$T/r.json"
     start_sse --error-every 4
     serve
     expect_status 1

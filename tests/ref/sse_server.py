@@ -12,7 +12,9 @@ options turn on the behaviours a client must cope with:
   --refuse-stream-options  400 for a request that has stream_options (as older servers do)
   --ignore-usage           accept stream_options but never send a usage chunk
   --tokens-per-chunk K     K tokens in each chunk (default 1)
-  --cut-every N            every Nth request stops after half its tokens, without [DONE]
+  --cut-every N            every Nth request's connection closes after half its tokens
+  --no-done-every N        every Nth request's stream ends cleanly after half its tokens,
+                           without [DONE]
   --error-every N          every Nth request sends an error event after its first token
   --delay-ms D             D ms between tokens (default 1)
   --comments               an SSE comment (": ping") before every event
@@ -39,6 +41,7 @@ def main():
     p.add_argument("--ignore-usage", action="store_true")
     p.add_argument("--tokens-per-chunk", type=int, default=1)
     p.add_argument("--cut-every", type=int, default=0)
+    p.add_argument("--no-done-every", type=int, default=0)
     p.add_argument("--error-every", type=int, default=0)
     p.add_argument("--delay-ms", type=float, default=1.0)
     p.add_argument("--comments", action="store_true")
@@ -117,6 +120,7 @@ def main():
                 STATE["requests"] += 1
                 number = STATE["requests"]
             cut = args.cut_every and number % args.cut_every == 0
+            short = args.no_done_every and number % args.no_done_every == 0
             fail = args.error_every and number % args.error_every == 0
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
@@ -132,6 +136,13 @@ def main():
                         STATE["generation_tokens"] += sent
                         STATE["prompt_tokens"] += len(prompt)
                     self.close_connection = True
+                    return
+                if short and sent >= n // 2:
+                    # A well-formed end of the body, and no [DONE].
+                    self.chunk("")
+                    with LOCK:
+                        STATE["generation_tokens"] += sent
+                        STATE["prompt_tokens"] += len(prompt)
                     return
                 k = min(args.tokens_per_chunk, n - sent)
                 sent += k
