@@ -48,6 +48,8 @@ int dataset_random(const struct dataset_options *o, struct bench_prompt **out, c
                    size_t err_len);
 void dataset_free(struct bench_prompt *p, long n);
 
+/* ---- rng.c ------------------------------------------------------------------------------ */
+
 /* The generator of the whole program: splitmix64, state advanced in place. */
 uint64_t rng_next(uint64_t *state);
 double rng_uniform(uint64_t *state);                 /* [0, 1) */
@@ -57,14 +59,14 @@ double rng_gamma(uint64_t *state, double shape, double scale);
 /* ---- client.c: streaming requests over libcurl's multi interface, one thread ------------- */
 
 struct client_options {
-    const char *api_url;   /* BASE_URL/v1/completions */
-    const char *api_key;   /* Authorization: Bearer, or NULL */
-    double request_rate;   /* requests per second; INFINITY: all at once */
-    double burstiness;     /* 1: Poisson arrivals; else gamma intervals of this shape */
-    long max_concurrency;  /* 0: no limit */
+    const char *api_url;  /* BASE_URL/v1/completions */
+    const char *api_key;  /* Authorization: Bearer, or NULL */
+    double request_rate;  /* requests per second; INFINITY: all at once */
+    double burstiness;    /* 1: Poisson arrivals; else gamma intervals of this shape */
+    long max_concurrency; /* 0: no limit */
     bool ignore_eos;
-    double timeout_s;      /* per request, 0: none */
-    uint64_t seed;         /* the arrival times */
+    double timeout_s; /* per request, 0: none */
+    uint64_t seed;    /* the arrival times */
     /* Called after each finished request (may be NULL): done so far, of n. */
     void (*on_done)(void *ctx, long done, long n);
     void *on_done_ctx;
@@ -78,7 +80,7 @@ struct bench_outcome {
     int prompt_len;    /* the prompt's length, or the server's prompt_tokens when it said */
     int output_tokens; /* from the usage chunk, else the chunks counted; 0 when failed */
     bool tokens_from_usage;
-    int chunks;        /* events that carried a choice */
+    int chunks; /* events that carried a choice */
     double ttft, latency, queue;
     double start_unix, end_unix; /* sent; finished (last byte, error or cut) */
     double *itl;                 /* (n_itl) */
@@ -91,8 +93,8 @@ struct bench_outcome {
  * server refused stream_options and the run went on without it. 0 when the run took place
  * (requests may have failed: see outs), -1 with err when it could not start. */
 int client_run(const struct client_options *o, const struct bench_prompt *prompts,
-               const char *const *models, long n, struct bench_outcome *outs,
-               bool *usage_refused, char *err, size_t err_len);
+               const char *const *models, long n, struct bench_outcome *outs, bool *usage_refused,
+               char *err, size_t err_len);
 void client_outcomes_free(struct bench_outcome *outs, long n);
 
 /* GET url into body (at most max_bytes). Returns the HTTP status, or -1 with err (the
@@ -114,7 +116,7 @@ double stats_percentile(const double *v, size_t n, double p); /* sorts a copy */
 
 struct serve_options {
     const char *base_url;
-    const char *model; /* NULL: the first of /v1/models */
+    const char *model;               /* NULL: the first of /v1/models */
     const char *const *lora_modules; /* round-robin over the list as given */
     int n_lora_modules;
     struct dataset_options data;
@@ -185,7 +187,9 @@ void report_usage(FILE *f);
  * its "quick" overrides). Returns the effective configuration, or NULL with err. */
 json_t *campaign_config_load(const char *path, bool quick, char *err, size_t err_len);
 
+/* ---- files.c ---------------------------------------------------------------------------- */
+
 /* Writes doc to path atomically (a temporary file, fsync, rename). 0 or -1 with err. */
-int bench_write_json(const char *path, const json_t *doc, char *err, size_t err_len);
+int files_write_json(const char *path, const json_t *doc, char *err, size_t err_len);
 
 #endif

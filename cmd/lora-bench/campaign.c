@@ -35,8 +35,7 @@
 #define SCRAPE_MAX_BYTES (64u << 20)
 #define SETTLE_S         5.0 /* the longest wait for the server's counters after a cell */
 
-static const char *const METRICS[] = {"time_per_token", "cpu_per_token", "energy_per_token",
-                                      NULL};
+static const char *const METRICS[] = {"time_per_token", "cpu_per_token", "energy_per_token", NULL};
 
 /* ---- configuration ---------------------------------------------------------------------- */
 
@@ -53,8 +52,7 @@ static int check_keys(const json_t *o, const char *const *allowed, const char *w
 {
     const char *k;
     json_t *v;
-    json_object_foreach((json_t *)o, k, v)
-    {
+    json_object_foreach ((json_t *)o, k, v) {
         if (!one_of(k, allowed)) {
             lora_errf(err, err_len, "%s: unknown key '%s'", where, k);
             return -1;
@@ -79,8 +77,8 @@ static int get_int(json_t *o, const char *key, long long def, long long lo, long
     return 0;
 }
 
-static int get_num(json_t *o, const char *key, double def, double lo, double hi,
-                   const char *where, char *err, size_t err_len)
+static int get_num(json_t *o, const char *key, double def, double lo, double hi, const char *where,
+                   char *err, size_t err_len)
 {
     json_t *v = json_object_get(o, key);
     if (!v) {
@@ -114,8 +112,7 @@ static const json_t *find_configuration(const json_t *cfg, const char *name)
 {
     size_t i;
     json_t *c;
-    json_array_foreach(json_object_get(cfg, "configurations"), i, c)
-    {
+    json_array_foreach (json_object_get(cfg, "configurations"), i, c) {
         if (strcmp(json_string_value(json_object_get(c, "name")), name) == 0)
             return c;
     }
@@ -124,8 +121,8 @@ static const json_t *find_configuration(const json_t *cfg, const char *name)
 
 static int check_configurations(json_t *cfg, char *err, size_t err_len)
 {
-    static const char *const keys[] = {"name", "adapters", "traffic", "distinct", "description",
-                                       NULL};
+    static const char *const keys[] = {"name",     "adapters",    "traffic",
+                                       "distinct", "description", NULL};
     json_t *list = json_object_get(cfg, "configurations");
     size_t i;
     json_t *c;
@@ -135,8 +132,7 @@ static int check_configurations(json_t *cfg, char *err, size_t err_len)
         lora_errf(err, err_len, "configurations: must be a non-empty array");
         return -1;
     }
-    json_array_foreach(list, i, c)
-    {
+    json_array_foreach (list, i, c) {
         snprintf(where, sizeof(where), "configurations[%zu]", i);
         if (!json_is_object(c)) {
             lora_errf(err, err_len, "%s: must be an object", where);
@@ -205,8 +201,10 @@ static int check_comparison(json_t *o, const char *where, bool need_rule, const 
     char w[160];
     const char *m = json_string_value(json_object_get(o, "metric"));
     if (!one_of(m, METRICS)) {
-        lora_errf(err, err_len, "%s.metric: must be time_per_token, cpu_per_token or "
-                                "energy_per_token", where);
+        lora_errf(err, err_len,
+                  "%s.metric: must be time_per_token, cpu_per_token or "
+                  "energy_per_token",
+                  where);
         return -1;
     }
     static const char *const sides[] = {"configuration", "baseline"};
@@ -215,8 +213,7 @@ static int check_comparison(json_t *o, const char *where, bool need_rule, const 
         if (!name && !need_rule)
             continue;
         if (!name || !find_configuration(cfg, name)) {
-            lora_errf(err, err_len, "%s.%s: must name one of the configurations", where,
-                      sides[k]);
+            lora_errf(err, err_len, "%s.%s: must name one of the configurations", where, sides[k]);
             return -1;
         }
     }
@@ -231,8 +228,7 @@ static int check_comparison(json_t *o, const char *where, bool need_rule, const 
         }
         snprintf(w, sizeof(w), "%s", where);
         if (!json_is_number(json_object_get(o, "threshold"))) {
-            lora_errf(err, err_len, "%s.threshold: must be a number (a fraction: 0.05 is 5%%)",
-                      w);
+            lora_errf(err, err_len, "%s.threshold: must be a number (a fraction: 0.05 is 5%%)", w);
             return -1;
         }
         json_t *c = json_object_get(o, "concurrency");
@@ -240,8 +236,7 @@ static int check_comparison(json_t *o, const char *where, bool need_rule, const 
             bool found = false;
             size_t i;
             json_t *x;
-            json_array_foreach(json_object_get(cfg, "concurrencies"), i, x)
-            {
+            json_array_foreach (json_object_get(cfg, "concurrencies"), i, x) {
                 found |= json_integer_value(x) == json_integer_value(c);
             }
             if (!json_is_integer(c) || !found) {
@@ -255,10 +250,10 @@ static int check_comparison(json_t *o, const char *where, bool need_rule, const 
 
 static int check_rules(json_t *cfg, char *err, size_t err_len)
 {
-    static const char *const rule_keys[] = {"statement", "metric", "configuration", "baseline",
-                                            "falsified_if", "threshold", "concurrency",
-                                            "description", NULL};
-    static const char *const pub_keys[] = {"what", "value", "metric", "configuration",
+    static const char *const rule_keys[] = {"statement",   "metric",       "configuration",
+                                            "baseline",    "falsified_if", "threshold",
+                                            "concurrency", "description",  NULL};
+    static const char *const pub_keys[] = {"what",     "value",  "metric",      "configuration",
                                            "baseline", "source", "description", NULL};
     json_t *rules = json_object_get(cfg, "rules"), *pub = json_object_get(cfg, "published");
     const char *k;
@@ -271,8 +266,7 @@ static int check_rules(json_t *cfg, char *err, size_t err_len)
         lora_errf(err, err_len, "rules: must be an object of named rules (H1, H2, ...)");
         return -1;
     }
-    json_object_foreach(rules, k, r)
-    {
+    json_object_foreach (rules, k, r) {
         snprintf(where, sizeof(where), "rules.%s", k);
         if (!json_is_object(r)) {
             lora_errf(err, err_len, "%s: must be an object", where);
@@ -290,8 +284,7 @@ static int check_rules(json_t *cfg, char *err, size_t err_len)
         return -1;
     }
     size_t i;
-    json_array_foreach(pub, i, r)
-    {
+    json_array_foreach (pub, i, r) {
         snprintf(where, sizeof(where), "published[%zu]", i);
         if (!json_is_object(r)) {
             lora_errf(err, err_len, "%s: must be an object", where);
@@ -314,9 +307,16 @@ static int check_rules(json_t *cfg, char *err, size_t err_len)
 /* The "quick" object holds only keys that --quick may change (checked with or without it). */
 static int check_quick(const json_t *q, char *err, size_t err_len)
 {
-    static const char *const keys[] = {"repetitions", "num_prompts", "num_prompts_per_concurrency",
-                                       "input_tokens", "output_tokens", "idle_seconds",
-                                       "concurrencies", "warmup_prompts", "description", NULL};
+    static const char *const keys[] = {"repetitions",
+                                       "num_prompts",
+                                       "num_prompts_per_concurrency",
+                                       "input_tokens",
+                                       "output_tokens",
+                                       "idle_seconds",
+                                       "concurrencies",
+                                       "warmup_prompts",
+                                       "description",
+                                       NULL};
     if (q && !json_is_object(q)) {
         lora_errf(err, err_len, "quick: must be an object");
         return -1;
@@ -344,12 +344,12 @@ static int apply_quick(json_t *cfg, char *err, size_t err_len)
     json_object_del(cfg, "num_prompts");
     json_object_set_new(cfg, "num_prompts_per_concurrency", json_integer(2));
     json_object_set_new(cfg, "warmup_prompts", json_integer(0));
-    if (q && (json_object_get(q, "num_prompts") || json_object_get(q, "num_prompts_per_concurrency")))
+    if (q &&
+        (json_object_get(q, "num_prompts") || json_object_get(q, "num_prompts_per_concurrency")))
         json_object_del(cfg, "num_prompts_per_concurrency");
     const char *k;
     json_t *v;
-    json_object_foreach(q, k, v)
-    {
+    json_object_foreach (q, k, v) {
         if (strcmp(k, "description") != 0)
             json_object_set(cfg, k, v);
     }
@@ -358,12 +358,33 @@ static int apply_quick(json_t *cfg, char *err, size_t err_len)
 
 json_t *campaign_config_load(const char *path, bool quick, char *err, size_t err_len)
 {
-    static const char *const keys[] = {
-        "version", "study", "description", "base_url", "metrics_url", "model",
-        "configurations", "concurrencies", "repetitions", "num_prompts",
-        "num_prompts_per_concurrency", "input_tokens", "output_tokens", "range_ratio",
-        "vocab_size", "request_rate", "ignore_eos", "seed", "request_timeout", "idle_seconds",
-        "warmup_prompts", "processes", "energy", "rules", "published", "quick", NULL};
+    static const char *const keys[] = {"version",
+                                       "study",
+                                       "description",
+                                       "base_url",
+                                       "metrics_url",
+                                       "model",
+                                       "configurations",
+                                       "concurrencies",
+                                       "repetitions",
+                                       "num_prompts",
+                                       "num_prompts_per_concurrency",
+                                       "input_tokens",
+                                       "output_tokens",
+                                       "range_ratio",
+                                       "vocab_size",
+                                       "request_rate",
+                                       "ignore_eos",
+                                       "seed",
+                                       "request_timeout",
+                                       "idle_seconds",
+                                       "warmup_prompts",
+                                       "processes",
+                                       "energy",
+                                       "rules",
+                                       "published",
+                                       "quick",
+                                       NULL};
     char e2[1024];
     json_t *cfg = lora_json_file_load(path, e2, sizeof(e2));
 
@@ -409,7 +430,8 @@ json_t *campaign_config_load(const char *path, bool quick, char *err, size_t err
         snprintf(e2, sizeof(e2), "base_url: must start with http:// or https://");
         goto bad_e2;
     }
-    json_t *np = json_object_get(cfg, "num_prompts"), *npc = json_object_get(cfg, "num_prompts_per_concurrency");
+    json_t *np = json_object_get(cfg, "num_prompts"),
+           *npc = json_object_get(cfg, "num_prompts_per_concurrency");
     if (np && npc) {
         snprintf(e2, sizeof(e2), "give num_prompts or num_prompts_per_concurrency, not both");
         goto bad_e2;
@@ -501,7 +523,8 @@ bad:
 
 static json_t *make_plan(const json_t *cfg)
 {
-    json_t *confs = json_object_get(cfg, "configurations"), *cs = json_object_get(cfg, "concurrencies");
+    json_t *confs = json_object_get(cfg, "configurations"),
+           *cs = json_object_get(cfg, "concurrencies");
     size_t nc = json_array_size(confs), nk = json_array_size(cs), m = nc * nk;
     long rounds = (long)json_integer_value(json_object_get(cfg, "repetitions"));
     json_t *cells = json_array();
@@ -513,8 +536,8 @@ static json_t *make_plan(const json_t *cfg)
             size_t j = (offset + p) % m;
             const json_t *conf = json_array_get(confs, j / nk);
             json_array_append_new(
-                cells, json_pack("{s:I, s:I, s:I, s:I, s:O, s:O}", "cell", (json_int_t)k++,
-                                 "round", (json_int_t)r, "position", (json_int_t)p, "repetition",
+                cells, json_pack("{s:I, s:I, s:I, s:I, s:O, s:O}", "cell", (json_int_t)k++, "round",
+                                 (json_int_t)r, "position", (json_int_t)p, "repetition",
                                  (json_int_t)r, "configuration", json_object_get(conf, "name"),
                                  "concurrency", json_array_get(cs, j % nk)));
         }
@@ -522,10 +545,10 @@ static json_t *make_plan(const json_t *cfg)
     json_t *idle = json_array();
     if (json_real_value(json_object_get(cfg, "idle_seconds")) > 0) {
         json_array_append_new(idle, json_pack("{s:s, s:I}", "name", "start", "before_cell", 0));
-        json_array_append_new(idle, json_pack("{s:s, s:I}", "name", "middle", "before_cell",
-                                              (json_int_t)(k / 2)));
-        json_array_append_new(idle, json_pack("{s:s, s:I}", "name", "end", "before_cell",
-                                              (json_int_t)k));
+        json_array_append_new(
+            idle, json_pack("{s:s, s:I}", "name", "middle", "before_cell", (json_int_t)(k / 2)));
+        json_array_append_new(idle,
+                              json_pack("{s:s, s:I}", "name", "end", "before_cell", (json_int_t)k));
     }
     return json_pack("{s:o, s:o}", "cells", cells, "idle", idle);
 }
@@ -602,8 +625,7 @@ static json_t *adapter_deltas(const char *before, const char *after)
         json_t *a = scrape_by_label(after, fam[f], "adapter_name");
         const char *name;
         json_t *v;
-        json_object_foreach(a, name, v)
-        {
+        json_object_foreach (a, name, v) {
             double d = json_real_value(v) - json_real_value(json_object_get(b, name));
             if (d == 0)
                 continue;
@@ -641,8 +663,7 @@ static json_t *server_side(const struct campaign *c, const char *before, long cl
         }
         double moved = scrape_sum(after, "vllm:generation_tokens_total", NULL, NULL, NULL) - gen0;
         double waited = lora_clock_mono() - t0;
-        if (moved == (double)client_tokens || waited > SETTLE_S ||
-            (moved == prev && waited > 1.5))
+        if (moved == (double)client_tokens || waited > SETTLE_S || (moved == prev && waited > 1.5))
             break;
         prev = moved;
         usleep(100000);
@@ -669,7 +690,8 @@ static json_t *server_side(const struct campaign *c, const char *before, long cl
         bool g1, g2;
         double a = scrape_sum(after, "lora_step_adapters", NULL, NULL, &g1);
         double b = scrape_sum(before, "lora_step_adapters", NULL, NULL, &g2);
-        json_object_set_new(s, "mean_step_adapters", g1 && g2 ? json_real((a + b) / 2) : json_null());
+        json_object_set_new(s, "mean_step_adapters",
+                            g1 && g2 ? json_real((a + b) / 2) : json_null());
         json_object_set_new(s, "steps", json_null());
     }
     json_object_set_new(s, "adapters", adapter_deltas(before, after));
@@ -695,7 +717,8 @@ static json_t *measure_idle(struct campaign *c, const char *name)
     json_t *r = json_pack("{s:i, s:s, s:f, s:{s:f, s:f}}", "version", 1, "name", name, "seconds",
                           m1 - m0, "window", "start", u0, "end", u0 + (m1 - m0));
     json_object_set_new(r, "energy", energy_describe(c->energy));
-    json_object_set_new(json_object_get(r, "energy"), "joules", j >= 0 ? json_real(j) : json_null());
+    json_object_set_new(json_object_get(r, "energy"), "joules",
+                        j >= 0 ? json_real(j) : json_null());
     json_object_set_new(r, "watts", j >= 0 ? json_real(j / (m1 - m0)) : json_null());
     json_object_set_new(r, "cpu", p0 && p1 ? procs_delta(p0, p1) : json_null());
     json_decref(p0);
@@ -739,7 +762,8 @@ static json_t *run_cell(struct campaign *c, const json_t *cell)
                  .vocab_size = (long)json_integer_value(json_object_get(c->cfg, "vocab_size")),
                  .range_ratio = num(c->cfg, "range_ratio"),
                  /* The same prompts for every configuration of a repetition. */
-                 .seed = (uint64_t)json_integer_value(json_object_get(c->cfg, "seed")) + (uint64_t)rep},
+                 .seed =
+                     (uint64_t)json_integer_value(json_object_get(c->cfg, "seed")) + (uint64_t)rep},
         .client = {.api_url = api_url,
                    .api_key = getenv("OPENAI_API_KEY"),
                    .request_rate = json_is_string(rr) ? INFINITY : json_number_value(rr),
@@ -747,7 +771,8 @@ static json_t *run_cell(struct campaign *c, const json_t *cell)
                    .max_concurrency = conc,
                    .ignore_eos = json_is_true(json_object_get(c->cfg, "ignore_eos")),
                    .timeout_s = num(c->cfg, "request_timeout"),
-                   .seed = (uint64_t)json_integer_value(json_object_get(c->cfg, "seed")) + (uint64_t)rep,
+                   .seed = (uint64_t)json_integer_value(json_object_get(c->cfg, "seed")) +
+                           (uint64_t)rep,
                    .on_done = on_request_done,
                    .on_done_ctx = c},
         .metrics = {true, true, true, true},
@@ -784,7 +809,8 @@ static json_t *run_cell(struct campaign *c, const json_t *cell)
     json_t *outside = json_array();
     json_t *st = json_object_get(res, "start_times"), *en = json_object_get(res, "end_times");
     for (size_t i = 0; i < json_array_size(st); i++) {
-        double a = json_real_value(json_array_get(st, i)), b = json_real_value(json_array_get(en, i));
+        double a = json_real_value(json_array_get(st, i)),
+               b = json_real_value(json_array_get(en, i));
         if (a < u0 || b > u1 || b < a)
             json_array_append_new(outside, json_integer((json_int_t)i));
     }
@@ -795,8 +821,7 @@ static json_t *run_cell(struct campaign *c, const json_t *cell)
     json_t *errors = json_object();
     json_t *e;
     size_t i;
-    json_array_foreach(json_object_get(res, "errors"), i, e)
-    {
+    json_array_foreach (json_object_get(res, "errors"), i, e) {
         const char *m = json_string_value(e);
         if (m && *m)
             json_object_set_new(errors, m,
@@ -805,9 +830,10 @@ static json_t *run_cell(struct campaign *c, const json_t *cell)
     json_object_set_new(out, "errors", errors);
     if (res) {
         long failed = (long)json_integer_value(json_object_get(res, "failed"));
-        json_object_set_new(out, "status", json_string(!contained ? "not contained"
-                                                       : failed   ? "failed requests"
-                                                                  : "ok"));
+        json_object_set_new(out, "status",
+                            json_string(!contained ? "not contained"
+                                        : failed   ? "failed requests"
+                                                   : "ok"));
         json_object_set_new(out, "error", json_null());
     }
 
@@ -827,12 +853,14 @@ static json_t *run_cell(struct campaign *c, const json_t *cell)
 
     double dur = res ? num(res, "duration") : 0;
     json_t *cost = json_object();
-    json_object_set_new(cost, "time_per_token", tokens ? json_real(dur / (double)tokens) : json_null());
-    json_object_set_new(cost, "cpu_per_token", tokens && json_is_number(json_object_get(cpu, "total_s"))
-                                                   ? json_real(num(cpu, "total_s") / (double)tokens)
-                                                   : json_null());
-    json_object_set_new(cost, "energy_per_token_gross", tokens && j >= 0 ? json_real(j / (double)tokens)
-                                                                      : json_null());
+    json_object_set_new(cost, "time_per_token",
+                        tokens ? json_real(dur / (double)tokens) : json_null());
+    json_object_set_new(cost, "cpu_per_token",
+                        tokens && json_is_number(json_object_get(cpu, "total_s"))
+                            ? json_real(num(cpu, "total_s") / (double)tokens)
+                            : json_null());
+    json_object_set_new(cost, "energy_per_token_gross",
+                        tokens && j >= 0 ? json_real(j / (double)tokens) : json_null());
     json_object_set_new(out, "cost", cost);
     json_object_set_new(out, "result", res ? res : json_null());
     free(before);
@@ -846,7 +874,7 @@ static json_t *run_cell(struct campaign *c, const json_t *cell)
 /* ---- the subcommand --------------------------------------------------------------------- */
 
 #define CAMPAIGN_USAGE_TEXT                                                                        \
-    "usage: lora-bench campaign CONFIG --output-dir DIR [--quick] [OPTIONS]\n"                       \
+    "usage: lora-bench campaign CONFIG --output-dir DIR [--quick] [OPTIONS]\n"                     \
     "       lora-bench campaign CONFIG --dry-run [--quick]"
 
 struct campaign_args {
@@ -907,8 +935,8 @@ static int resolve_model(struct campaign *c, char *err, size_t err_len)
         return -1;
     }
     json_t *j = b.len ? json_loadb(b.data, b.len, 0, &je) : NULL;
-    const char *id = json_string_value(
-        json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
+    const char *id =
+        json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
     if (st == 200 && id)
         snprintf(c->base_model, sizeof(c->base_model), "%s", id);
     else
@@ -994,8 +1022,7 @@ int campaign_main(int argc, char **argv)
         json_t *cell;
         printf("%ld cells, %zu idle measurements of %g s\n", c.n_cells, json_array_size(idle),
                num(c.cfg, "idle_seconds"));
-        json_array_foreach(cells, i, cell)
-        {
+        json_array_foreach (cells, i, cell) {
             printf("cell %3zu  round %lld  %-24s concurrency %lld\n", i,
                    (long long)json_integer_value(json_object_get(cell, "round")),
                    json_string_value(json_object_get(cell, "configuration")),
@@ -1009,7 +1036,8 @@ int campaign_main(int argc, char **argv)
     json_t *pr = json_object_get(c.cfg, "processes");
     c.procs.run_dir = json_string_value(json_object_get(pr, "run_dir"));
     for (size_t i = 0; i < json_array_size(json_object_get(pr, "pids")); i++)
-        c.procs.pids[c.procs.n_pids++] = (long)json_integer_value(json_array_get(json_object_get(pr, "pids"), i));
+        c.procs.pids[c.procs.n_pids++] =
+            (long)json_integer_value(json_array_get(json_object_get(pr, "pids"), i));
     json_t *en = json_object_get(c.cfg, "energy");
     c.energy = energy_open(json_is_true(json_object_get(en, "nvml")),
                            json_string_value(json_object_get(en, "powercap_dir")));
@@ -1020,8 +1048,8 @@ int campaign_main(int argc, char **argv)
     if (lora_fs_mkdir_p(path, err, sizeof(err)) < 0)
         goto fail;
     snprintf(path, sizeof(path), "%s/campaign.json", dir);
-    json_t *doc = json_pack("{s:i, s:s, s:O, s:O}", "version", 1, "program", "lora-bench " LORA_VERSION,
-                            "config", c.cfg, "plan", c.plan);
+    json_t *doc = json_pack("{s:i, s:s, s:O, s:O}", "version", 1, "program",
+                            "lora-bench " LORA_VERSION, "config", c.cfg, "plan", c.plan);
     if (exists(path)) {
         char e2[1024];
         json_t *old = lora_json_file_load(path, e2, sizeof(e2));
@@ -1044,7 +1072,7 @@ int campaign_main(int argc, char **argv)
         json_object_set_new(doc, "host", json_string(host));
         json_object_set_new(doc, "cpus", json_integer(sysconf(_SC_NPROCESSORS_ONLN)));
         json_object_set_new(doc, "energy", energy_describe(c.energy));
-        if (bench_write_json(path, doc, err, sizeof(err)) < 0) {
+        if (files_write_json(path, doc, err, sizeof(err)) < 0) {
             json_decref(doc);
             goto fail;
         }
@@ -1083,10 +1111,15 @@ int campaign_main(int argc, char **argv)
         /* Warm-up: not a cell, not measured. */
         snprintf(path, sizeof(path), "%s/v1/completions", c.base_url);
         struct serve_options so = {
-            .base_url = c.base_url, .model = model_of(&c), .quiet = true,
+            .base_url = c.base_url,
+            .model = model_of(&c),
+            .quiet = true,
             .data = {.num_prompts = warm, .input_len = 8, .output_len = 8, .vocab_size = 256},
-            .client = {.api_url = path, .api_key = getenv("OPENAI_API_KEY"),
-                       .request_rate = INFINITY, .burstiness = 1, .max_concurrency = 4,
+            .client = {.api_url = path,
+                       .api_key = getenv("OPENAI_API_KEY"),
+                       .request_rate = INFINITY,
+                       .burstiness = 1,
+                       .max_concurrency = 4,
                        .timeout_s = num(c.cfg, "request_timeout")},
         };
         snprintf(c.what, sizeof(c.what), "warm-up, %ld requests", warm);
@@ -1098,14 +1131,16 @@ int campaign_main(int argc, char **argv)
     size_t next_idle = 0;
     for (long k = 0; k <= c.n_cells; k++) {
         while (next_idle < json_array_size(idle) &&
-               json_integer_value(json_object_get(json_array_get(idle, next_idle), "before_cell")) == k) {
-            const char *iname = json_string_value(json_object_get(json_array_get(idle, next_idle), "name"));
+               json_integer_value(
+                   json_object_get(json_array_get(idle, next_idle), "before_cell")) == k) {
+            const char *iname =
+                json_string_value(json_object_get(json_array_get(idle, next_idle), "name"));
             snprintf(path, sizeof(path), "%s/idle-%s.json", dir, iname);
             next_idle++;
             if (exists(path))
                 continue;
             json_t *m = measure_idle(&c, iname);
-            int w = bench_write_json(path, m, err, sizeof(err));
+            int w = files_write_json(path, m, err, sizeof(err));
             json_decref(m);
             if (w < 0)
                 goto fail;
@@ -1122,7 +1157,7 @@ int campaign_main(int argc, char **argv)
                  (long long)json_integer_value(json_object_get(cell, "round")) + 1);
         progress(&c, 0, 0);
         json_t *r = run_cell(&c, cell);
-        int w = bench_write_json(path, r, err, sizeof(err));
+        int w = files_write_json(path, r, err, sizeof(err));
         const char *status = json_string_value(json_object_get(r, "status"));
         bool ok = strcmp(status, "ok") == 0;
         bad += !ok;

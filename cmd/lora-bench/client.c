@@ -19,7 +19,7 @@
 #include "base/errbuf.h"
 #include "bench.h"
 
-#define ERROR_BODY_MAX 65536   /* of a refusal's body, kept for its message */
+#define ERROR_BODY_MAX 65536     /* of a refusal's body, kept for its message */
 #define EVENT_MAX      (8 << 20) /* one event's bytes: more is a broken stream */
 
 struct run;
@@ -120,7 +120,8 @@ static void on_event(struct req *r, const char *data, size_t len, double now)
     }
     json_t *u = json_object_get(j, "usage");
     if (json_is_object(u)) {
-        json_t *c = json_object_get(u, "completion_tokens"), *p = json_object_get(u, "prompt_tokens");
+        json_t *c = json_object_get(u, "completion_tokens"),
+               *p = json_object_get(u, "prompt_tokens");
         if (json_is_integer(c) && json_integer_value(c) >= 0)
             r->usage_completion = (long)json_integer_value(c);
         if (json_is_integer(p) && json_integer_value(p) >= 0)
@@ -252,7 +253,9 @@ static struct req *req_start(struct run *run, CURLM *multi, long i, char *err, s
     curl_easy_setopt(r->h, CURLOPT_PRIVATE, r);
     curl_easy_setopt(r->h, CURLOPT_ERRORBUFFER, r->curl_err);
     curl_easy_setopt(r->h, CURLOPT_NOSIGNAL, 1L);
-    curl_easy_setopt(r->h, CURLOPT_USERAGENT, "lora-bench/" "0.1.0");
+    curl_easy_setopt(r->h, CURLOPT_USERAGENT,
+                     "lora-bench/"
+                     "0.1.0");
     curl_easy_setopt(r->h, CURLOPT_CONNECTTIMEOUT_MS, 10000L);
     if (run->o->timeout_s > 0)
         curl_easy_setopt(r->h, CURLOPT_TIMEOUT_MS, (long)(run->o->timeout_s * 1000));
@@ -317,8 +320,7 @@ static bool req_finish(struct req *r, CURLcode code)
     if (code != CURLE_OK) {
         const char *detail = r->curl_err[0] ? r->curl_err : curl_easy_strerror(code);
         if (r->status == 200)
-            snprintf(msg, sizeof(msg), "stream cut short after %d chunks: %s", out->chunks,
-                     detail);
+            snprintf(msg, sizeof(msg), "stream cut short after %d chunks: %s", out->chunks, detail);
         else if (code == CURLE_COULDNT_CONNECT || code == CURLE_COULDNT_RESOLVE_HOST)
             snprintf(msg, sizeof(msg), "unable to connect to %s: %s", run->o->api_url, detail);
         else
@@ -383,8 +385,8 @@ static double *arrivals(const struct client_options *o, long n)
 }
 
 int client_run(const struct client_options *o, const struct bench_prompt *prompts,
-               const char *const *models, long n, struct bench_outcome *outs,
-               bool *usage_refused, char *err, size_t err_len)
+               const char *const *models, long n, struct bench_outcome *outs, bool *usage_refused,
+               char *err, size_t err_len)
 {
     struct run run = {.o = o, .prompts = prompts, .models = models, .outs = outs, .usage = true};
     double *arrive = arrivals(o, n);
@@ -410,7 +412,8 @@ int client_run(const struct client_options *o, const struct bench_prompt *prompt
         while (next < n && arrive[next] <= now)
             arrived_at[next++] = now + run.m0;
         /* Requests sent again first, then the arrived ones in order. */
-        while ((n_retry || started < next) && (!o->max_concurrency || in_flight < o->max_concurrency)) {
+        while ((n_retry || started < next) &&
+               (!o->max_concurrency || in_flight < o->max_concurrency)) {
             long i = n_retry ? retry[--n_retry] : started++;
             if (!(live[i] = req_start(&run, multi, i, err, err_len)))
                 goto out;

@@ -16,8 +16,8 @@
 
 #include "bench.h"
 
-#define MAX_GPUS  64
-#define MAX_RAPL  16
+#define MAX_GPUS 64
+#define MAX_RAPL 16
 
 typedef int (*nvml_void_fn)(void);
 typedef int (*nvml_count_fn)(unsigned int *);
@@ -107,7 +107,7 @@ struct energy *energy_open(bool nvml, const char *powercap_dir)
     if (!e->n_gpus && !e->n_rapl)
         snprintf(e->why_not, sizeof(e->why_not),
                  "not measured: %s, and no readable RAPL energy_uj under %s",
-                 !nvml     ? "NVML not asked for"
+                 !nvml    ? "NVML not asked for"
                  : e->lib ? "NVML reports no GPU energy counter"
                           : "no libnvidia-ml.so.1",
                  powercap_dir ? powercap_dir : "/sys/class/powercap");
@@ -145,8 +145,10 @@ json_t *energy_describe(const struct energy *e)
         snprintf(name, sizeof(name), "rapl:%s", e->rapl[i]);
         json_array_append_new(s, json_string(name));
     }
-    return json_pack("{s:b, s:o, s:s}", "measured", energy_is_measured(e), "sources", s,
-                     "note", energy_is_measured(e) ? "" : e ? e->why_not : "not measured");
+    return json_pack("{s:b, s:o, s:s}", "measured", energy_is_measured(e), "sources", s, "note",
+                     energy_is_measured(e) ? ""
+                     : e                   ? e->why_not
+                                           : "not measured");
 }
 
 json_t *energy_snapshot(struct energy *e)
@@ -165,9 +167,9 @@ json_t *energy_snapshot(struct energy *e)
         unsigned long long uj = 0;
         snprintf(path, sizeof(path), "%s/energy_uj", e->rapl[i]);
         bool ok = read_ull(path, &uj);
-        json_array_append_new(c, ok ? json_pack("{s:f, s:f}", "j", (double)uj * 1e-6, "range",
-                                                e->rapl_range_j[i])
-                                    : json_null());
+        json_array_append_new(
+            c, ok ? json_pack("{s:f, s:f}", "j", (double)uj * 1e-6, "range", e->rapl_range_j[i])
+                  : json_null());
     }
     return json_pack("{s:o}", "counters", c);
 }
@@ -183,7 +185,8 @@ double energy_delta(const json_t *before, const json_t *after)
         json_t *x = json_array_get(b, i), *y = json_array_get(a, i);
         if (!json_is_object(x) || !json_is_object(y))
             return -1; /* a counter that could not be read */
-        double d = json_real_value(json_object_get(y, "j")) - json_real_value(json_object_get(x, "j"));
+        double d =
+            json_real_value(json_object_get(y, "j")) - json_real_value(json_object_get(x, "j"));
         double range = json_real_value(json_object_get(y, "range"));
         if (d < 0 && range > 0)
             d += range;

@@ -8,7 +8,7 @@
 #include "base/errbuf.h"
 #include "bench.h"
 
-int bench_write_json(const char *path, const json_t *doc, char *err, size_t err_len)
+int files_write_json(const char *path, const json_t *doc, char *err, size_t err_len)
 {
     size_t len = strlen(path) + 32;
     char *tmp = malloc(len);

@@ -73,8 +73,8 @@ static int parse_metrics(const char *s, bool metrics[4], char *err, size_t err_l
         while (m < 4 && strcmp(t, names[m]) != 0)
             m++;
         if (m == 4) {
-            snprintf(err, err_len,
-                     "--percentile-metrics: '%s' is not one of ttft, tpot, itl, e2el", t);
+            snprintf(err, err_len, "--percentile-metrics: '%s' is not one of ttft, tpot, itl, e2el",
+                     t);
             return -1;
         }
         metrics[m] = true;
@@ -93,8 +93,8 @@ static int parse_percentiles(const char *s, double *p, int *n, char *err, size_t
         double v = strtod(t, &end);
         if (end == t || *end || !(v >= 0 && v <= 100) || *n == SERVE_MAX_PERCENTILES) {
             snprintf(err, err_len,
-                     "--metric-percentiles: '%s' is not a percentile from 0 to 100 (at most %d)",
-                     t, SERVE_MAX_PERCENTILES);
+                     "--metric-percentiles: '%s' is not a percentile from 0 to 100 (at most %d)", t,
+                     SERVE_MAX_PERCENTILES);
             return -1;
         }
         p[(*n)++] = v;
@@ -111,7 +111,8 @@ static void default_result_name(const json_t *r, const char *label, char *out, s
 {
     const char *model = json_string_value(json_object_get(r, "model_id"));
     const char *base = model && strrchr(model, '/') ? strrchr(model, '/') + 1 : model;
-    json_t *rate = json_object_get(r, "request_rate"), *conc = json_object_get(r, "max_concurrency");
+    json_t *rate = json_object_get(r, "request_rate"),
+           *conc = json_object_get(r, "max_concurrency");
     char rs[64], cs[64];
 
     if (json_is_string(rate))
@@ -144,15 +145,15 @@ struct serve_args {
 static void serve_table(struct serve_args *a, struct lora_cli_opt *t)
 {
     const struct lora_cli_opt opts[] = {
-        {"base-url", LORA_OPT_STRING, &a->base_url, "URL",
-         "the server (default http://HOST:PORT)"},
+        {"base-url", LORA_OPT_STRING, &a->base_url, "URL", "the server (default http://HOST:PORT)"},
         {"host", LORA_OPT_STRING, &a->host, "HOST", "the server's host (default 127.0.0.1)"},
         {"port", LORA_OPT_INT, &a->port, "N", "the server's port (default 8000)", 1, 65535},
         {"endpoint", LORA_OPT_STRING, &a->endpoint, "PATH",
          "the API path (default and only /v1/completions)"},
         {"model", LORA_OPT_STRING, &a->model, "NAME",
          "the model of requests without an adapter (default the first of /v1/models)"},
-        {"dataset-name", LORA_OPT_STRING, &a->dataset, "NAME", "the dataset: random (the only one)"},
+        {"dataset-name", LORA_OPT_STRING, &a->dataset, "NAME",
+         "the dataset: random (the only one)"},
         {"num-prompts", LORA_OPT_INT, &a->num_prompts, "N", "requests to send (default 1000)", 1,
          10000000},
         {"random-input-len", LORA_OPT_INT, &a->in_len, "N", "prompt tokens (default 1024)", 0,
@@ -174,8 +175,8 @@ static void serve_table(struct serve_args *a, struct lora_cli_opt *t)
         {"ignore-eos", LORA_OPT_FLAG, &a->ignore_eos, NULL, "send ignore_eos: true"},
         {"lora-modules", LORA_OPT_LIST, &a->lora, "NAME...",
          "models of the requests, round-robin over the list as given (repeats count)"},
-        {"seed", LORA_OPT_INT, &a->seed, "N", "the dataset's and the arrivals' seed (default 0)",
-         0, 9e18},
+        {"seed", LORA_OPT_INT, &a->seed, "N", "the dataset's and the arrivals' seed (default 0)", 0,
+         9e18},
         {"request-timeout", LORA_OPT_FLOAT, &a->timeout, "S",
          "give up on a request after S seconds (default 21600; 0: never)", 0, 1e9},
         {"percentile-metrics", LORA_OPT_STRING, &a->pmetrics, "LIST",
@@ -188,8 +189,7 @@ static void serve_table(struct serve_args *a, struct lora_cli_opt *t)
         {"result-filename", LORA_OPT_STRING, &a->result_file, "FILE",
          "its name (default LABEL-RATEqps[-concurrencyN]-MODEL-DATE.json)"},
         {"label", LORA_OPT_STRING, &a->label, "LABEL", "the result name's prefix (default openai)"},
-        {"disable-tqdm", LORA_OPT_FLAG, &a->disable_tqdm, NULL,
-         "no progress line on a terminal"},
+        {"disable-tqdm", LORA_OPT_FLAG, &a->disable_tqdm, NULL, "no progress line on a terminal"},
         {"help", LORA_OPT_FLAG, &a->help, NULL, "show this help"},
         {"version", LORA_OPT_FLAG, &a->version, NULL, "show the version"},
         {0},
@@ -202,9 +202,18 @@ static void serve_table(struct serve_args *a, struct lora_cli_opt *t)
 static int cmd_serve(int argc, char **argv)
 {
     struct serve_args a = {
-        .host = "127.0.0.1", .endpoint = "/v1/completions", .dataset = "random", .rate = "inf",
-        .pmetrics = "ttft,tpot,itl,e2el", .ppercentiles = "99", .port = 8000,
-        .num_prompts = 1000, .in_len = 1024, .out_len = 128, .vocab = 256, .burst = 1.0,
+        .host = "127.0.0.1",
+        .endpoint = "/v1/completions",
+        .dataset = "random",
+        .rate = "inf",
+        .pmetrics = "ttft,tpot,itl,e2el",
+        .ppercentiles = "99",
+        .port = 8000,
+        .num_prompts = 1000,
+        .in_len = 1024,
+        .out_len = 128,
+        .vocab = 256,
+        .burst = 1.0,
         .timeout = 21600,
     };
     struct lora_cli_opt opts[SERVE_N_OPTS];
@@ -238,14 +247,12 @@ static int cmd_serve(int argc, char **argv)
         goto usage;
     }
     if (strcmp(a.endpoint, "/v1/completions") != 0) {
-        snprintf(err, sizeof(err), "--endpoint %s: only /v1/completions is supported",
-                 a.endpoint);
+        snprintf(err, sizeof(err), "--endpoint %s: only /v1/completions is supported", a.endpoint);
         goto usage;
     }
     if (parse_rate(a.rate, &so.client.request_rate, err, sizeof(err)) < 0 ||
         parse_metrics(a.pmetrics, so.metrics, err, sizeof(err)) < 0 ||
-        parse_percentiles(a.ppercentiles, so.percentiles, &so.n_percentiles, err,
-                          sizeof(err)) < 0)
+        parse_percentiles(a.ppercentiles, so.percentiles, &so.n_percentiles, err, sizeof(err)) < 0)
         goto usage;
     for (int i = 0; i < a.lora.n; i++)
         if (!*a.lora.items[i]) {
@@ -270,8 +277,12 @@ static int cmd_serve(int argc, char **argv)
     so.lora_modules = a.lora.items;
     so.n_lora_modules = a.lora.n;
     so.data = (struct dataset_options){
-        .num_prompts = a.num_prompts, .input_len = a.in_len, .output_len = a.out_len,
-        .prefix_len = a.prefix_len, .vocab_size = a.vocab, .range_ratio = a.range,
+        .num_prompts = a.num_prompts,
+        .input_len = a.in_len,
+        .output_len = a.out_len,
+        .prefix_len = a.prefix_len,
+        .vocab_size = a.vocab,
+        .range_ratio = a.range,
         .seed = (uint64_t)a.seed,
     };
     so.client.api_url = path;
@@ -305,7 +316,7 @@ static int cmd_serve(int argc, char **argv)
             snprintf(path, sizeof(path), "%s/%s", a.result_dir, name);
         else
             snprintf(path, sizeof(path), "%s", name);
-        if (bench_write_json(path, r, err, sizeof(err)) < 0) {
+        if (files_write_json(path, r, err, sizeof(err)) < 0) {
             fprintf(stderr, "lora-bench: fatal: %s\n", err);
             rc = EXIT_SYSTEM;
         } else {

@@ -111,9 +111,8 @@ json_t *procs_snapshot(const struct procs_spec *spec, char *err, size_t err_len)
         if (pid == self || !read_proc(pid, comm, sizeof(comm), &cpu, &start))
             continue;
         if (strncmp(comm, "lora-", 5) == 0 && strcmp(comm, "lora-bench") != 0)
-            json_array_append_new(list,
-                                  json_pack("{s:I, s:s, s:f, s:f}", "pid", (json_int_t)pid,
-                                            "program", comm, "cpu_s", cpu, "start", start));
+            json_array_append_new(list, json_pack("{s:I, s:s, s:f, s:f}", "pid", (json_int_t)pid,
+                                                  "program", comm, "cpu_s", cpu, "start", start));
     }
     closedir(d);
     return list;
@@ -123,8 +122,7 @@ static const json_t *find(const json_t *list, const json_t *p)
 {
     size_t i;
     json_t *q;
-    json_array_foreach(list, i, q)
-    {
+    json_array_foreach (list, i, q) {
         if (json_integer_value(json_object_get(q, "pid")) ==
                 json_integer_value(json_object_get(p, "pid")) &&
             json_real_value(json_object_get(q, "start")) ==
@@ -142,8 +140,7 @@ json_t *procs_delta(const json_t *before, const json_t *after)
     json_t *p;
     char note[256];
 
-    json_array_foreach(after, i, p)
-    {
+    json_array_foreach (after, i, p) {
         const json_t *q = find(before, p);
         const char *prog = json_string_value(json_object_get(p, "program"));
         double cpu = json_real_value(json_object_get(p, "cpu_s"));
@@ -151,18 +148,17 @@ json_t *procs_delta(const json_t *before, const json_t *after)
         if (q) {
             cpu -= json_real_value(json_object_get(q, "cpu_s"));
         } else {
-            snprintf(note, sizeof(note), "%s (pid %lld) started during the window: all its CPU time counts",
-                     prog, pid);
+            snprintf(note, sizeof(note),
+                     "%s (pid %lld) started during the window: all its CPU time counts", prog, pid);
             json_array_append_new(notes, json_string(note));
         }
         json_object_set_new(programs, prog,
                             json_real(json_real_value(json_object_get(programs, prog)) + cpu));
-        json_array_append_new(procs, json_pack("{s:I, s:s, s:f}", "pid", (json_int_t)pid,
-                                               "program", prog, "cpu_s", cpu));
+        json_array_append_new(procs, json_pack("{s:I, s:s, s:f}", "pid", (json_int_t)pid, "program",
+                                               prog, "cpu_s", cpu));
         total += cpu;
     }
-    json_array_foreach(before, i, p)
-    {
+    json_array_foreach (before, i, p) {
         if (find(after, p))
             continue;
         snprintf(note, sizeof(note), "%s (pid %lld) ended during the window: its CPU time is lost",

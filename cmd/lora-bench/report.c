@@ -33,7 +33,7 @@
 
 enum metric { TIME, CPU, ENERGY, N_METRICS };
 static const char *const METRIC_KEYS[N_METRICS] = {"time_per_token", "cpu_per_token",
-                                                    "energy_per_token"};
+                                                   "energy_per_token"};
 static const char *const METRIC_TITLES[N_METRICS] = {"time", "stack CPU", "energy net of idle"};
 
 struct report {
@@ -259,9 +259,10 @@ static void section_head(struct report *r)
 {
     json_t *e = json_object_get(r->campaign, "energy");
     md(r, "# %s\n\n", json_string_value(json_object_get(r->cfg, "study")));
-    md(r, "lora-bench report of `%s`: %ld cells planned (%zu configurations x %zu concurrencies "
-          "x %lld repetitions%s), requests to %s, %lld prompt and %lld output tokens each, "
-          "ignore_eos %s. Host %s, %lld CPUs.\n\n",
+    md(r,
+       "lora-bench report of `%s`: %ld cells planned (%zu configurations x %zu concurrencies "
+       "x %lld repetitions%s), requests to %s, %lld prompt and %lld output tokens each, "
+       "ignore_eos %s. Host %s, %lld CPUs.\n\n",
        r->dir, r->n_cells, json_array_size(json_object_get(r->cfg, "configurations")),
        json_array_size(json_object_get(r->cfg, "concurrencies")),
        (long long)json_integer_value(json_object_get(r->cfg, "repetitions")),
@@ -278,16 +279,15 @@ static void section_head(struct report *r)
         md(r, "Energy from:");
         size_t i;
         json_t *s;
-        json_array_foreach(json_object_get(e, "sources"), i, s)
-        {
+        json_array_foreach (json_object_get(e, "sources"), i, s) {
             md(r, " `%s`", json_string_value(s));
         }
-        md(r, "; net of idle at %.2f W (the mean of the idle measurements).\n\n",
-           r->idle_watts);
+        md(r, "; net of idle at %.2f W (the mean of the idle measurements).\n\n", r->idle_watts);
     } else {
-        md(r, "Energy: %s.\n\n", json_string_value(json_object_get(e, "note"))
-                                     ? json_string_value(json_object_get(e, "note"))
-                                     : "not measured");
+        md(r, "Energy: %s.\n\n",
+           json_string_value(json_object_get(e, "note"))
+               ? json_string_value(json_object_get(e, "note"))
+               : "not measured");
     }
 }
 
@@ -336,8 +336,7 @@ static void section_cells(struct report *r)
             const char *first = json_string_value(json_object_get(c, "error"));
             const char *key;
             json_t *v;
-            json_object_foreach(json_object_get(c, "errors"), key, v)
-            {
+            json_object_foreach (json_object_get(c, "errors"), key, v) {
                 if (!first)
                     first = key;
             }
@@ -402,17 +401,16 @@ static void section_costs(struct report *r)
     char b[6][64];
 
     md(r, "## Cost per generated token\n\n");
-    md(r, "Mean over the ok cells (n) of each configuration at each concurrency; band = (max - "
-          "min) / mean over those cells. Time and stack CPU in ms per token, energy in J per "
-          "token; adapters per step is the mean of `lora_step_adapters` over the cell's steps.\n\n");
+    md(r,
+       "Mean over the ok cells (n) of each configuration at each concurrency; band = (max - "
+       "min) / mean over those cells. Time and stack CPU in ms per token, energy in J per "
+       "token; adapters per step is the mean of `lora_step_adapters` over the cell's steps.\n\n");
     md(r, "| configuration | N | traffic | concurrency | n | time | band | stack CPU | band | "
           "energy | band | adapters per step |\n"
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-    json_array_foreach(confs, i, conf)
-    {
+    json_array_foreach (confs, i, conf) {
         const char *name = json_string_value(json_object_get(conf, "name"));
-        json_array_foreach(cs, j, cc)
-        {
+        json_array_foreach (cs, j, cc) {
             long c = (long)json_integer_value(cc);
             struct summary s[N_METRICS];
             for (int m = 0; m < N_METRICS; m++)
@@ -440,8 +438,8 @@ static void section_costs(struct report *r)
         json_t *v;
         if (!r->cells[k] || !cell_ok(r->cells[k]))
             continue;
-        json_object_foreach(json_object_get(json_object_get(r->cells[k], "cpu"), "programs"), p, v)
-        {
+        json_object_foreach (json_object_get(json_object_get(r->cells[k], "cpu"), "programs"), p,
+                             v) {
             int q = 0;
             while (q < n_programs && strcmp(program_names[q], p) != 0)
                 q++;
@@ -458,11 +456,9 @@ static void section_costs(struct report *r)
     for (int p = 0; p <= n_programs; p++)
         md(r, " --- |");
     md(r, "\n");
-    json_array_foreach(confs, i, conf)
-    {
+    json_array_foreach (confs, i, conf) {
         const char *name = json_string_value(json_object_get(conf, "name"));
-        json_array_foreach(cs, j, cc)
-        {
+        json_array_foreach (cs, j, cc) {
             long c = (long)json_integer_value(cc);
             md(r, "| %s | %ld |", name, c);
             for (int p = 0; p <= n_programs; p++) {
@@ -482,8 +478,7 @@ static const char *one_adapter(const struct report *r)
 {
     size_t i;
     json_t *c;
-    json_array_foreach(json_object_get(r->cfg, "configurations"), i, c)
-    {
+    json_array_foreach (json_object_get(r->cfg, "configurations"), i, c) {
         if (json_integer_value(json_object_get(c, "distinct")) == 1 &&
             strcmp(json_string_value(json_object_get(c, "traffic")), "uniform") == 0)
             return json_string_value(json_object_get(c, "name"));
@@ -517,16 +512,15 @@ static void section_margins(struct report *r)
         md(r, "No uniform configuration with one adapter: no margins.\n\n");
         return;
     }
-    md(r, "Margin = mean cost / mean cost of `%s` - 1, for each uniform configuration; the "
-          "bands are the configuration's and N=1's.\n\n",
+    md(r,
+       "Margin = mean cost / mean cost of `%s` - 1, for each uniform configuration; the "
+       "bands are the configuration's and N=1's.\n\n",
        base);
     md(r, "| concurrency | configuration | N | time | bands | stack CPU | bands | energy | bands "
           "|\n| --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-    json_array_foreach(json_object_get(r->cfg, "concurrencies"), j, cc)
-    {
+    json_array_foreach (json_object_get(r->cfg, "concurrencies"), j, cc) {
         long c = (long)json_integer_value(cc);
-        json_array_foreach(json_object_get(r->cfg, "configurations"), i, conf)
-        {
+        json_array_foreach (json_object_get(r->cfg, "configurations"), i, conf) {
             const char *name = json_string_value(json_object_get(conf, "name"));
             if (strcmp(name, base) == 0 ||
                 strcmp(json_string_value(json_object_get(conf, "traffic")), "uniform") != 0)
@@ -544,8 +538,7 @@ static const char *uniform_twin(const struct report *r, const json_t *s)
 {
     size_t i;
     json_t *c;
-    json_array_foreach(json_object_get(r->cfg, "configurations"), i, c)
-    {
+    json_array_foreach (json_object_get(r->cfg, "configurations"), i, c) {
         if (json_integer_value(json_object_get(c, "distinct")) ==
                 json_integer_value(json_object_get(s, "distinct")) &&
             strcmp(json_string_value(json_object_get(c, "traffic")), "uniform") == 0)
@@ -566,11 +559,9 @@ static void section_skew(struct report *r)
     md(r, "| concurrency | skewed | uniform | N | top share | d time | bands | d stack CPU | "
           "bands | d energy | bands |\n"
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-    json_array_foreach(json_object_get(r->cfg, "concurrencies"), j, cc)
-    {
+    json_array_foreach (json_object_get(r->cfg, "concurrencies"), j, cc) {
         long c = (long)json_integer_value(cc);
-        json_array_foreach(json_object_get(r->cfg, "configurations"), i, conf)
-        {
+        json_array_foreach (json_object_get(r->cfg, "configurations"), i, conf) {
             if (strcmp(json_string_value(json_object_get(conf, "traffic")), "skewed") != 0)
                 continue;
             const char *u = uniform_twin(r, conf);
@@ -601,8 +592,7 @@ static void section_rules(struct report *r)
           "two.\n\n");
     md(r, "| rule | statement | concurrency | metric | margin | band | falsified if | verdict |\n"
           "| --- | --- | --- | --- | --- | --- | --- | --- |\n");
-    json_object_foreach(json_object_get(r->cfg, "rules"), key, rule)
-    {
+    json_object_foreach (json_object_get(r->cfg, "rules"), key, rule) {
         const char *conf = json_string_value(json_object_get(rule, "configuration"));
         const char *base = json_string_value(json_object_get(rule, "baseline"));
         const char *test = json_string_value(json_object_get(rule, "falsified_if"));
@@ -611,17 +601,17 @@ static void section_rules(struct report *r)
         json_t *only = json_object_get(rule, "concurrency");
         size_t j;
         json_t *cc;
-        json_array_foreach(json_object_get(r->cfg, "concurrencies"), j, cc)
-        {
+        json_array_foreach (json_object_get(r->cfg, "concurrencies"), j, cc) {
             long c = (long)json_integer_value(cc);
             if (only && json_integer_value(only) != c)
                 continue;
             double ba, bb, x = margin(r, conf, base, c, m, &ba, &bb);
             double band = isfinite(ba) && isfinite(bb) ? fmax(ba, bb) : NAN;
             char verdict[160], cond[96];
-            bool below = strcmp(test, "margin_below") == 0, absu = strcmp(test, "abs_margin_above") == 0;
-            snprintf(cond, sizeof(cond), "%s(%s vs %s) %s %s", absu ? "abs margin" : "margin",
-                     conf, base, below ? "<" : ">", fmt_pct(t, b[0], 64));
+            bool below = strcmp(test, "margin_below") == 0,
+                 absu = strcmp(test, "abs_margin_above") == 0;
+            snprintf(cond, sizeof(cond), "%s(%s vs %s) %s %s", absu ? "abs margin" : "margin", conf,
+                     base, below ? "<" : ">", fmt_pct(t, b[0], 64));
             if (!isfinite(x)) {
                 snprintf(verdict, sizeof(verdict), "not judged: %s",
                          m == ENERGY && !r->energy ? "energy not measured" : "no ok cells");
@@ -649,8 +639,7 @@ static void section_published(struct report *r)
 
     md(r, "## Published figures beside the measured ones\n\n| figure | published | source | "
           "measured here |\n| --- | --- | --- | --- |\n");
-    json_array_foreach(json_object_get(r->cfg, "published"), i, p)
-    {
+    json_array_foreach (json_object_get(r->cfg, "published"), i, p) {
         const char *conf = json_string_value(json_object_get(p, "configuration"));
         const char *base = json_string_value(json_object_get(p, "baseline"));
         enum metric m = metric_of(json_string_value(json_object_get(p, "metric")));
@@ -663,8 +652,7 @@ static void section_published(struct report *r)
         size_t j;
         json_t *cc;
         bool first = true;
-        json_array_foreach(json_object_get(r->cfg, "concurrencies"), j, cc)
-        {
+        json_array_foreach (json_object_get(r->cfg, "concurrencies"), j, cc) {
             double ba, bb, x = margin(r, conf, base, (long)json_integer_value(cc), m, &ba, &bb);
             md(r, "%s %s at concurrency %lld", first ? "" : ",", fmt_pct(x, b[1], 64),
                (long long)json_integer_value(cc));
@@ -677,7 +665,7 @@ static void section_published(struct report *r)
 
 static double fn_latency(const struct report *r, const json_t *c, int which)
 {
-    static const char *const keys[8] = {"median_ttft_ms", "p99_ttft_ms", "median_tpot_ms",
+    static const char *const keys[8] = {"median_ttft_ms", "p99_ttft_ms",   "median_tpot_ms",
                                         "p99_tpot_ms",    "median_itl_ms", "p99_itl_ms",
                                         "median_e2el_ms", "p99_e2el_ms"};
     return num(json_object_get(c, "result"), keys[which]);
@@ -693,11 +681,9 @@ static void section_latency(struct report *r)
           "and p99.\n\n| configuration | concurrency | TTFT p50 | TTFT p99 | TPOT p50 | TPOT p99 "
           "| ITL p50 | ITL p99 | E2EL p50 | E2EL p99 |\n"
           "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |\n");
-    json_array_foreach(json_object_get(r->cfg, "configurations"), i, conf)
-    {
+    json_array_foreach (json_object_get(r->cfg, "configurations"), i, conf) {
         const char *name = json_string_value(json_object_get(conf, "name"));
-        json_array_foreach(json_object_get(r->cfg, "concurrencies"), j, cc)
-        {
+        json_array_foreach (json_object_get(r->cfg, "concurrencies"), j, cc) {
             long c = (long)json_integer_value(cc);
             md(r, "| %s | %ld |", name, c);
             for (int w = 0; w < 8; w++) {
@@ -769,8 +755,8 @@ static int cmp_n(const void *a, const void *b)
 
 /* Writes plot-METRIC.dat (one block per concurrency and traffic: N, mean, min, max) and draws
  * cost-METRIC.png. 0, or -1 with err; *drawn says whether a figure was made. */
-static int plot(struct report *r, enum metric m, const char *png, const char *terminal,
-                bool *drawn, char *err, size_t err_len)
+static int plot(struct report *r, enum metric m, const char *png, const char *terminal, bool *drawn,
+                char *err, size_t err_len)
 {
     static const char *const traffic[2] = {"uniform", "skewed"};
     static const char *const units[N_METRICS] = {"ms per generated token",
@@ -802,20 +788,19 @@ static int plot(struct report *r, enum metric m, const char *png, const char *te
     lora_buf_add_str(&script, line);
     size_t j;
     json_t *cc;
-    json_array_foreach(json_object_get(r->cfg, "concurrencies"), j, cc)
-    {
+    json_array_foreach (json_object_get(r->cfg, "concurrencies"), j, cc) {
         long c = (long)json_integer_value(cc);
         for (int t = 0; t < 2; t++) {
             double rows[256][4];
             int n = 0;
             size_t i;
             json_t *conf;
-            json_array_foreach(json_object_get(r->cfg, "configurations"), i, conf)
-            {
+            json_array_foreach (json_object_get(r->cfg, "configurations"), i, conf) {
                 if (strcmp(json_string_value(json_object_get(conf, "traffic")), traffic[t]) != 0 ||
                     n == 256)
                     continue;
-                struct summary s = cost_of(r, json_string_value(json_object_get(conf, "name")), c, m);
+                struct summary s =
+                    cost_of(r, json_string_value(json_object_get(conf, "name")), c, m);
                 if (!s.n)
                     continue;
                 rows[n][0] = (double)json_integer_value(json_object_get(conf, "distinct"));
@@ -858,9 +843,8 @@ static int section_plots(struct report *r, char *err, size_t err_len)
 {
     static const char *const files[N_METRICS] = {"time", "cpu", "energy"};
     /* pngcairo where gnuplot has it, else the libgd png terminal. */
-    const char *term = run_gnuplot(r->dir, "set terminal pngcairo\n", err, err_len) == 0
-                           ? "pngcairo"
-                           : "png";
+    const char *term =
+        run_gnuplot(r->dir, "set terminal pngcairo\n", err, err_len) == 0 ? "pngcairo" : "png";
     int rc = 0;
     md(r, "## Figures\n\n");
     for (int m = 0; m < N_METRICS; m++) {
@@ -923,8 +907,7 @@ int report_main(int argc, char **argv)
 
     report_table(&a, opts);
     r.dir = argc > 1 && argv[1][0] != '-' ? argv[1] : NULL;
-    if (lora_cli_parse(opts, "LORA_BENCH", argc, argv, r.dir ? 2 : 1, err, sizeof(err)) <
-        0) {
+    if (lora_cli_parse(opts, "LORA_BENCH", argc, argv, r.dir ? 2 : 1, err, sizeof(err)) < 0) {
         fprintf(stderr, "lora-bench: fatal: %s\n", err);
         return EXIT_USAGE;
     }
@@ -937,7 +920,8 @@ int report_main(int argc, char **argv)
         return 0;
     }
     if (!r.dir) {
-        fprintf(stderr, "lora-bench: fatal: give the campaign's directory: lora-bench report DIR\n");
+        fprintf(stderr,
+                "lora-bench: fatal: give the campaign's directory: lora-bench report DIR\n");
         return EXIT_USAGE;
     }
     if (load(&r, err, sizeof(err)) < 0) {

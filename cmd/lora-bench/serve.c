@@ -58,7 +58,8 @@ static int first_model(const char *base, const char *key, char *model, size_t le
         goto out;
     }
     json_t *j = json_loadb(body.data ? body.data : "", body.len, 0, &je);
-    const char *id = json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
+    const char *id =
+        json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
     if (id) {
         snprintf(model, len, "%s", id);
         rc = 0;
@@ -162,7 +163,8 @@ static void peaks(const struct bench_outcome *outs, long n, double *peak_tps, lo
         long c = 0;
         double s = outs[i].start_unix;
         for (long j = 0; j < n; j++)
-            if (outs[j].success && outs[j].start_unix <= s && s < outs[j].start_unix + outs[j].latency)
+            if (outs[j].success && outs[j].start_unix <= s &&
+                s < outs[j].start_unix + outs[j].latency)
                 c++;
         if (c > *peak_conc)
             *peak_conc = c;
@@ -289,8 +291,8 @@ json_t *serve_run(const struct serve_options *o, char *err, size_t err_len)
     else
         json_object_set_new(r, "request_rate", json_real(o->client.request_rate));
     set_real(r, "burstiness", o->client.burstiness);
-    json_object_set_new(r, "max_concurrency", o->client.max_concurrency
-                                                  ? json_integer(o->client.max_concurrency)
+    json_object_set_new(r, "max_concurrency",
+                        o->client.max_concurrency ? json_integer(o->client.max_concurrency)
                                                   : json_null());
     json_object_set_new(r, "dataset_name", json_string("random"));
     json_object_set_new(r, "random_input_len", json_integer(o->data.input_len));
@@ -315,7 +317,7 @@ json_t *serve_run(const struct serve_options *o, char *err, size_t err_len)
     json_object_set_new(r, "request_goodput", json_null());
     set_real(r, "output_throughput", (double)total_out / duration);
     set_real(r, "total_token_throughput", (double)(total_in + total_out) / duration);
-    const char *from = !completed              ? "none"
+    const char *from = !completed             ? "none"
                        : n_usage == completed ? "usage"
                        : n_usage == 0         ? "chunks"
                                               : "usage and chunks";
@@ -350,9 +352,9 @@ json_t *serve_run(const struct serve_options *o, char *err, size_t err_len)
     }
 
     json_t *input_lens = json_array(), *output_lens = json_array(), *ttfts = json_array(),
-           *itls = json_array(), *lat = json_array(), *starts = json_array(),
-           *ends = json_array(), *queues = json_array(), *texts = json_array(),
-           *errors = json_array(), *ms = json_array();
+           *itls = json_array(), *lat = json_array(), *starts = json_array(), *ends = json_array(),
+           *queues = json_array(), *texts = json_array(), *errors = json_array(),
+           *ms = json_array();
     for (long i = 0; i < n; i++) {
         const struct bench_outcome *q = &outs[i];
         json_array_append_new(input_lens, json_integer(q->prompt_len));
@@ -410,8 +412,7 @@ json_t *serve_run(const struct serve_options *o, char *err, size_t err_len)
             for (int k = 0; k < o->n_percentiles; k++) {
                 percentile_word(o->percentiles[k], w, sizeof(w));
                 snprintf(label, sizeof(label), "P%s %s (ms):", w, METRIC_LABELS[m]);
-                print_row(label, stats_percentile(s[m].v, s[m].n, o->percentiles[k]) * 1000,
-                          false);
+                print_row(label, stats_percentile(s[m].v, s[m].n, o->percentiles[k]) * 1000, false);
             }
         }
         print_rule(NULL, '=');
@@ -419,8 +420,8 @@ json_t *serve_run(const struct serve_options *o, char *err, size_t err_len)
             long shown = 0;
             for (long i = 0; i < n && shown < 10; i++)
                 if (!outs[i].success)
-                    fprintf(stderr, "lora-bench: request %ld failed: %s\n", i,
-                            outs[i].error), shown++;
+                    fprintf(stderr, "lora-bench: request %ld failed: %s\n", i, outs[i].error),
+                        shown++;
             if (n - completed > shown)
                 fprintf(stderr, "lora-bench: ... and %ld more failed requests\n",
                         n - completed - shown);
@@ -444,8 +445,7 @@ int serve_result_severity(const json_t *result)
 
     if (json_integer_value(json_object_get(result, "failed")) == 0)
         return 0;
-    json_array_foreach(errors, i, e)
-    {
+    json_array_foreach (errors, i, e) {
         if (strncmp(json_string_value(e) ? json_string_value(e) : "", "unable to connect", 17) == 0)
             unreachable++;
     }
