@@ -272,6 +272,15 @@ EOF
            and (.errors[3] | contains("error event: the engine failed the request"))' "$T/r.json"
 }
 
+@test "serve: a 503 refusal is a failed request with the server's message, its tokens not counted" {
+    start_sse --busy-every 3
+    serve
+    expect_status 1
+    [[ "$stderr" == *"request 2 failed: HTTP 503: the engine is busy"* ]]
+    jq -e '.completed == 8 and .failed == 4 and .total_output_tokens == 80
+           and .errors[5] == "HTTP 503: the engine is busy" and .output_lens[5] == 0' "$T/r.json"
+}
+
 @test "serve: an unknown model is HTTP 404 with the server's message (exit 1)" {
     start_sse
     serve --lora-modules nosuch

@@ -16,6 +16,7 @@ options turn on the behaviours a client must cope with:
   --no-done-every N        every Nth request's stream ends cleanly after half its tokens,
                            without [DONE]
   --error-every N          every Nth request sends an error event after its first token
+  --busy-every N           every Nth request is refused with 503 before any byte of a stream
   --delay-ms D             D ms between tokens (default 1)
   --comments               an SSE comment (": ping") before every event
   --crlf                   lines end with CRLF
@@ -43,6 +44,7 @@ def main():
     p.add_argument("--cut-every", type=int, default=0)
     p.add_argument("--no-done-every", type=int, default=0)
     p.add_argument("--error-every", type=int, default=0)
+    p.add_argument("--busy-every", type=int, default=0)
     p.add_argument("--delay-ms", type=float, default=1.0)
     p.add_argument("--comments", action="store_true")
     p.add_argument("--crlf", action="store_true")
@@ -119,6 +121,8 @@ def main():
             with LOCK:
                 STATE["requests"] += 1
                 number = STATE["requests"]
+            if args.busy_every and number % args.busy_every == 0:
+                return self.error(503, "the engine is busy")
             cut = args.cut_every and number % args.cut_every == 0
             short = args.no_done_every and number % args.no_done_every == 0
             fail = args.error_every and number % args.error_every == 0
