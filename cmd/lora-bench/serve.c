@@ -121,6 +121,14 @@ static void print_rule(const char *title, char c)
     putchar('\n');
 }
 
+static int cmp_event(const void *a, const void *b)
+{
+    const double *x = a, *y = b;
+    if (x[0] != y[0])
+        return x[0] < y[0] ? -1 : 1;
+    return x[1] < y[1] ? -1 : x[1] > y[1];
+}
+
 /* Peak concurrency of the successful requests (a sweep over [start, end)) and the most chunks
  * received within one second of the run, as vLLM reports them. */
 static void peaks(const struct bench_outcome *outs, long n, double *peak_tps, long *peak_conc)
@@ -157,18 +165,26 @@ static void peaks(const struct bench_outcome *outs, long n, double *peak_tps, lo
                 *peak_tps = tps[b];
         free(tps);
     }
+    /* The sweep over [start, end): an end before a start at the same time. */
+    double(*ev)[2] = malloc((size_t)n * 2 * sizeof(*ev));
+    long k = 0, now = 0;
+    if (!ev)
+        return;
     for (long i = 0; i < n; i++) {
         if (!outs[i].success)
             continue;
-        long c = 0;
-        double s = outs[i].start_unix;
-        for (long j = 0; j < n; j++)
-            if (outs[j].success && outs[j].start_unix <= s &&
-                s < outs[j].start_unix + outs[j].latency)
-                c++;
-        if (c > *peak_conc)
-            *peak_conc = c;
+        ev[k][0] = outs[i].start_unix;
+        ev[k++][1] = 1;
+        ev[k][0] = outs[i].start_unix + outs[i].latency;
+        ev[k++][1] = -1;
     }
+    qsort(ev, (size_t)k, sizeof(*ev), cmp_event);
+    for (long i = 0; i < k; i++) {
+        now += (long)ev[i][1];
+        if (now > *peak_conc)
+            *peak_conc = now;
+    }
+    free(ev);
 }
 
 static const char *date_string(char *out, size_t len)
