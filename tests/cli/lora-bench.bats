@@ -73,7 +73,8 @@ small_config() {
                    "configuration": "two", "baseline": "one",
                    "falsified_if": "margin_below", "threshold": 0.05}},
   "published": [{"what": "two against one", "value": 0.06, "metric": "time_per_token",
-                 "configuration": "two", "baseline": "one", "source": "a paper"}]
+                 "configuration": "two", "baseline": "one", "source": "a paper"},
+                {"what": "a figure alone", "value": -0.02}]
 }
 EOF
 }
@@ -403,6 +404,7 @@ failures_are() {
     done
     grep -q '^| H1 | two cost 5% more | 2 | time_per_token | [+-][0-9.]*% | ' <<< "$output"
     grep -q '^| two against one | +6.0% | a paper | [+-][0-9.]*% at concurrency 2 |$' <<< "$output"
+    grep -qxF '| a figure alone | -2.0% |  | (no comparison given) |' <<< "$output"
     [ "$output" = "$(cat "$T/out/report.md")" ]
     [ -s "$T/out/cost-time.png" ] && [ -s "$T/out/cost-cpu.png" ]
     [ "$(head -c 8 "$T/out/cost-time.png" | od -An -tx1 | tr -d ' ')" = 89504e470d0a1a0a ]
