@@ -567,7 +567,7 @@ struct campaign {
     struct energy *energy;
     /* the progress line */
     bool tty;
-    double t0, cell_t0;
+    double t0;
     long n_cells, to_run, ran;
     char what[256];
 };
@@ -796,7 +796,8 @@ static json_t *run_cell(struct campaign *c, const json_t *cell)
     json_t *p0 = procs_snapshot(&c->procs, err, sizeof(err));
     json_t *e0 = energy_snapshot(c->energy);
     double m0 = lora_clock_mono(), u0 = lora_clock_unix();
-    json_t *res = serve_run(&so, err, sizeof(err));
+    char serve_err[2048] = "";
+    json_t *res = serve_run(&so, serve_err, sizeof(serve_err));
     double m1 = lora_clock_mono(), u1 = u0 + (m1 - m0);
     json_t *e1 = energy_snapshot(c->energy);
     json_t *p1 = procs_snapshot(&c->procs, err, sizeof(err));
@@ -806,7 +807,7 @@ static json_t *run_cell(struct campaign *c, const json_t *cell)
     json_object_set_new(out, "tokens", json_integer(tokens));
     if (!res) {
         json_object_set_new(out, "status", json_string("error"));
-        json_object_set_new(out, "error", json_string(err));
+        json_object_set_new(out, "error", json_string(serve_err));
     }
     /* Containment: every request's start and end within the window. */
     json_t *outside = json_array();
