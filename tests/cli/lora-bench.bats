@@ -452,7 +452,7 @@ failures_are() {
 }
 
 @test "campaign: energy from a RAPL package counter and from NVML, net of idle" {
-    start_sse
+    start_sse --delay-ms 20 # cells of half a second: the stand-in counter moves in 20 ms steps
     small_config
     # A stand-in RAPL package at 20 W, counting in microjoules as the kernel does.
     mkdir -p "$T/powercap/intel-rapl:0" "$T/powercap/intel-rapl:0:0" "$T/powercap/intel-rapl"
