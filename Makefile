@@ -38,6 +38,9 @@ CFLAGS += -std=c11 -D_GNU_SOURCE -march=x86-64-v2 $(WARN) -MMD -MP -Ilib -I.
 CPU_BACKEND_CFLAGS := -mavx2 -mfma -mf16c -fopenmp
 LDLIBS += -lopenblas -ljansson -lmsgpackc -lzmq -lmicrohttpd -lpcre2-8 -lutf8proc -lm -lpthread
 LDFLAGS += -fopenmp
+# lora-bench alone speaks HTTP as a client: libcurl, through pkg-config, for it only.
+CURL_CFLAGS := $(shell pkg-config --cflags libcurl 2>/dev/null)
+CURL_LIBS   := $(or $(shell pkg-config --libs libcurl 2>/dev/null),-lcurl)
 ifneq ($(SANITIZE),)
 CFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 LDFLAGS += -fsanitize=$(SANITIZE)
@@ -79,7 +82,7 @@ BINS     := $(PROGRAMS:%=$(BUILD)/bin/%) $(patsubst %.sh,$(BUILD)/bin/%,$(notdir
 DEB_PACKAGES := build-essential pkg-config libmsgpack-dev libzmq3-dev libjansson-dev \
                 libopenblas-dev libmicrohttpd-dev libpcre2-dev libutf8proc-dev bats python3 \
                 python3-numpy python3-msgpack python3-zmq curl jq groff-base python3-yaml \
-                python3-jsonschema prometheus clang
+                python3-jsonschema prometheus clang libcurl4-openssl-dev gnuplot-nox
 
 .DELETE_ON_ERROR:
 .SECONDARY:
@@ -127,6 +130,10 @@ prog_objs = $(patsubst %.c,$(BUILD)/%.o,$(wildcard cmd/$(1)/*.c))
 $(BUILD)/bin/%: $$(call prog_objs,$$*) $(BUILD)/liblora.a
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+# lora-bench: libcurl for its client, libdl to open NVML at run time when it is there.
+$(BUILD)/cmd/lora-bench/%.o: CFLAGS += $(CURL_CFLAGS)
+$(BUILD)/bin/lora-bench: LDLIBS += $(CURL_LIBS) -ldl
 
 # A unit test also links the shared fixtures of tests/unit/fixture.c; a backend test, a bench or
 # a test tool (tests/tools/: small drivers the end-to-end tests call), the library only.
