@@ -629,7 +629,7 @@ assert keys == want, sorted(keys ^ want)
     run --separate-stderr "$WORKER" device --device cpu
     expect_status 0
     [ "${#lines[@]}" -eq 1 ]
-    [[ "$output" =~ ^cpu\ \((AVX2|AVX-512),\ [0-9]+\ threads?\):\ [0-9.]+\ GB\ of\ memory ]]
+    [[ "$output" =~ ^cpu\ \((AVX2|AVX-512)(,\ [A-Za-z0-9\ ]+)*,\ [0-9]+\ threads?\):\ [0-9.]+\ GB\ of\ memory ]]
     [ -z "$stderr" ]
 }
 
