@@ -135,6 +135,16 @@ bool link_registry_wait(struct fe_link *l, const char *name, bool present, int t
     return false;
 }
 
+struct lora_msg_limits fe_link_limits(const struct fe_link *l)
+{
+    return l->limits; /* one thread here: no lock to take */
+}
+
+void fe_link_model(const struct fe_link *l, char *buf, size_t len)
+{
+    snprintf(buf, len, "%s", l->model);
+}
+
 /* ---- the target ---- */
 
 int LLVMFuzzerInitialize(int *argc, char ***argv)
