@@ -1,0 +1,172 @@
+#!/usr/bin/env node
+// Greedy decoding of given token ids with llama.cpp on the CPU, through node-llama-cpp's prebuilt
+// addon (the npm package ships llama.cpp as a Node addon plus its shared libraries, no programs).
+//
+//   node llamacpp_decode.mjs --model M.gguf --prompt-ids 1,2,3 --tokens 32 [--threads 2]
+//        [--batch B] [--lora A.gguf,B.gguf,...] [--prefill N] [--kv-type f16|f32]
+//        [--modules DIR]
+//
+// Prints one JSON object: {tokens, decode_tok_s, prefill_tok_s, ...}.
+//   tokens         the greedy tokens of the first sequence (all of them in "sequences")
+//   decode_tok_s   tokens generated per second after the prompt, over all sequences: from the
+//                  moment every sequence has its first token to the last token
+//   prefill_tok_s  with --prefill N: N prompt tokens (ids (7 i + 11) mod 256) evaluated in
+//                  one sequence, per second; otherwise the prompt's own prefill (small prompts
+//                  make it an overhead figure, not a throughput)
+// --batch B runs B sequences of the prompt in one context: node-llama-cpp puts their pending
+// tokens into one llama_decode batch per step. With --lora (K files), B must be a multiple of K:
+// llama.cpp applies adapters per context, not per sequence, so each adapter gets a context of
+// B/K sequences and the adapters' groups run one after another; the rate is every generated
+// token over the sum of the groups' decode times. Models load with gpuLayers 0 and no mmap
+// prefetch tricks; the weights are read once before timing.
+import path from "node:path";
+import process from "node:process";
+import { fileURLToPath, pathToFileURL } from "node:url";
+
+const here = path.dirname(fileURLToPath(import.meta.url));
+
+function parseArgs(argv) {
+    const o = {
+        model: null, promptIds: null, tokens: 16, threads: 2, batch: 1, lora: [], prefill: 0,
+        kvType: "f16", modules: path.resolve(here, "../../../build/peers/node_modules"),
+        ctx: 0,
+    };
+    for (let i = 0; i < argv.length; i++) {
+        const a = argv[i], v = () => {
+            if (i + 1 >= argv.length) throw new Error(`${a} needs a value`);
+            return argv[++i];
+        };
+        if (a === "--model") o.model = v();
+        else if (a === "--prompt-ids") o.promptIds = v().split(",").map((s) => parseInt(s, 10));
+        else if (a === "--tokens") o.tokens = parseInt(v(), 10);
+        else if (a === "--threads") o.threads = parseInt(v(), 10);
+        else if (a === "--batch") o.batch = parseInt(v(), 10);
+        else if (a === "--lora") o.lora = v().split(",").filter(Boolean);
+        else if (a === "--prefill") o.prefill = parseInt(v(), 10);
+        else if (a === "--kv-type") o.kvType = v().toLowerCase();
+        else if (a === "--modules") o.modules = v();
+        else if (a === "--ctx") o.ctx = parseInt(v(), 10);
+        else if (a === "--help") {
+            console.log("usage: llamacpp_decode.mjs --model M.gguf --prompt-ids IDS --tokens N " +
+                "[--threads T] [--batch B] [--lora A.gguf,...] [--prefill N] [--kv-type f16|f32]");
+            process.exit(0);
+        } else throw new Error(`unknown option ${a}`);
+    }
+    if (!o.model || !o.promptIds || o.promptIds.some((x) => !Number.isInteger(x) || x < 0))
+        throw new Error("--model and --prompt-ids are required");
+    if (!(o.tokens >= 1) || !(o.batch >= 1) || !(o.threads >= 1))
+        throw new Error("--tokens, --batch and --threads must be positive");
+    if (o.lora.length && o.batch % o.lora.length)
+        throw new Error("--batch must be a multiple of the number of --lora files");
+    if (!["f16", "f32"].includes(o.kvType)) throw new Error("--kv-type is f16 or f32");
+    return o;
+}
+
+const now = () => Number(process.hrtime.bigint()) / 1e9;
+
+// Runs n sequences of the prompt in one context, greedily, to `tokens` tokens each. Returns
+// the tokens and the times at which each sequence got its first and its last token.
+async function decodeGroup(context, promptIds, tokens) {
+    const seqs = [];
+    for (let s = 0; s < context.totalSequences; s++) seqs.push(context.getSequence());
+    const t0 = now();
+    const runs = seqs.map(async (seq) => {
+        const out = [];
+        let first = 0, last = 0;
+        for await (const tok of seq.evaluate(promptIds, { temperature: 0, yieldEogToken: true })) {
+            last = now();
+            if (out.length === 0) first = last;
+            out.push(tok);
+            if (out.length >= tokens) break;
+        }
+        return { out, first, last };
+    });
+    const res = await Promise.all(runs);
+    for (const seq of seqs) seq.dispose();
+    const firstAll = Math.max(...res.map((r) => r.first));
+    const lastAll = Math.max(...res.map((r) => r.last));
+    return {
+        sequences: res.map((r) => r.out),
+        prefill_s: firstAll - t0,
+        decode_s: lastAll - firstAll,
+        decoded: res.reduce((n, r) => n + r.out.length - 1, 0),
+    };
+}
+
+async function main() {
+    const o = parseArgs(process.argv.slice(2));
+    const nlc = await import(pathToFileURL(path.join(o.modules, "node-llama-cpp", "dist", "index.js")).href);
+    const llama = await nlc.getLlama({
+        gpu: false, build: "never", usePrebuiltBinaries: true, maxThreads: o.threads,
+        logLevel: nlc.LlamaLogLevel.error, progressLogs: false,
+    });
+    const tLoad = now();
+    const model = await llama.loadModel({ modelPath: o.model, gpuLayers: 0, useMmap: true });
+    const loadS = now() - tLoad;
+    const groups = o.lora.length ? o.lora.map((f) => ({ lora: f })) : [{ lora: null }];
+    const perGroup = o.batch / groups.length;
+    const ctxSize = o.ctx || Math.max(o.promptIds.length + o.tokens + 16, o.prefill + 16, 64);
+    const common = {
+        sequences: perGroup, contextSize: ctxSize, batchSize: Math.max(512, o.prefill),
+        threads: { ideal: o.threads, min: o.threads }, flashAttention: false,
+        experimentalKvCacheKeyType: o.kvType.toUpperCase(),
+        experimentalKvCacheValueType: o.kvType.toUpperCase(),
+        ignoreMemorySafetyChecks: true, failedCreationRemedy: false,
+    };
+    for (const g of groups) {
+        g.context = await model.createContext({
+            ...common, ...(g.lora ? { lora: { adapters: [{ filePath: g.lora, scale: 1 }] } } : {}),
+        });
+    }
+    // Warm-up: one short generation per context pages the weights and adapters in.
+    for (const g of groups) await decodeGroup(g.context, o.promptIds, 2);
+
+    let decodeS = 0, decoded = 0, promptS = 0;
+    const sequences = [];
+    for (const g of groups) {
+        const r = await decodeGroup(g.context, o.promptIds, o.tokens);
+        decodeS += r.decode_s;
+        decoded += r.decoded;
+        promptS += r.prefill_s;
+        sequences.push(...r.sequences);
+    }
+    const result = {
+        engine: "llama.cpp",
+        binding: "node-llama-cpp",
+        model: path.basename(o.model),
+        threads: o.threads,
+        batch: o.batch,
+        adapters: o.lora.length,
+        kv_type: o.kvType,
+        tokens: sequences[0],
+        sequences: o.batch > 1 ? sequences : undefined,
+        decode_tok_s: decoded / decodeS,
+        decode_s: decodeS,
+        decoded,
+        prompt_s: promptS,
+        load_s: loadS,
+    };
+    if (o.prefill > 0) {
+        const ctx = groups[0].context;
+        const ids = [];
+        for (let i = 0; i < o.prefill; i++) ids.push((7 * i + 11) % 256); // the same ids in every peer
+        const seq = ctx.getSequence();
+        await seq.evaluateWithoutGeneratingNewTokens(ids.slice(0, 8)); // warm the path
+        await seq.clearHistory();
+        const t = now();
+        await seq.evaluateWithoutGeneratingNewTokens(ids);
+        result.prefill_tokens = o.prefill;
+        result.prefill_tok_s = o.prefill / (now() - t);
+        seq.dispose();
+    } else {
+        result.prefill_tok_s = o.promptIds.length * o.batch / promptS;
+    }
+    for (const g of groups) await g.context.dispose();
+    await model.dispose();
+    process.stdout.write(JSON.stringify(result) + "\n");
+}
+
+main().catch((e) => {
+    process.stderr.write(`llamacpp_decode: ${e && e.stack ? e.stack : e}\n`);
+    process.exit(1);
+});
