@@ -3,10 +3,13 @@
 as `lora-worker make-model` writes it), eager, on the CPU, with a KV cache: greedy decoding of
 given token ids, decode tokens/s at a batch size, and prefill tokens/s.
 
-    torch_decode.py --model DIR --prompt-ids 1,2,3 --tokens 32 [--batch 32] [--threads 2]
+    torch_decode.py --model DIR --prompt-ids 1,2,3 --tokens 32 [--batch 1,32] [--threads 2]
                     [--dtype bfloat16|float32] [--prefill 256]
 
-Prints one JSON object: {tokens, decode_tok_s, prefill_tok_s, ...}. The layers follow
+Prints one JSON object: {tokens, decode_tok_s, prefill_tok_s, runs: [one per batch size]}
+(tokens and decode_tok_s of the first batch size at the top level). Several prompts
+(--prompt-ids 1,2;3,4) add prompt_tokens, each prompt's greedy tokens at batch 1; the first
+prompt is the timed one. The layers follow
 transformers' eager Llama/Qwen2 code, so bfloat16 here is what "the model in PyTorch, bf16"
 means: RMSNorm in float32 and cast back, rotary tables in float32 cast to the model's dtype,
 softmax in float32, everything else in the model's dtype. float32 is for checking the greedy
@@ -125,18 +128,19 @@ def main():
     ap.add_argument("--model", required=True)
     ap.add_argument("--prompt-ids", required=True)
     ap.add_argument("--tokens", type=int, default=16)
-    ap.add_argument("--batch", type=int, default=1)
+    ap.add_argument("--batch", default="1", help="batch size, or several: 1,32")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--dtype", choices=sorted(DTYPES), default="bfloat16")
     ap.add_argument("--prefill", type=int, default=0, help="also time a prefill of N tokens")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    prompt = [int(s) for s in a.prompt_ids.split(",")]
+    prompts = [[int(s) for s in p.split(",")] for p in a.prompt_ids.split(";")]
+    prompt = prompts[0]
     t = time.perf_counter()
     m = Model(a.model, DTYPES[a.dtype])
     load_s = time.perf_counter() - t
 
-    def generate(batch, n):
+    def generate(batch, n, prompt=prompt):
         cache = m.new_cache(batch, len(prompt) + n)
         ids = torch.tensor([prompt] * batch)
         t0 = time.perf_counter()
@@ -151,14 +155,18 @@ def main():
         t2 = time.perf_counter()
         return torch.stack(out, 1).tolist(), t1 - t0, t2 - t1
 
-    generate(a.batch, 2)  # warm-up: first calls allocate and pick kernels
-    seqs, prompt_s, decode_s = generate(a.batch, a.tokens)
+    runs = []
+    for batch in [int(b) for b in a.batch.split(",")]:
+        generate(batch, 2)  # warm-up: first calls allocate and pick kernels
+        seqs, prompt_s, decode_s = generate(batch, a.tokens)
+        runs.append({"batch": batch, "tokens": seqs[0], "sequences": seqs if batch > 1 else None,
+                     "decode_tok_s": batch * (a.tokens - 1) / decode_s if a.tokens > 1 else None,
+                     "decode_s": decode_s, "decoded": batch * (a.tokens - 1),
+                     "prompt_s": prompt_s})
     res = {"engine": "pytorch", "version": torch.__version__, "dtype": a.dtype,
-           "threads": a.threads, "batch": a.batch, "tokens": seqs[0],
-           "sequences": seqs if a.batch > 1 else None,
-           "decode_tok_s": a.batch * (a.tokens - 1) / decode_s if a.tokens > 1 else None,
-           "decode_s": decode_s, "decoded": a.batch * (a.tokens - 1), "prompt_s": prompt_s,
-           "load_s": load_s}
+           "threads": a.threads, "load_s": load_s, **runs[0], "runs": runs}
+    if len(prompts) > 1:  # the other prompts at batch 1, untimed (agreement checks)
+        res["prompt_tokens"] = [generate(1, a.tokens, p)[0][0] for p in prompts]
     if a.prefill:
         ids = torch.tensor([[(7 * i + 11) % 256 for i in range(a.prefill)]])
         m.forward(ids[:, :8], 0, m.new_cache(1, 8))
@@ -167,8 +175,6 @@ def main():
         m.forward(ids, 0, cache)
         res["prefill_tokens"] = a.prefill
         res["prefill_tok_s"] = a.prefill / (time.perf_counter() - t)
-    else:
-        res["prefill_tok_s"] = a.batch * len(prompt) / prompt_s
     print(json.dumps(res))
 
 
