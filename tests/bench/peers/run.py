@@ -257,7 +257,7 @@ def agreement(ours, llama, torch, p, args):
                 check(f"{name}, adapter {i}: llama.cpp F32 + LoRA GGUF vs lora-worker",
                       seqs[i], ref[i])
     # the benchmark model itself, unless it is one of the small ones (--quick)
-    if llama and p.model not in [m for m, _, _ in p.small.values()]:
+    if llama and "f32" in p.ggufs and p.model not in [m for m, _, _ in p.small.values()]:
         _, ref = ours.generate(p.ours_model, [PROMPT], n)
         got = llama.run(p.ggufs["f32"], 1, n, kv="f32")["tokens"]
         check(f"{p.shape}: llama.cpp F32 vs lora-worker", got, ref[0])
@@ -438,6 +438,9 @@ def main():
         if t not in TYPE_LABEL:
             raise SystemExit(f"bench-peers: unknown GGUF type {t}")
 
+    if big and not (args.ours_dtype or args.ours_quantization):
+        raise SystemExit("bench-peers: the 7b shape needs --ours-dtype bfloat16 or "
+                         "--ours-quantization int8 (its float32 weights would take 30 GB)")
     llama = None
     if not args.no_llamacpp:
         if not os.path.exists(os.path.join(args.modules, "node-llama-cpp", "package.json")):
@@ -451,6 +454,7 @@ def main():
         torch = Torch(args.threads)
 
     t0 = time.time()
+    run([PYTHON, os.path.join(HERE, "gguf_write.py"), "self-check"])
     log(f"bench-peers: preparing {shape} in {args.cache}")
     p = Prepared()
     p.shape = shape

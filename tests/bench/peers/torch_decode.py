@@ -41,6 +41,8 @@ class Model:
         self.cfg, self.dtype = cfg, dtype
 
         def w(name):
+            if dtype == torch.bfloat16 and st.dtype(name) == "BF16":  # as stored, no float32 copy
+                return torch.from_numpy(np.array(st.raw(name)[1]).view(np.int16)).view(torch.bfloat16)
             return torch.from_numpy(np.ascontiguousarray(st.f32(name))).to(dtype)
 
         self.embed = w("model.embed_tokens.weight")
