@@ -281,12 +281,42 @@ def timed_tokens(ours, tokens, p):
 
 # ---- timing ------------------------------------------------------------------------------------
 
+HZ = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_snapshot():
+    """(wall, CPU seconds of the whole machine, CPU seconds of this process and its children)."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    busy = sum(v) - v[3] - v[4]  # all but idle and iowait (guest time is already in user)
+    ru = os.times()
+    return time.perf_counter(), busy / HZ, ru.user + ru.system + ru.children_user + ru.children_system
+
+
+def others_load(a, b):
+    """Cores' worth of CPU that other processes used between two snapshots."""
+    wall = b[0] - a[0]
+    return max(0.0, ((b[1] - a[1]) - (b[2] - a[2])) / wall) if wall > 0 else 0.0
+
+
+def wait_idle(limit, threshold=0.15, window=0.5):
+    """Waits, up to limit seconds, for a window in which other processes use under threshold
+    cores (the machine is shared). Returns the last window's load."""
+    end = time.time() + limit
+    while True:
+        a = cpu_snapshot()
+        time.sleep(window)
+        load = others_load(a, cpu_snapshot())
+        if load < threshold or time.time() >= end:
+            return load
+
 def measure(ours, llama, torch, p, args):
     ads = p.adapters
     loras = [g for _, _, g in ads]
     bt = args.batch_tokens
     jobs = []  # (key, function returning {row: value})
     tokens = {}  # peer -> greedy tokens at batch 1 (last round)
+    interference = []  # per job: cores used by other processes meanwhile
 
     def ours_job():
         def f():
@@ -343,18 +373,22 @@ def measure(ours, llama, torch, p, args):
         order = jobs[rnd % len(jobs):] + jobs[:rnd % len(jobs)]
         t = time.time()
         for name, f in order:
-            tj = time.time()
+            if args.wait_idle > 0:
+                wait_idle(args.wait_idle)
+            a = cpu_snapshot()
             for k, v in f().items():
                 samples.setdefault(k, []).append(v)
+            b = cpu_snapshot()
+            interference.append(others_load(a, b))
             if args.verbose:
-                log(f"    {name}: {time.time() - tj:.1f} s")
+                log(f"    {name}: {b[0] - a[0]:.1f} s, other processes {interference[-1]:.2f} cores")
         log(f"  round {rnd + 1}/{args.rounds}: {time.time() - t:.0f} s")
     med = {}
     for k, v in samples.items():
         good = [x for x in v if x == x]  # a differential timing can come out negative: NaN
         if good:
             med[k] = statistics.median(good)
-    return med, samples, tokens
+    return med, samples, tokens, interference
 
 
 def table(med, p, args, ours_label):
@@ -422,6 +456,9 @@ def main():
     ap.add_argument("--no-agreement", action="store_true")
     ap.add_argument("--json", default=None, help="also write the results to this file")
     ap.add_argument("--verbose", action="store_true", help="log each timed job's duration")
+    ap.add_argument("--wait-idle", type=float, default=None,
+                    help="before each timed job, wait up to this many seconds for the other "
+                         "processes to use under 0.15 cores (default 20; --quick: 0)")
     args = ap.parse_args()
 
     q = args.quick
@@ -430,6 +467,8 @@ def main():
     args.tokens = args.tokens or (8 if q else 32)
     args.batch_tokens = args.batch_tokens or (4 if q else 16)
     args.prefill = args.prefill or (32 if q else 256)
+    if args.wait_idle is None:
+        args.wait_idle = 0 if q else 20
     args.batches = [int(b) for b in args.batches.split(",") if b]
     big = shape == "7b"
     types = (args.types or ("bf16,q8_0" if big else ",".join(GGUF_TYPES))).split(",")
@@ -493,7 +532,7 @@ def main():
                 return 1
         t = time.time()
         log(f"bench-peers: {args.rounds} interleaved rounds")
-        med, samples, tokens = measure(ours, llama, torch, p, args)
+        med, samples, tokens, interference = measure(ours, llama, torch, p, args)
         log(f"bench-peers: timed in {time.time() - t:.0f} s")
         lines = timed_tokens(ours, tokens, p)
         if lines:
@@ -509,6 +548,11 @@ def main():
     print(f"batch 1: {args.tokens} tokens after an {len(PROMPT)}-token prompt; larger batches: "
           f"{args.batch_tokens} tokens per sequence; llama.cpp with adapters: one adapter's "
           f"requests at a time; PyTorch: no adapters, eager bfloat16")
+    busy = statistics.median(interference) if interference else 0.0
+    print(f"other processes used a median of {busy:.2f} cores (at most {max(interference or [0]):.2f}) "
+          f"while jobs ran" + ("; with 2 threads on a shared machine such figures are not reliable"
+                               if busy > 0.2 else ""))
+    result["other_processes_cores"] = interference
     result["median_tok_s"] = {f"{k[0]} {k[1]}": v for k, v in med.items()}
     result["samples_tok_s"] = {f"{k[0]} {k[1]}": v for k, v in samples.items()}
     if args.json:
