@@ -161,13 +161,13 @@ class Ours:
         tn, toks = self.generate(model, prompts, tokens + 1, ads, assign)
         if batch == 1 and not ads:
             self.b1_tokens = toks[0]
-        return batch * tokens / (tn - t1) if tn > t1 else float("nan")
+        return batch * tokens / (tn - t1) if tn - t1 > 0.01 else float("nan")
 
     def prefill_rate(self, model, n):
         ids = [(7 * i + 11) % 256 for i in range(n)]
         t1, _ = self.generate(model, [ids[:1]], 1)
         tn, _ = self.generate(model, [ids], 1)
-        return (n - 1) / (tn - t1) if tn > t1 else float("nan")
+        return (n - 1) / (tn - t1) if tn - t1 > 0.01 else float("nan")
 
 
 def prompt_arg(prompt):
@@ -376,22 +376,29 @@ def measure(ours, llama, torch, p, args):
             if args.wait_idle > 0:
                 wait_idle(args.wait_idle)
             a = cpu_snapshot()
-            for k, v in f().items():
-                samples.setdefault(k, []).append(v)
+            got = f()
             b = cpu_snapshot()
             interference.append(others_load(a, b))
+            for k, v in got.items():
+                samples.setdefault(k, []).append((v, interference[-1]))
             if args.verbose:
                 log(f"    {name}: {b[0] - a[0]:.1f} s, other processes {interference[-1]:.2f} cores")
         log(f"  round {rnd + 1}/{args.rounds}: {time.time() - t:.0f} s")
-    med = {}
+    # The median of the samples taken while other processes used under args.quiet cores, or of
+    # all when none was (such cells are marked); a differential timing can come out as NaN.
+    med, noisy = {}, set()
     for k, v in samples.items():
-        good = [x for x in v if x == x]  # a differential timing can come out negative: NaN
-        if good:
+        good = [x for x, load in v if x == x]
+        quiet = [x for x, load in v if x == x and load < args.quiet]
+        if quiet:
+            med[k] = statistics.median(quiet)
+        elif good:
             med[k] = statistics.median(good)
-    return med, samples, tokens, interference
+            noisy.add(k)
+    return med, noisy, samples, tokens, interference
 
 
-def table(med, p, args, ours_label):
+def table(med, noisy, p, args, ours_label):
     rows = [("b1", "decode, batch 1")]
     for b in args.batches:
         rows.append((f"b{b}-ad", f"decode, batch {b}, {N_ADAPTERS} adapters"))
@@ -410,9 +417,9 @@ def table(med, p, args, ours_label):
             if v is None:
                 line.append("-")
             elif c == "ours" or ref is None:
-                line.append(f"{v:.1f}")
+                line.append(f"{v:.1f}" + ("*" if (key, c) in noisy else ""))
             else:
-                line.append(f"{v:.1f} ({ref / v:.2f}x)")
+                line.append(f"{v:.1f} ({ref / v:.2f}x)" + ("*" if (key, c) in noisy else ""))
         out.append(line)
     widths = [max(len(r[i]) for r in out) for i in range(len(head))]
     text = []
@@ -459,6 +466,8 @@ def main():
     ap.add_argument("--wait-idle", type=float, default=None,
                     help="before each timed job, wait up to this many seconds for the other "
                          "processes to use under 0.15 cores (default 20; --quick: 0)")
+    ap.add_argument("--quiet", type=float, default=0.3,
+                    help="samples count as quiet while other processes use under this many cores")
     args = ap.parse_args()
 
     q = args.quick
@@ -532,7 +541,7 @@ def main():
                 return 1
         t = time.time()
         log(f"bench-peers: {args.rounds} interleaved rounds")
-        med, samples, tokens, interference = measure(ours, llama, torch, p, args)
+        med, noisy, samples, tokens, interference = measure(ours, llama, torch, p, args)
         log(f"bench-peers: timed in {time.time() - t:.0f} s")
         lines = timed_tokens(ours, tokens, p)
         if lines:
@@ -544,17 +553,19 @@ def main():
     print()
     print(f"{shape}: decode and prefill tokens/s, {args.threads} threads, median of "
           f"{args.rounds} interleaved round(s); (x) = lora-stack / peer, above 1 = lora-stack faster")
-    print(table(med, p, args, ours_label))
+    print(table(med, noisy, p, args, ours_label))
     print(f"batch 1: {args.tokens} tokens after an {len(PROMPT)}-token prompt; larger batches: "
           f"{args.batch_tokens} tokens per sequence; llama.cpp with adapters: one adapter's "
           f"requests at a time; PyTorch: no adapters, eager bfloat16")
     busy = statistics.median(interference) if interference else 0.0
     print(f"other processes used a median of {busy:.2f} cores (at most {max(interference or [0]):.2f}) "
-          f"while jobs ran" + ("; with 2 threads on a shared machine such figures are not reliable"
-                               if busy > 0.2 else ""))
+          f"while the jobs ran; medians over the samples taken while they used under "
+          f"{args.quiet} cores" + (f"; * = no such sample, a median of all: not reliable"
+                                   if noisy else ""))
     result["other_processes_cores"] = interference
+    result["noisy"] = [f"{k[0]} {k[1]}" for k in sorted(noisy)]
     result["median_tok_s"] = {f"{k[0]} {k[1]}": v for k, v in med.items()}
-    result["samples_tok_s"] = {f"{k[0]} {k[1]}": v for k, v in samples.items()}
+    result["samples_tok_s_and_other_cores"] = {f"{k[0]} {k[1]}": v for k, v in samples.items()}
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
