@@ -19,8 +19,11 @@
 // tokens into one llama_decode batch per step. With --lora (K files), B must be a multiple of K:
 // llama.cpp applies adapters per context, not per sequence, so each adapter gets a context of
 // B/K sequences and the adapters' groups run one after another; the rate is every generated
-// token over the sum of the groups' decode times. Models load with gpuLayers 0 and no mmap
-// prefetch tricks; the weights are read once before timing.
+// token over the sum of the groups' decode times. Models load with gpuLayers 0 (memory-mapped);
+// a two-token warm-up per context reads the weights before timing. Contexts use llama.cpp's
+// default KV cache type (F16; --kv-type f32 for agreement checks) and no flash attention
+// (node-llama-cpp's default). The sampler is node-llama-cpp's, at temperature 0 (greedy), and
+// runs on every step: its cost is part of the figures, as lora-worker's sampling is of ours.
 import path from "node:path";
 import process from "node:process";
 import { fileURLToPath, pathToFileURL } from "node:url";
@@ -77,7 +80,7 @@ const now = () => Number(process.hrtime.bigint()) / 1e9;
 // up to 32 micro-batches of one token: batch-1 speed. Putting the queued tokens in sequence-id
 // order keeps a step in one micro-batch. The queue is internal to node-llama-cpp (pinned
 // version); the batch items are built from it in the same order.
-function bySequenceId(group, { items, size }, nlc) {
+function bySequenceId(group, { items, size }) {
     const queued = group.context && group.context._queuedDecodes ? [...group.context._queuedDecodes] : null;
     let ordered = items;
     if (queued && queued.length === items.length) {
@@ -145,6 +148,12 @@ async function decodeGroup(group, promptIds, tokens) {
     };
 }
 
+async function bindingVersion(modules) {
+    const fs = await import("node:fs/promises");
+    const pkg = JSON.parse(await fs.readFile(path.join(modules, "node-llama-cpp", "package.json"), "utf8"));
+    return pkg.version;
+}
+
 async function main() {
     const o = parseArgs(process.argv.slice(2));
     const nlc = await import(pathToFileURL(path.join(o.modules, "node-llama-cpp", "dist", "index.js")).href);
@@ -170,7 +179,7 @@ async function main() {
     for (const g of groups) {
         g.context = await model.createContext({
             ...common, ...(g.lora ? { lora: { adapters: [{ filePath: g.lora, scale: 1 }] } } : {}),
-            batching: { itemPrioritizationStrategy: (arg) => bySequenceId(g, arg, nlc) },
+            batching: { itemPrioritizationStrategy: (arg) => bySequenceId(g, arg) },
         });
     }
     // Warm-up: one short generation per context pages the weights and adapters in.
@@ -187,7 +196,9 @@ async function main() {
     }
     const result = {
         engine: "llama.cpp",
-        binding: "node-llama-cpp",
+        llama_cpp: llama.llamaCppRelease,
+        binding: `node-llama-cpp ${await bindingVersion(o.modules)}`,
+        cpu: llama.systemInfo.trim(),
         model: path.basename(o.model),
         threads: o.threads,
         batch: o.batch,
