@@ -3,7 +3,10 @@
 #   make test            build, then run unit, cli and end-to-end tests
 #   make deps            install missing Debian packages (as root) or print the command
 #   make demo            start the stack on the demo model, query it, stop it
-#   make bench           build and run the benchmarks in tests/bench
+#   make bench           build and run the benchmarks in tests/bench (bench-peers included)
+#   make bench-peers     lora-stack's CPU decode beside llama.cpp and PyTorch (tests/bench/peers;
+#                        BENCH_PEERS_ARGS=--quick for a pipeline check on a tiny model)
+#   make bench-deps      install what only the benchmarks need (node-llama-cpp into build/peers)
 #   make install         programs and manual pages under PREFIX (default /usr/local)
 #   make SANITIZE=address,undefined test    the same under sanitizers (separate build dir)
 #   make fuzz [FUZZ_SECONDS=N]  build the libFuzzer targets of tests/fuzz with clang (ASan,
@@ -86,7 +89,7 @@ DEB_PACKAGES := build-essential pkg-config libmsgpack-dev libzmq3-dev libjansson
 
 .DELETE_ON_ERROR:
 .SECONDARY:
-.PHONY: all deps test demo bench clean format install fuzz fuzz-build
+.PHONY: all deps test demo bench bench-deps bench-peers clean format install fuzz fuzz-build
 .DEFAULT_GOAL := all
 
 all: $(BINS) $(UNITS) $(BACKEND_TESTS) $(BENCHES) $(TOOLS)
@@ -173,6 +176,44 @@ bench: deps
 	@echo "== tests/bench/protocol_share.py"; $(PYTHON) tests/bench/protocol_share.py --bin $(BUILD)/bin
 	@echo "== tests/bench/frontend_overhead.py"; OMP_WAIT_POLICY=passive $(PYTHON) tests/bench/frontend_overhead.py --bin $(BUILD)/bin
 	@echo "== tests/bench/metrics_scrape.py"; $(PYTHON) tests/bench/metrics_scrape.py --bin $(BUILD)/bin
+	@$(MAKE) --no-print-directory bench-peers
+
+# Packages only the benchmarks use, never the tests: Debian's numpy and PyTorch for the Python
+# peers, and llama.cpp's prebuilt CPU build from npm (node-llama-cpp and its linux-x64 binaries,
+# the versions pinned by tests/bench/peers/package-lock.json) installed into build/peers; the
+# benchmark downloads nothing when it runs. node-llama-cpp needs Node.js 20 or later.
+BENCH_DEB_PACKAGES := python3-numpy python3-torch
+PEERS_DIR := build/peers
+bench-deps:
+	@missing=""; for p in $(BENCH_DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}\n' $$p 2>/dev/null | grep -q 'install ok installed' || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "lora-stack: installing$$missing"; \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing || exit 1; \
+	  else \
+	    echo "lora-stack: missing packages; run: sudo apt-get install -y$$missing" >&2; exit 1; \
+	  fi; \
+	fi
+	@node -e 'process.exit(+process.versions.node.split(".")[0] >= 20 ? 0 : 1)' 2>/dev/null || \
+	  { echo "lora-stack: bench-peers needs Node.js 20 or later with npm" >&2; exit 1; }
+	@if ! cmp -s tests/bench/peers/package-lock.json $(PEERS_DIR)/package-lock.json || \
+	    [ ! -f $(PEERS_DIR)/node_modules/@node-llama-cpp/linux-x64/package.json ]; then \
+	  mkdir -p $(PEERS_DIR) && \
+	  cp tests/bench/peers/package.json tests/bench/peers/package-lock.json $(PEERS_DIR)/ && \
+	  echo "lora-stack: npm install into $(PEERS_DIR)" && \
+	  NODE_LLAMA_CPP_SKIP_DOWNLOAD=true npm install --prefix $(PEERS_DIR) --omit=optional --ignore-scripts \
+	    --no-audit --no-fund --loglevel=error; \
+	fi
+
+# lora-stack beside llama.cpp and PyTorch (tests/bench/peers/run.py): prepares the 0.5B-shape
+# model, GGUFs and adapters once in build/peers/cache, checks greedy agreement, times.
+BENCH_PEERS_ARGS ?=
+bench-peers: deps bench-deps
+	@$(MAKE) --no-print-directory $(BUILD)/bin/lora-worker
+	@echo "== tests/bench/peers/run.py $(BENCH_PEERS_ARGS)"
+	@$(PYTHON) tests/bench/peers/run.py --bin $(BUILD)/bin $(BENCH_PEERS_ARGS)
 
 # Fuzzing: every decoder of untrusted input has a libFuzzer target in tests/fuzz/fuzz_*.c, with
 # a small seed corpus in tests/fuzz/corpus/<target>/. The library is compiled again with clang
