@@ -38,9 +38,9 @@
 #include "backend/cuda/backend_cuda_impl.h"
 #include "backend/cuda/cuda_device.h"
 
-#define WORK_BYTES      ((size_t)64 << 20) /* matmul chunks, attention partials */
-#define BLAS_WS_BYTES   ((size_t)32 << 20) /* cuBLAS's workspace (its advice for Hopper) */
-#define ALIGN           256
+#define WORK_BYTES    ((size_t)64 << 20) /* matmul chunks, attention partials */
+#define BLAS_WS_BYTES ((size_t)32 << 20) /* cuBLAS's workspace (its advice for Hopper) */
+#define ALIGN         256
 
 static size_t align_up(size_t n)
 {
@@ -138,8 +138,7 @@ static void *stage(struct cuda_be *cb, int r, const void *host, size_t bytes)
     g->len = bytes;
     /* From pageable memory: staged by the driver before the call returns, so the shadow may
      * change at once; the device region is read by the launches queued after this copy. */
-    g->valid = ok(cb, cudaMemcpyAsync(g->dev, g->shadow, bytes, cudaMemcpyHostToDevice,
-                                      cb->stream),
+    g->valid = ok(cb, cudaMemcpyAsync(g->dev, g->shadow, bytes, cudaMemcpyHostToDevice, cb->stream),
                   "staging an index table");
     return g->valid ? g->dev : NULL;
 }
@@ -214,8 +213,9 @@ static int cuda_upload(struct lora_backend *be, struct lora_buffer *dst, size_t 
     if (in_bounds(cb, dst, offset, bytes, err, err_len) < 0)
         return -1;
     if (enter(cb) && bytes)
-        ok(cb, cudaMemcpyAsync((char *)dst->base + offset, src, bytes, cudaMemcpyHostToDevice,
-                               cb->stream),
+        ok(cb,
+           cudaMemcpyAsync((char *)dst->base + offset, src, bytes, cudaMemcpyHostToDevice,
+                           cb->stream),
            "upload");
     return lora_cuda_wait(cb, err, err_len);
 }
@@ -228,8 +228,9 @@ static int cuda_download(struct lora_backend *be, void *dst, const struct lora_b
     if (in_bounds(cb, src, offset, bytes, err, err_len) < 0)
         return -1;
     if (enter(cb) && bytes)
-        ok(cb, cudaMemcpyAsync(dst, (const char *)src->base + offset, bytes,
-                               cudaMemcpyDeviceToHost, cb->stream),
+        ok(cb,
+           cudaMemcpyAsync(dst, (const char *)src->base + offset, bytes, cudaMemcpyDeviceToHost,
+                           cb->stream),
            "download");
     return lora_cuda_wait(cb, err, err_len);
 }
@@ -295,8 +296,9 @@ static int cuda_upload_async(struct lora_backend *be, struct lora_buffer *dst, s
     /* The copy waits for the work queued so far (which may read the region it overwrites). */
     ok(cb, cudaEventRecord(cb->fence, cb->stream), "upload_async") &&
         ok(cb, cudaStreamWaitEvent(cb->copy_stream, cb->fence, 0), "upload_async") &&
-        (!bytes || ok(cb, cudaMemcpyAsync((char *)dst->base + offset, src, bytes,
-                                          cudaMemcpyHostToDevice, cb->copy_stream),
+        (!bytes || ok(cb,
+                      cudaMemcpyAsync((char *)dst->base + offset, src, bytes,
+                                      cudaMemcpyHostToDevice, cb->copy_stream),
                       "upload_async")) &&
         ok(cb, cudaEventRecord(ev, cb->copy_stream), "upload_async");
     if (cb->failed) {
@@ -479,8 +481,7 @@ static void cuda_rmsnorm(struct lora_backend *be, float *out, const float *x,
 
     if (m < 1 || w->cols < 1 || !enter(cb) || !takes(cb, w, true, "norm weight"))
         return;
-    lora_cuda_rmsnorm(cb->stream, out, x, (const float *)lora_tensor_addr(w), m, (int)w->cols,
-                      eps);
+    lora_cuda_rmsnorm(cb->stream, out, x, (const float *)lora_tensor_addr(w), m, (int)w->cols, eps);
     launched(cb, "rmsnorm");
 }
 
@@ -545,13 +546,12 @@ static void cuda_kv_write(struct lora_backend *be, const struct lora_tensor *k_c
         return;
     for (int r0 = 0; r0 < m && !cb->failed; r0 += ROWS_CAP) {
         int rows = m - r0 < ROWS_CAP ? m - r0 : ROWS_CAP;
-        const int *d_slot =
-            (const int *)stage(cb, REG_SLOT, slot + r0, (size_t)rows * sizeof(int));
+        const int *d_slot = (const int *)stage(cb, REG_SLOT, slot + r0, (size_t)rows * sizeof(int));
         if (!d_slot)
             return;
         lora_cuda_kv_write(cb->stream, lora_tensor_addr(k_cache), lora_tensor_addr(v_cache),
-                           k_cache->dtype, k + (size_t)r0 * kv_dim, v + (size_t)r0 * kv_dim,
-                           d_slot, rows, kv_dim);
+                           k_cache->dtype, k + (size_t)r0 * kv_dim, v + (size_t)r0 * kv_dim, d_slot,
+                           rows, kv_dim);
         launched(cb, "kv_write");
     }
 }
@@ -581,11 +581,11 @@ static void attn_flush(struct cuda_be *cb, struct attn_build *b, float *out, con
     memcpy(cb->pack + o_merges, cb->a_merges, (size_t)b->n_merges * sizeof(*cb->a_merges));
     char *d = (char *)stage(cb, REG_ATTN, cb->pack, total);
     if (d) {
-        lora_cuda_attention(cb->stream, out, q, lora_tensor_addr(kc), lora_tensor_addr(vc),
-                            kc->dtype, (const lora_cuda_attn_seq *)d, (const lora_cuda_attn_item *)(d + o_items),
-                            b->n_items, (const lora_cuda_attn_merge *)(d + o_merges), b->n_merges,
-                            (const int *)(d + o_tables), (float *)cb->work, n_heads, n_kv_heads,
-                            head_dim, block_size, hg);
+        lora_cuda_attention(
+            cb->stream, out, q, lora_tensor_addr(kc), lora_tensor_addr(vc), kc->dtype,
+            (const lora_cuda_attn_seq *)d, (const lora_cuda_attn_item *)(d + o_items), b->n_items,
+            (const lora_cuda_attn_merge *)(d + o_merges), b->n_merges, (const int *)(d + o_tables),
+            (float *)cb->work, n_heads, n_kv_heads, head_dim, block_size, hg);
         launched(cb, "attention");
     }
     *b = (struct attn_build){0, 0, 0, 0, 0, b->max_parts};
@@ -594,8 +594,7 @@ static void attn_flush(struct cuda_be *cb, struct attn_build *b, float *out, con
 static void cuda_attention(struct lora_backend *be, float *out, const float *q,
                            const struct lora_tensor *k_cache, const struct lora_tensor *v_cache,
                            const struct lora_attn_seq *seqs, int n_seqs, int n_heads,
-                           int n_kv_heads, int head_dim, int block_size, void *scratch,
-                           int max_ctx)
+                           int n_kv_heads, int head_dim, int block_size, void *scratch, int max_ctx)
 {
     struct cuda_be *cb = lora_cuda_be(be);
 
@@ -613,8 +612,8 @@ static void cuda_attention(struct lora_backend *be, float *out, const float *q,
         lora_cuda_fail(cb, "attention", why);
         return;
     }
-    struct attn_build b = {0, 0, 0, 0, 0,
-                           (int)(cb->work_bytes / lora_cuda_attn_part_bytes(n_heads, head_dim))};
+    struct attn_build b = {
+        0, 0, 0, 0, 0, (int)(cb->work_bytes / lora_cuda_attn_part_bytes(n_heads, head_dim))};
     for (int s = 0; s < n_seqs && !cb->failed; s++) {
         const struct lora_attn_seq *sq = &seqs[s];
         int n_blocks = (sq->pos + sq->n_rows + block_size - 1) / block_size;
@@ -664,8 +663,8 @@ struct sgmv_build {
     enum lora_dtype a_dtype, b_dtype;
 };
 
-static void sgmv_flush(struct cuda_be *cb, struct sgmv_build *b, float *y, const float *x,
-                       float *t, int in, int out, int max_rank, int rows_per_item)
+static void sgmv_flush(struct cuda_be *cb, struct sgmv_build *b, float *y, const float *x, float *t,
+                       int in, int out, int max_rank, int rows_per_item)
 {
     if (b->n_items && !cb->failed) {
         size_t o_items = align_up((size_t)b->n_segs * sizeof(*cb->s_segs));
@@ -684,8 +683,8 @@ static void sgmv_flush(struct cuda_be *cb, struct sgmv_build *b, float *y, const
 }
 
 static void cuda_lora_sgmv(struct lora_backend *be, float *y, const float *x,
-                           const struct lora_sgmv_seg *segs, int n_segs, int in, int out,
-                           void *tmp, int max_rank)
+                           const struct lora_sgmv_seg *segs, int n_segs, int in, int out, void *tmp,
+                           int max_rank)
 {
     struct cuda_be *cb = lora_cuda_be(be);
     int rpi = lora_cuda_sgmv_rows_per_item(max_rank);
@@ -718,7 +717,11 @@ static void cuda_lora_sgmv(struct lora_backend *be, float *y, const float *x,
         }
         b.a_dtype = g->a.dtype;
         b.b_dtype = g->b_t.dtype;
-        cb->s_segs[b.n_segs] = {g->row, g->n_rows, g->rank, g->scale, lora_tensor_addr(&g->a),
+        cb->s_segs[b.n_segs] = {g->row,
+                                g->n_rows,
+                                g->rank,
+                                g->scale,
+                                lora_tensor_addr(&g->a),
                                 lora_tensor_addr(&g->b_t)};
         for (int r0 = 0; r0 < g->n_rows; r0 += rpi)
             cb->s_items[b.n_items++] = {b.n_segs, g->row + r0,
@@ -814,11 +817,11 @@ static int setup(struct cuda_be *cb, char *err, size_t err_len)
         ROWS_CAP * sizeof(int),
         /* REG_ATTN */
         ATTN_SEQS_CAP * sizeof(lora_cuda_attn_seq) + ATTN_TABLES_CAP * sizeof(int) +
-                     ATTN_ITEMS_CAP * sizeof(lora_cuda_attn_item) +
-                     ATTN_MERGES_CAP * sizeof(lora_cuda_attn_merge) + 4 * ALIGN,
+            ATTN_ITEMS_CAP * sizeof(lora_cuda_attn_item) +
+            ATTN_MERGES_CAP * sizeof(lora_cuda_attn_merge) + 4 * ALIGN,
         /* REG_SGMV */
-        SGMV_SEGS_CAP * sizeof(lora_cuda_sgmv_seg) +
-                     SGMV_ITEMS_CAP * sizeof(lora_cuda_sgmv_item) + 2 * ALIGN,
+        SGMV_SEGS_CAP * sizeof(lora_cuda_sgmv_seg) + SGMV_ITEMS_CAP * sizeof(lora_cuda_sgmv_item) +
+            2 * ALIGN,
     };
     const char *what = "creating streams";
     cudaError_t rc = cudaStreamCreateWithFlags(&cb->stream, cudaStreamNonBlocking);
@@ -859,8 +862,8 @@ static int setup(struct cuda_be *cb, char *err, size_t err_len)
     cb->a_merges = (lora_cuda_attn_merge *)malloc(ATTN_MERGES_CAP * sizeof(*cb->a_merges));
     cb->s_segs = (lora_cuda_sgmv_seg *)malloc(SGMV_SEGS_CAP * sizeof(*cb->s_segs));
     cb->s_items = (lora_cuda_sgmv_item *)malloc(SGMV_ITEMS_CAP * sizeof(*cb->s_items));
-    if (!cb->pack || !cb->a_seqs || !cb->a_tables || !cb->a_items || !cb->a_merges ||
-        !cb->s_segs || !cb->s_items) {
+    if (!cb->pack || !cb->a_seqs || !cb->a_tables || !cb->a_items || !cb->a_merges || !cb->s_segs ||
+        !cb->s_items) {
         snprintf(err, err_len, "cuda: out of memory");
         return -1;
     }

@@ -27,7 +27,7 @@
 enum cuda_region_kind { REG_IDS, REG_POS, REG_SLOT, REG_ATTN, REG_SGMV, N_REGIONS };
 
 struct cuda_region {
-    void *dev;    /* cap bytes of device memory */
+    void *dev; /* cap bytes of device memory */
     size_t cap;
     char *shadow; /* host copy of what dev holds */
     size_t len;
@@ -35,7 +35,7 @@ struct cuda_region {
 };
 
 /* Tickets of upload_async in flight at once before the oldest is waited for. */
-#define CUDA_TICKETS 64
+#define CUDA_TICKETS   64
 #define CUDA_MAX_COLLS 4
 
 struct cuda_coll;

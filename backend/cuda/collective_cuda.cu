@@ -95,7 +95,7 @@ static int publish_id(const char *shm, const ncclUniqueId *id, char *err, size_t
 {
     int fd = shm_open(shm, O_RDWR | O_CREAT | O_EXCL, 0600);
     if (fd < 0) {
-        snprintf(err, err_len, "shm_open %s: %s", shm, strerror(errno));
+        snprintf(err, err_len, "shm_open %.200s: %s", shm, strerror(errno));
         return -1;
     }
     struct id_page *p = NULL;
@@ -103,7 +103,7 @@ static int publish_id(const char *shm, const ncclUniqueId *id, char *err, size_t
         p = (struct id_page *)mmap(NULL, sizeof(*p), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     close(fd);
     if (!p || p == MAP_FAILED) {
-        snprintf(err, err_len, "%s: %s", shm, strerror(errno));
+        snprintf(err, err_len, "%.200s: %s", shm, strerror(errno));
         shm_unlink(shm);
         return -1;
     }
@@ -134,8 +134,7 @@ static int read_id(const char *shm, ncclUniqueId *id, double deadline, char *err
             }
         }
         if (now_ms() > deadline) {
-            snprintf(err, err_len, "rank 0 did not publish the group's NCCL id (%s) in time",
-                     shm);
+            snprintf(err, err_len, "rank 0 did not publish the group's NCCL id (%.120s) in time", shm);
             return -1;
         }
         usleep(1000);

@@ -20,7 +20,7 @@
 
 #define LORA_DYN_SMEM() ((unsigned char *)emu_dyn_smem())
 /* A launch is queued on its stream and runs, block by block, when the emulation is synchronized. */
-#define LORA_LAUNCH(kernel, grid, block, smem, stream, ...)                                       \
+#define LORA_LAUNCH(kernel, grid, block, smem, stream, ...)                                        \
     emu_launch((stream), (grid), (block), (smem), #kernel, [=]() { kernel(__VA_ARGS__); })
 
 #else
@@ -31,7 +31,7 @@
 
 extern __shared__ __align__(16) unsigned char lora_dyn_smem[];
 #define LORA_DYN_SMEM() (lora_dyn_smem)
-#define LORA_LAUNCH(kernel, grid, block, smem, stream, ...)                                       \
+#define LORA_LAUNCH(kernel, grid, block, smem, stream, ...)                                        \
     kernel<<<(grid), (block), (smem), (stream)>>>(__VA_ARGS__)
 
 #endif

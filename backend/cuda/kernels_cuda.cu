@@ -5,7 +5,8 @@
 
 #include <math.h>
 
-namespace {
+namespace
+{
 
 /* ---- reductions in a fixed order ---- */
 
@@ -221,9 +222,9 @@ template <class E> __global__ void __launch_bounds__(ATTN_THREADS) attention_ker
     const int tid = threadIdx.x, lane = tid % LORA_WARP, warp = tid / LORA_WARP;
     const int n_warps = ATTN_THREADS / LORA_WARP;
 
-    float *q_s = (float *)LORA_DYN_SMEM();          /* (hg, hd) */
-    float *acc_s = q_s + (size_t)a.hg * hd;         /* (hg, hd) */
-    float *k_s = acc_s + (size_t)a.hg * hd;         /* (TILE, hd + 1) */
+    float *q_s = (float *)LORA_DYN_SMEM();           /* (hg, hd) */
+    float *acc_s = q_s + (size_t)a.hg * hd;          /* (hg, hd) */
+    float *k_s = acc_s + (size_t)a.hg * hd;          /* (TILE, hd + 1) */
     float *p_s = k_s + (size_t)ATTN_TILE * (hd + 1); /* (hg, TILE) */
     float *c_s = p_s + (size_t)a.hg * ATTN_TILE;     /* (hg) correction of this tile */
     float *m_s = c_s + a.hg;                         /* (hg) final max */
@@ -236,7 +237,8 @@ template <class E> __global__ void __launch_bounds__(ATTN_THREADS) attention_ker
     }
     /* Each head is scored by one warp, always the same: its max and sum live in that warp's
      * registers, the same in every lane. */
-    float m_r[ATTN_HG_MAX / (ATTN_THREADS / LORA_WARP)], l_r[ATTN_HG_MAX / (ATTN_THREADS / LORA_WARP)];
+    float m_r[ATTN_HG_MAX / (ATTN_THREADS / LORA_WARP)],
+        l_r[ATTN_HG_MAX / (ATTN_THREADS / LORA_WARP)];
     for (int i = 0; i < ATTN_HG_MAX / n_warps; i++) {
         m_r[i] = -INFINITY;
         l_r[i] = 0.0f;
@@ -346,7 +348,7 @@ __global__ void merge_kernel(float *out, const float *partials, const lora_cuda_
 #define EXPAND_THREADS 256
 
 template <class E>
-__global__ void __launch_bounds__(SHRINK_WARPS * LORA_WARP)
+__global__ void __launch_bounds__(SHRINK_WARPS *LORA_WARP)
     shrink_kernel(float *t, const float *x, const lora_cuda_sgmv_seg *segs,
                   const lora_cuda_sgmv_item *items, int in, int max_rank)
 {
@@ -560,9 +562,9 @@ void lora_cuda_attention(cudaStream_t s, float *out, const float *q, const void 
                          const void *v_cache, enum lora_dtype dtype,
                          const struct lora_cuda_attn_seq *seqs,
                          const struct lora_cuda_attn_item *items, int n_items,
-                         const struct lora_cuda_attn_merge *merges, int n_merges,
-                         const int *tables, float *partials, int n_heads, int n_kv_heads,
-                         int head_dim, int block_size, int hg)
+                         const struct lora_cuda_attn_merge *merges, int n_merges, const int *tables,
+                         float *partials, int n_heads, int n_kv_heads, int head_dim, int block_size,
+                         int hg)
 {
     attn_args a;
     a.out = out;

@@ -95,9 +95,9 @@ void lora_cuda_attention(cudaStream_t s, float *out, const float *q, const void 
                          const void *v_cache, enum lora_dtype dtype,
                          const struct lora_cuda_attn_seq *seqs,
                          const struct lora_cuda_attn_item *items, int n_items,
-                         const struct lora_cuda_attn_merge *merges, int n_merges,
-                         const int *tables, float *partials, int n_heads, int n_kv_heads,
-                         int head_dim, int block_size, int hg);
+                         const struct lora_cuda_attn_merge *merges, int n_merges, const int *tables,
+                         float *partials, int n_heads, int n_kv_heads, int head_dim, int block_size,
+                         int hg);
 
 /* Rows of a segment per item for segments of rank up to max_rank (the expand keeps that many
  * rows of t in shared memory). */

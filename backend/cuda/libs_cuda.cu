@@ -11,7 +11,7 @@
 const struct lora_cublas *lora_cuda_cublas(char *err, size_t err_len)
 {
     static const struct lora_cublas emu = {
-        cublasCreate_v2,  cublasDestroy_v2, cublasSetStream_v2,
+        cublasCreate_v2,       cublasDestroy_v2, cublasSetStream_v2,
         cublasSetWorkspace_v2, cublasGemmEx,     cublasGetStatusString,
     };
     return &emu;
@@ -38,8 +38,8 @@ static void *open_lib(const char *soname, char *err, size_t err_len)
     if (!h)
         h = dlopen(soname, RTLD_NOW | RTLD_LOCAL);
     if (!h)
-        snprintf(err, err_len, "unable to load %s (looked in %s and the library path): %s",
-                 soname, LORA_CUDA_LIBDIR, dlerror());
+        snprintf(err, err_len, "unable to load %s (looked in %s and the library path): %s", soname,
+                 LORA_CUDA_LIBDIR, dlerror());
     return h;
 }
 
@@ -84,14 +84,15 @@ const struct lora_nccl *lora_cuda_nccl(char *err, size_t err_len)
     pthread_mutex_lock(&load_lock);
     if (!loaded) {
         void *h = open_lib(soname, err, err_len);
-        loaded = h && sym(h, soname, "ncclGetVersion", &fns.get_version, err, err_len) &&
-                 sym(h, soname, "ncclGetUniqueId", &fns.get_unique_id, err, err_len) &&
-                 sym(h, soname, "ncclCommInitRankConfig", &fns.comm_init_rank_config, err, err_len) &&
-                 sym(h, soname, "ncclCommGetAsyncError", &fns.comm_get_async_error, err, err_len) &&
-                 sym(h, soname, "ncclCommAbort", &fns.comm_abort, err, err_len) &&
-                 sym(h, soname, "ncclCommDestroy", &fns.comm_destroy, err, err_len) &&
-                 sym(h, soname, "ncclAllReduce", &fns.all_reduce, err, err_len) &&
-                 sym(h, soname, "ncclGetErrorString", &fns.error_string, err, err_len);
+        loaded =
+            h && sym(h, soname, "ncclGetVersion", &fns.get_version, err, err_len) &&
+            sym(h, soname, "ncclGetUniqueId", &fns.get_unique_id, err, err_len) &&
+            sym(h, soname, "ncclCommInitRankConfig", &fns.comm_init_rank_config, err, err_len) &&
+            sym(h, soname, "ncclCommGetAsyncError", &fns.comm_get_async_error, err, err_len) &&
+            sym(h, soname, "ncclCommAbort", &fns.comm_abort, err, err_len) &&
+            sym(h, soname, "ncclCommDestroy", &fns.comm_destroy, err, err_len) &&
+            sym(h, soname, "ncclAllReduce", &fns.all_reduce, err, err_len) &&
+            sym(h, soname, "ncclGetErrorString", &fns.error_string, err, err_len);
         if (h && !loaded)
             dlclose(h);
     }

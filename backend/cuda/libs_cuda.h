@@ -22,11 +22,10 @@
 #endif
 
 /* cublasGemmEx has a C++ overload beside the exported function: this is the exported one. */
-typedef cublasStatus_t (*lora_gemm_ex_fn)(cublasHandle_t, cublasOperation_t, cublasOperation_t,
-                                          int, int, int, const void *, const void *, cudaDataType,
-                                          int, const void *, cudaDataType, int, const void *,
-                                          void *, cudaDataType, int, cublasComputeType_t,
-                                          cublasGemmAlgo_t);
+typedef cublasStatus_t (*lora_gemm_ex_fn)(cublasHandle_t, cublasOperation_t, cublasOperation_t, int,
+                                          int, int, const void *, const void *, cudaDataType, int,
+                                          const void *, cudaDataType, int, const void *, void *,
+                                          cudaDataType, int, cublasComputeType_t, cublasGemmAlgo_t);
 
 struct lora_cublas {
     decltype(&cublasCreate_v2) create;

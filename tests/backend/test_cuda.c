@@ -55,7 +55,7 @@
 #define TEST_RANDOM_SEED 0x6a09e667f3bcc908ULL
 #include "tests/common/test_random.h"
 
-#define REL_TOL     1e-5
+#define REL_TOL        1e-5
 #define FORWARD_TOL    2e-3
 #define FORWARD_KV_TOL 0.25
 
@@ -272,8 +272,8 @@ static void matmul_case(int m, int n, int k, float x_scale, bool fast)
             want[i] = alpha * dot[i] + (acc ? y0[i] : 0.0);
             mag[i] = fabs(alpha) * absdot[i] + (acc ? fabs(y0[i]) : 0.0);
         }
-        snprintf(what, sizeof(what), "%s m=%d n=%d k=%d x*%g acc=%d fast=%d",
-                 lora_dtype_name(dt), m, n, k, (double)x_scale, acc, fast);
+        snprintf(what, sizeof(what), "%s m=%d n=%d k=%d x*%g acc=%d fast=%d", lora_dtype_name(dt),
+                 m, n, k, (double)x_scale, acc, fast);
         check_far(what, y, want, mag, mn);
     }
     /* Batch invariance, to cuBLAS's rounding: each row alone against the batch's. */
@@ -311,9 +311,9 @@ static void matmul_case(int m, int n, int k, float x_scale, bool fast)
     free(mag);
 }
 
-static const int matmul_shapes[][3] = {{1, 1, 1},     {3, 5, 7},    {2, 4, 8},   {5, 33, 9},
-                                       {17, 129, 100}, {64, 300, 257}, {70, 64, 897},
-                                       {1, 257, 1537}}; /* m n k */
+static const int matmul_shapes[][3] = {{1, 1, 1},     {3, 5, 7},      {2, 4, 8},
+                                       {5, 33, 9},    {17, 129, 100}, {64, 300, 257},
+                                       {70, 64, 897}, {1, 257, 1537}}; /* m n k */
 
 static void matmul_all(bool fast)
 {
@@ -689,8 +689,8 @@ static void attention_case(const struct attn_setup *st)
     struct lora_attn_seq seqs[8];
     size_t n_out = (size_t)n_rows * q_dim;
     size_t scratch = k_->scratch_bytes(be, LORA_KERNEL_ATTENTION, n_rows, max_ctx, 0);
-    struct arena a = arena_new((3 * n_out + 2 * (size_t)max_ctx * kv_dim) * sizeof(float) +
-                               scratch + 512);
+    struct arena a =
+        arena_new((3 * n_out + 2 * (size_t)max_ctx * kv_dim) * sizeof(float) + scratch + 512);
     float *dq = dev(&a, n_out), *dout = dev(&a, n_out), *dalone = dev(&a, n_out);
     float *dk = dev(&a, (size_t)max_ctx * kv_dim), *dv = dev(&a, (size_t)max_ctx * kv_dim);
     void *dscratch = dev(&a, scratch / sizeof(float) + 1);
@@ -765,8 +765,8 @@ static void attention_case(const struct attn_setup *st)
 static void attention_all(void)
 {
     const struct attn_setup setups[] = {
-        {16, 4, 2, 16, SPECS(short_specs)}, {5, 4, 1, 6, SPECS(short_specs)},
-        {1, 3, 3, 8, SPECS(short_specs)},   {7, 14, 2, 64, SPECS(short_specs)},
+        {16, 4, 2, 16, SPECS(short_specs)},  {5, 4, 1, 6, SPECS(short_specs)},
+        {1, 3, 3, 8, SPECS(short_specs)},    {7, 14, 2, 64, SPECS(short_specs)},
         {16, 16, 1, 32, SPECS(short_specs)}, {3, 2, 2, 256, SPECS(short_specs)},
         {16, 4, 2, 16, SPECS(long_specs)},
     };
@@ -799,8 +799,8 @@ static void sgmv_case(int in, int out)
     enum { ROWS = 80, N_SEGS = 8, MAX_RANK = 64 };
     /* {row, n_rows, rank}, not in row order; rows 3, 4, 9, 13, 79 belong to no segment. */
     static const int layout[N_SEGS][3] = {
-        {5, 4, 16}, {0, 3, 4}, {10, 1, 1}, {14, 2, 64}, {11, 2, 3}, {16, 17, 33}, {33, 40, 7},
-        {73, 6, 2},
+        {5, 4, 16}, {0, 3, 4},    {10, 1, 1},  {14, 2, 64},
+        {11, 2, 3}, {16, 17, 33}, {33, 40, 7}, {73, 6, 2},
     };
     static const float scales[N_SEGS] = {0.5f, 2.0f, -1.25f, 0.125f, 3.0f, 1.0f, -0.5f, 0.25f};
     struct lora_sgmv_seg segs[N_SEGS];
@@ -843,8 +843,8 @@ static void sgmv_case(int in, int out)
     }
     int untouched = 0;
     for (int r = 0; r < ROWS; r++)
-        untouched += !in_seg[r] &&
-                     memcmp(y + (size_t)r * out, y0 + (size_t)r * out, (size_t)out * 4) != 0;
+        untouched +=
+            !in_seg[r] && memcmp(y + (size_t)r * out, y0 + (size_t)r * out, (size_t)out * 4) != 0;
     CHECK(untouched == 0);
     CHECK(memcmp(x, x_after, nx * sizeof(float)) == 0);
     /* Each segment alone: the batch's bits. */
@@ -923,8 +923,8 @@ static void test_upload_async(void)
     put(&a, d2, ones, N);
     /* Queued before the upload: d += d2. The copy waits for it, so d ends as the copy. */
     k_->add(be, d, d2, N);
-    CHECK(k_->upload_async(be, a.buf, off_of(&a, d), p, N * sizeof(float), &t, err,
-                           sizeof(err)) == 0);
+    CHECK(k_->upload_async(be, a.buf, off_of(&a, d), p, N * sizeof(float), &t, err, sizeof(err)) ==
+          0);
     CHECK(t != 0);
     int polls = 0;
     while (!k_->upload_done(be, t) && polls < 1000000) {
@@ -1203,9 +1203,9 @@ static void forward_case(const char *model_dir, enum lora_dtype kv_dtype, enum l
     printf("# forward %s weights, %s cache, %s slots (the cpu's: %s, %s): largest difference from "
            "the cpu %.2e (bound %.0e); alone against the batch %.2e (%ld of %d logits differ in "
            "bits)\n",
-           lora_dtype_name(gpu.m->weight_dtype), lora_dtype_name(kv_dtype),
-           lora_dtype_name(slot), lora_dtype_name(cpu_kv), lora_dtype_name(cpu_slot), worst, tol,
-           worst_alone, bits, n_mine * vocab);
+           lora_dtype_name(gpu.m->weight_dtype), lora_dtype_name(kv_dtype), lora_dtype_name(slot),
+           lora_dtype_name(cpu_kv), lora_dtype_name(cpu_slot), worst, tol, worst_alone, bits,
+           n_mine * vocab);
     CHECK(worst <= tol);
     CHECK(worst_alone <= FORWARD_TOL);
     CHECK(n_mine == 13); /* 3 prompt chunks and 10 decodes */
@@ -1436,8 +1436,8 @@ int main(int argc, char **argv)
             continue;
         }
         if (tests[i].needs_two_devices && n_devices < 2) {
-            snprintf(skip, sizeof(skip), "needs two CUDA devices (NCCL takes one per rank), %d here",
-                     n_devices);
+            snprintf(skip, sizeof(skip),
+                     "needs two CUDA devices (NCCL takes one per rank), %d here", n_devices);
             report(true, tests[i].name, skip);
             continue;
         }

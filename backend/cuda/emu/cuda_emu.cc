@@ -709,8 +709,7 @@ static void run_block(unsigned n, const std::function<void()> &body)
         if (!released && at_block && at_block + done == n) {
             if (done)
                 die("%s: block (%u,%u,%u): %u threads exited while %u wait at __syncthreads",
-                    cur_kernel, emu_block_idx.x, emu_block_idx.y, emu_block_idx.z, done,
-                    at_block);
+                    cur_kernel, emu_block_idx.x, emu_block_idx.y, emu_block_idx.z, done, at_block);
             for (unsigned i = 0; i < n; i++)
                 fibers[i]->state = F_RUN;
             released = true;
@@ -823,8 +822,8 @@ static bool matrix_ok(const void *p, cudaDataType t, int rows, int cols, int ld)
 
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t transa, cublasOperation_t transb,
                             int m, int n, int k, const void *alpha, const void *A,
-                            cudaDataType Atype, int lda, const void *B, cudaDataType Btype,
-                            int ldb, const void *beta, void *C, cudaDataType Ctype, int ldc,
+                            cudaDataType Atype, int lda, const void *B, cudaDataType Btype, int ldb,
+                            const void *beta, void *C, cudaDataType Ctype, int ldc,
                             cublasComputeType_t compute, cublasGemmAlgo_t algo)
 {
     if (!h)
@@ -834,13 +833,13 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t transa, cublasOp
         return CUBLAS_STATUS_INVALID_VALUE;
     int a_rows = transa == CUBLAS_OP_N ? m : k, a_cols = transa == CUBLAS_OP_N ? k : m;
     int b_rows = transb == CUBLAS_OP_N ? k : n, b_cols = transb == CUBLAS_OP_N ? n : k;
-    if (lda < (a_rows > 1 ? a_rows : 1) || ldb < (b_rows > 1 ? b_rows : 1) ||
-        ldc < (m > 1 ? m : 1))
+    if (lda < (a_rows > 1 ? a_rows : 1) || ldb < (b_rows > 1 ? b_rows : 1) || ldc < (m > 1 ? m : 1))
         return CUBLAS_STATUS_INVALID_VALUE;
     if (Ctype != CUDA_R_32F || Atype != Btype || !type_size(Atype))
         return CUBLAS_STATUS_NOT_SUPPORTED;
-    if (Atype == CUDA_R_32F ? compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_PEDANTIC
-                            : compute != CUBLAS_COMPUTE_32F)
+    if (Atype == CUDA_R_32F
+            ? compute != CUBLAS_COMPUTE_32F && compute != CUBLAS_COMPUTE_32F_PEDANTIC
+            : compute != CUBLAS_COMPUTE_32F)
         return CUBLAS_STATUS_NOT_SUPPORTED;
     if (!matrix_ok(A, Atype, a_rows, a_cols, lda) || !matrix_ok(B, Btype, b_rows, b_cols, ldb) ||
         !matrix_ok(C, Ctype, m, n, ldc))

@@ -46,7 +46,7 @@
 #define __device__
 #define __host__
 #define __forceinline__ inline
-#define __shared__ static
+#define __shared__      static
 #define __launch_bounds__(...)
 #define __align__(n) __attribute__((aligned(n)))
 
@@ -217,8 +217,8 @@ cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t s);
 cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t h, void *workspace, size_t bytes);
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t transa, cublasOperation_t transb,
                             int m, int n, int k, const void *alpha, const void *A,
-                            cudaDataType Atype, int lda, const void *B, cudaDataType Btype,
-                            int ldb, const void *beta, void *C, cudaDataType Ctype, int ldc,
+                            cudaDataType Atype, int lda, const void *B, cudaDataType Btype, int ldb,
+                            const void *beta, void *C, cudaDataType Ctype, int ldc,
                             cublasComputeType_t compute, cublasGemmAlgo_t algo);
 const char *cublasGetStatusString(cublasStatus_t s);
 
