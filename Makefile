@@ -130,6 +130,11 @@ $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
 
+# The CUDA files without device code (all but kernels_cuda.cu) need no code for every
+# architecture: one pass instead of five halves the CUDA build.
+$(patsubst %.cu,$(BUILD)/%.cu.o,$(filter-out backend/cuda/kernels_cuda.cu,$(CUDA_SRC))): \
+    NVCC_GENCODE = -gencode arch=compute_80,code=sm_80
+
 $(EMU_DIR)/backend/cuda/%.o: backend/cuda/%.cu
 	@mkdir -p $(@D)
 	$(CXX) $(EMU_CXXFLAGS) -x c++ -c $< -o $@

@@ -405,9 +405,11 @@ __global__ void __launch_bounds__(EXPAND_THREADS)
             if (i < it.n_rows)
                 acc[i] = fmaf(t_s[i * rank + q], bv, acc[i]);
     }
-    for (int i = 0; i < it.n_rows; i++) {
-        float *yp = y + (size_t)(it.row0 + i) * out + o;
-        *yp = fmaf(sg.scale, acc[i], *yp);
+    for (int i = 0; i < SGMV_ROWS_MAX; i++) { /* a fixed bound: acc stays in registers */
+        if (i < it.n_rows) {
+            float *yp = y + (size_t)(it.row0 + i) * out + o;
+            *yp = fmaf(sg.scale, acc[i], *yp);
+        }
     }
 }
 
