@@ -49,7 +49,11 @@ CFLAGS += -fsanitize=$(SANITIZE) -fno-omit-frame-pointer -fno-sanitize-recover=u
 LDFLAGS += -fsanitize=$(SANITIZE)
 endif
 
-NVCCFLAGS ?= -O2 -std=c++17 -Ilib -I.
+NVCCFLAGS ?= -O2 -std=c++20 -Ilib -I.
+# SASS for the A100 (sm_80), A10 (sm_86), L4 (sm_89), H100 and H200 (sm_90), and PTX of sm_90 for
+# anything newer, which the driver compiles at first load.
+NVCC_GENCODE ?= -gencode arch=compute_80,code=sm_80 -gencode arch=compute_86,code=sm_86 \
+                -gencode arch=compute_89,code=sm_89 -gencode arch=compute_90,code=[sm_90,compute_90]
 ifeq ($(CUDA_ON),1)
 # nvcc may be a wrapper script on the PATH: ask it where its own runtime libraries are.
 ifeq ($(origin CUDA_LIBDIR),undefined)
@@ -61,6 +65,10 @@ ifeq ($(CUDA_LIBDIR),)
 $(error unable to find the CUDA runtime libraries through '$(NVCC) --dryrun'; set CUDA_LIBDIR)
 endif
 CFLAGS += -DLORA_CUDA=1
+# cudart is linked statically; cuBLAS and NCCL are opened with dlopen when a CUDA backend (a
+# tensor-parallel group) first needs them, looked for first in this toolkit (backend/cuda/libs_cuda.h).
+NVCCFLAGS += $(NVCC_GENCODE) -Xcompiler -Wall,-Wextra,-Wno-unused-parameter \
+             -DLORA_CUDA_LIBDIR=\"$(CUDA_LIBDIR)\"
 LDLIBS += -L$(CUDA_LIBDIR) -lcudart_static -ldl -lrt -lstdc++
 endif
 
@@ -76,6 +84,17 @@ UNITS    := $(UNIT_SRC:%.c=$(BUILD)/%)
 BACKEND_TEST_SRC := $(wildcard tests/backend/test_*.c)
 BACKEND_TESTS := $(BACKEND_TEST_SRC:%.c=$(BUILD)/%)
 FIXTURE_OBJ := $(BUILD)/tests/unit/fixture.o
+# tests/backend/test_cuda also runs against the CUDA backend compiled with the host C++ compiler
+# over a CPU emulation of CUDA (backend/cuda/emu), in every build: its kernels and host code are
+# checked on machines without a GPU. The emulated objects come before the library at the link,
+# so they replace its backend.o (and its CUDA objects in a CUDA build).
+CXX      ?= g++
+EMU_DIR  := $(BUILD)/emu
+EMU_CXXFLAGS := -O2 -g -std=c++20 -D_GNU_SOURCE -DLORA_CUDA=1 -DLORA_CUDA_EMU=1 -Wall -Wextra \
+                -Wno-unused-parameter -Wno-missing-field-initializers -MMD -MP -Ilib -I.
+EMU_OBJ  := $(patsubst backend/cuda/%.cu,$(EMU_DIR)/backend/cuda/%.o,$(wildcard backend/cuda/*.cu)) \
+            $(EMU_DIR)/backend/cuda/emu/cuda_emu.o $(EMU_DIR)/backend/backend.o
+CUDA_EMU_TEST := $(BUILD)/tests/backend/test_cuda_emu
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
 BENCHES  := $(BENCH_SRC:%.c=$(BUILD)/%)
 TOOL_SRC := $(wildcard tests/tools/*.c)
@@ -92,7 +111,7 @@ DEB_PACKAGES := build-essential pkg-config libmsgpack-dev libzmq3-dev libjansson
 .PHONY: all deps test demo bench bench-deps bench-peers clean format install fuzz fuzz-build
 .DEFAULT_GOAL := all
 
-all: $(BINS) $(UNITS) $(BACKEND_TESTS) $(BENCHES) $(TOOLS)
+all: $(BINS) $(UNITS) $(BACKEND_TESTS) $(CUDA_EMU_TEST) $(BENCHES) $(TOOLS)
 
 # Made afresh each time: an object whose source was moved or removed must not linger in it.
 $(BUILD)/liblora.a: $(LIB_OBJ)
@@ -118,6 +137,26 @@ $(BUILD)/tests/bench/%.o: CFLAGS += $(CPU_BACKEND_CFLAGS)
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(@D)
 	$(NVCC) $(NVCCFLAGS) -MMD -MP -c $< -o $@
+
+# The CUDA files without device code (all but kernels_cuda.cu) need no code for every
+# architecture: one pass instead of five halves the CUDA build.
+$(patsubst %.cu,$(BUILD)/%.cu.o,$(filter-out backend/cuda/kernels_cuda.cu,$(CUDA_SRC))): \
+    NVCC_GENCODE = -gencode arch=compute_80,code=sm_80
+
+$(EMU_DIR)/backend/cuda/%.o: backend/cuda/%.cu
+	@mkdir -p $(@D)
+	$(CXX) $(EMU_CXXFLAGS) -x c++ -c $< -o $@
+
+$(EMU_DIR)/backend/cuda/emu/%.o: backend/cuda/emu/%.cc
+	@mkdir -p $(@D)
+	$(CXX) $(EMU_CXXFLAGS) -c $< -o $@
+
+$(EMU_DIR)/backend/backend.o: backend/backend.c
+	@mkdir -p $(@D)
+	$(CC) $(CFLAGS) -DLORA_CUDA=1 -DLORA_CUDA_EMU=1 -c $< -o $@
+
+$(CUDA_EMU_TEST): $(BUILD)/tests/backend/test_cuda.o $(EMU_OBJ) $(BUILD)/liblora.a
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lstdc++ -o $@
 
 # Scripts (cmd/<name>/<name>.sh) are programs too: copied, executable.
 define script_rule
@@ -275,5 +314,5 @@ clean:
 
 -include $(wildcard $(FUZZ_BUILD)/lib/*/*.d $(FUZZ_BUILD)/backend/*.d $(FUZZ_BUILD)/backend/*/*.d \
     $(FUZZ_BUILD)/cmd/*/*.d $(FUZZ_BUILD)/tests/fuzz/*.d)
--include $(LIB_OBJ:.o=.d) $(UNITS:=.d) $(BACKEND_TESTS:=.d) $(FIXTURE_OBJ:.o=.d) $(BENCHES:=.d) \
+-include $(LIB_OBJ:.o=.d) $(EMU_OBJ:.o=.d) $(UNITS:=.d) $(BACKEND_TESTS:=.d) $(FIXTURE_OBJ:.o=.d) $(BENCHES:=.d) \
     $(TOOLS:=.d) $(patsubst %.c,$(BUILD)/%.d,$(wildcard cmd/*/*.c))

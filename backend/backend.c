@@ -1,9 +1,10 @@
 /* backend: opening a device by name, and the names of the operations (see backend.h).
  *
  * Owns the one place that maps a --device string to a backend (docs/design.md, "Backend"): "cpu"
- * is backend/cpu; "cuda" and "cuda:N" are refused with the reason, which depends on the build:
- * without nvcc (CUDA=0) there is no CUDA code at all; with it, backend/cuda finds the devices but
- * has no kernels yet, so a worker never starts on a device it cannot compute on.
+ * is backend/cpu; "cuda" and "cuda:N" are backend/cuda in a build with nvcc (CUDA=1, or auto
+ * where nvcc is found), refused with the build as the reason otherwise. A device the machine lacks
+ * (no driver, no GPU, a GPU too old) fails the open with one clause saying so, so a worker never
+ * starts on a device it cannot compute on.
  */
 #include "backend/backend.h"
 
@@ -48,25 +49,6 @@ static int cuda_index(const char *s)
     return atoi(s + 5);
 }
 
-#ifdef LORA_CUDA
-static void cuda_refusal(int index, char *err, size_t err_len)
-{
-    char why[256] = "";
-    int n = lora_cuda_device_count(why, sizeof(why));
-
-    if (n < 0)
-        snprintf(err, err_len,
-                 "the CUDA backend's kernels are not in this version yet, and the CUDA runtime "
-                 "finds no device (%s); use --device cpu",
-                 why);
-    else
-        snprintf(err, err_len,
-                 "the CUDA backend's kernels are not in this version yet (%d CUDA device%s found, "
-                 "device %d asked for); use --device cpu",
-                 n, n == 1 ? "" : "s", index);
-}
-#endif
-
 struct lora_backend *lora_backend_open(const char *device, char *err, size_t err_len)
 {
     if (!device || strcmp(device, "cpu") == 0)
@@ -77,11 +59,11 @@ struct lora_backend *lora_backend_open(const char *device, char *err, size_t err
         return NULL;
     }
 #ifdef LORA_CUDA
-    cuda_refusal(index, err, err_len);
+    return lora_cuda_backend_new(index, err, err_len);
 #else
     snprintf(err, err_len, "this build has no CUDA backend (built with CUDA=0)");
-#endif
     return NULL;
+#endif
 }
 
 void lora_backend_close(struct lora_backend **bep)
@@ -101,7 +83,7 @@ void lora_backend_builds(char *buf, size_t len)
     char why[256];
     int n = lora_cuda_device_count(why, sizeof(why));
     if (n < 0)
-        snprintf(buf, len, "cpu, %s", why);
+        snprintf(buf, len, "cpu, cuda: %s", why);
     else
         snprintf(buf, len, "cpu, cuda: %d device%s", n, n == 1 ? "" : "s");
 #else

@@ -305,6 +305,30 @@ struct lora_backend_ops {
 
     /* Frees the backend's own state (lora_backend_close calls it). */
     void (*close)(struct lora_backend *be);
+
+    /* -- optional: uploads that overlap compute (NULL on a backend without them: the CPU, whose
+     * upload is a memcpy). So that the runtime can copy an adapter into a free slot while steps
+     * run: it allocates pinned staging once, starts the copy, and uses the slot in the first
+     * step issued after upload_done says yes. -- */
+
+    /* Page-locked host memory of bytes (0 allowed), for upload_async's src: a copy from it runs
+     * without the host, alongside compute. NULL with err. Freed by host_free_pinned (NULL: no-op),
+     * which waits for copies still reading it. */
+    void *(*host_alloc_pinned)(struct lora_backend *be, size_t bytes, char *err, size_t err_len);
+    void (*host_free_pinned)(struct lora_backend *be, void *p);
+    /* Starts copying bytes from host memory src into dst at offset and returns at once with
+     * *ticket (never 0). The copy begins only once every operation called before it has finished
+     * (so it may overwrite what an earlier step read) and runs alongside the operations called
+     * after it, which therefore must not read or write [offset, offset + bytes) of dst until
+     * upload_done(ticket); nor may src change until then. From memory of host_alloc_pinned it
+     * is asynchronous; from other memory the call may return only once src has been read.
+     * Returns 0, or -1 with err (outside the buffer, a device error). */
+    int (*upload_async)(struct lora_backend *be, struct lora_buffer *dst, size_t offset,
+                        const void *src, size_t bytes, uint64_t *ticket, char *err,
+                        size_t err_len);
+    /* Whether the copy of ticket is complete (then it stays so); never blocks. A copy that
+     * failed counts as complete: the failure is reported by the next call that can fail. */
+    bool (*upload_done)(struct lora_backend *be, uint64_t ticket);
 };
 
 struct lora_backend {
@@ -319,7 +343,15 @@ struct lora_backend {
 
 /* Opens device: "cpu", "cuda" (device 0) or "cuda:N". Returns NULL with one line in err: an
  * unknown device, a CUDA device in a build without CUDA ("this build has no CUDA backend (built
- * with CUDA=0)"), or the CUDA backend, whose kernels are not in this version yet. */
+ * with CUDA=0)"), or a CUDA device this machine lacks ("no NVIDIA driver is installed
+ * (libcuda.so.1 not found)", "no CUDA-capable device is detected", "device 3 does not exist (2
+ * CUDA devices)", a device older than the build's architectures, cuBLAS missing).
+ *
+ * The CUDA backend (backend/cuda, docs/design.md "Backend") differs from the CPU one in what its
+ * supports() answers and in one promise: its matmul is cuBLAS's, batch-invariant only to float32
+ * rounding (cuBLAS picks its kernels by shape); its other operations are batch-invariant bit for
+ * bit. It honours fast_matmul: exact multiplies 16-bit weights with float32 activations (carried
+ * as two or three 16-bit pieces), fast rounds the activations to the weight's dtype once. */
 struct lora_backend *lora_backend_open(const char *device, char *err, size_t err_len);
 
 /* Closes *be and nulls it; NULL or *NULL is a no-op. Every buffer must be freed first. */
