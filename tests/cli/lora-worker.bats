@@ -680,10 +680,13 @@ expect_no_cuda() {
     expect_message "--device tpu: unknown device 'tpu'"
 }
 
-@test "--version names the backends this build has" {
+@test "--version names the backends this build has and the CPU's paths, as the device line does" {
     run --separate-stderr "$WORKER" --version
     expect_status 0
-    [[ "$output" == *"(backends: cpu)" || "$output" == *"(backends: cpu, "*")" ]]
+    desc=$("$WORKER" device --device cpu | sed 's/: [0-9.]* GB of memory.*//')
+    [[ "$output" == *"(backends: $desc)" || "$output" == *"(backends: $desc, "*")" ]]
+    LORA_NO_AVX512=1 run --separate-stderr "$WORKER" --version
+    [[ "$output" == *"(backends: cpu (AVX2"* ]]
 }
 
 # ---- the man page
