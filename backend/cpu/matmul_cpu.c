@@ -35,6 +35,12 @@
 #define T512          __attribute__((target("avx512f,avx512bw,avx512vl")))
 #define T512BF16      __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
+/* The next tile's rows at the same column, fetched while this tile streams its own: a tile's rows
+ * (896 to 4864 values in a 0.5B model) end before the hardware prefetcher has learnt them. On
+ * AVX-512 this lifts the memory-bound 16-bit and I8 matmuls by 1.1x to 1.6x; float32 (twice the
+ * bytes per row) gained nothing and lost up to 10%, so it is left to the hardware. */
+#define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
+
 #define MR 2 /* rows of x per AVX2 tile */
 #define NR 4 /* rows of w per tile */
 
@@ -258,8 +264,11 @@ T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w,
     for (; kk + 16 <= k; kk += 16) {
         __m512 wv[NR];
 #pragma GCC unroll 4
-        for (int j = 0; j < nr; j++)
+        for (int j = 0; j < nr; j++) {
             wv[j] = load16(w, (size_t)j * k + kk, dt);
+            if (dt != LORA_DTYPE_F32) /* a constant in each instance */
+                PREFETCH((const uint16_t *)w + (size_t)(j + nr) * k + kk);
+        }
 #pragma GCC unroll 4
         for (int i = 0; i < mr; i++) {
             __m512 xv = _mm512_loadu_ps(x + (size_t)i * k + kk);
@@ -366,8 +375,10 @@ T512BF16 ALWAYS_INLINE void tile_dot(float *y, int ldy, const uint16_t *x, int k
     for (; kk + 32 <= k; kk += 32) {
         __m512i wv[NR];
 #pragma GCC unroll 4
-        for (int j = 0; j < nr; j++)
+        for (int j = 0; j < nr; j++) {
             wv[j] = _mm512_loadu_si512(w + (size_t)j * k + kk);
+            PREFETCH(w + (size_t)(j + nr) * k + kk);
+        }
 #pragma GCC unroll 4
         for (int i = 0; i < mr; i++) {
             __m512i xv = _mm512_loadu_si512(x + (size_t)i * kp + kk);

@@ -26,6 +26,8 @@
 #if LORA_I8_GROUP % 64 != 0
 #error "the int8 kernels take groups of a multiple of 64 values"
 #endif
+/* The next tile's rows at the same column (matmul_cpu.c says why; int8 rows are short enough). */
+#define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 #define G       LORA_I8_GROUP
 #define CPG     (G / 64) /* 64-byte chunks per group (VNNI) */
 #define CPG16   (G / 16) /* 16-value chunks per group (AVX2) */
@@ -112,6 +114,7 @@ TVNNI ALWAYS_INLINE void vnni_group(__m512 f[MR_VNNI][NR_VNNI], const char *xs, 
             __m512i v = c >= nch               ? _mm512_setzero_si512()
                         : tail && c == nch - 1 ? _mm512_maskz_loadu_epi8(tail_mask, p)
                                                : _mm512_loadu_si512(p);
+            PREFETCH(p + (size_t)nr * k);
             wv[j][c] = _mm512_xor_si512(v, flip);
         }
         bw[j] = _mm512_set1_ps(scale_at(w_scales, (size_t)j * ng + g));
