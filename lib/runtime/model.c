@@ -157,6 +157,8 @@ static int fetch(struct loader *ld, struct lora_tensor *out, unsigned read_by, c
     if (n_dims == 1 && kind == SLICE_ROWS) {
         kind = SLICE_COLS; /* a 1-D slice is a column range of one row */
     }
+    if (kind != SLICE_NONE && start == 0 && count == (kind == SLICE_ROWS ? rows : cols))
+        kind = SLICE_NONE; /* one rank's whole tensor: in place like any other */
     int64_t out_rows = kind == SLICE_ROWS ? count : rows;
     int64_t out_cols = kind == SLICE_COLS ? count : cols;
     size_t esize = lora_dtype_size(t->dtype);

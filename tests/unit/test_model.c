@@ -414,7 +414,15 @@ static void test_bf16_kept_in_place(void)
     if (!m || !f32 || !r1)
         goto out;
     CHECK(m->weight_dtype == LORA_DTYPE_BF16 && m->base_dtype == LORA_DTYPE_BF16);
-    CHECK(m->layers[1].w_up.dtype == LORA_DTYPE_BF16 && in_place(m, &m->layers[1].w_up));
+    /* One rank takes every projection whole: each one is a view of the file, the column-split
+     * ones (o_proj, down_proj) too. */
+    for (int l = 0; l < m->cfg.n_layers; l++) {
+        const struct lora_layer *y = &m->layers[l];
+        const struct lora_tensor *ws[] = {&y->wq, &y->wk, &y->wv, &y->wo,
+                                          &y->w_gate, &y->w_up, &y->w_down};
+        for (size_t i = 0; i < sizeof(ws) / sizeof(ws[0]); i++)
+            CHECK(ws[i]->dtype == LORA_DTYPE_BF16 && in_place(m, ws[i]));
+    }
     CHECK(m->embed.dtype == LORA_DTYPE_BF16 && in_place(m, &m->embed));
     CHECK(m->lm_head.dtype == LORA_DTYPE_BF16 && in_place(m, &m->lm_head));
     /* Norms are read in float32 by every kernel: converted, a buffer of their own. */
