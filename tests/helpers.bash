@@ -13,6 +13,10 @@ expect_status() {
     if [ "$status" -ne "$1" ]; then
         echo "expected exit $1, got $status; output:" >&2
         echo "$output" >&2
+        if [ -n "${stderr-}" ]; then
+            echo "stderr:" >&2
+            echo "$stderr" >&2
+        fi
         return 1
     fi
 }

@@ -36,9 +36,8 @@
 #define T512BF16      __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16")))
 
 /* The next tile's rows at the same column, fetched while this tile streams its own: a tile's rows
- * (896 to 4864 values in a 0.5B model) end before the hardware prefetcher has learnt them. On
- * AVX-512 this lifts the memory-bound 16-bit and I8 matmuls by 1.1x to 1.6x; float32 (twice the
- * bytes per row) gained nothing and lost up to 10%, so it is left to the hardware. */
+ * end before the hardware prefetcher has learnt them. The 16-bit and I8 tiles do it; float32
+ * lost by it (docs/design.md, "Streaming the weights"). */
 #define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 
 #define MR 2 /* rows of x per AVX2 tile */

@@ -38,6 +38,7 @@ struct gen_opts {
     long logprobs;
     bool ignore_eos;
     bool json;
+    bool stats;
     long max_lora_rank;
     long max_batched_tokens;
     long block_size;
@@ -68,6 +69,7 @@ static const struct lora_cli_opt options[] = {
      1000},
     {"ignore-eos", LORA_OPT_FLAG, &o.ignore_eos, NULL, "do not stop at end-of-sequence"},
     {"json", LORA_OPT_FLAG, &o.json, NULL, "print one JSON line per request"},
+    {"stats", LORA_OPT_FLAG, &o.stats, NULL, "print the run's step timings as JSON on stderr"},
     {"max-lora-rank", LORA_OPT_INT, &o.max_lora_rank, "R", "highest adapter rank (default 64)", 1,
      4096},
     {"max-num-batched-tokens", LORA_OPT_INT, &o.max_batched_tokens, "N",
@@ -418,6 +420,14 @@ int cmd_generate(int argc, char **argv)
                           j.reqs, j.n_reqs, &go, &st, err, sizeof(err)) < 0)
         goto out;
     rc = 0;
+    /* The steps' own times, for benchmarks that must leave out loading (one line, last). */
+    if (o.stats)
+        fprintf(stderr,
+                "{\"steps\": %d, \"decode_steps\": %d, \"decode_tokens\": %ld, "
+                "\"decode_seconds\": %.6f, \"prefill_step_tokens\": %ld, "
+                "\"prefill_seconds\": %.6f, \"total_seconds\": %.6f}\n",
+                st.n_steps, st.n_decode_steps, st.n_decode_tokens, st.decode_seconds,
+                st.n_step_tokens_prefill, st.prefill_seconds, st.total_seconds);
     if (print_results(&j) < 0) {
         snprintf(err, sizeof(err), "unable to write the output: %s", strerror(errno));
         rc = EXIT_SYSTEM;

@@ -217,6 +217,7 @@ static int fetch(struct loader *ld, struct lora_tensor *out, unsigned read_by, c
             rc = be->ops->upload(be, buf, 0, dst, bytes, ld->err, ld->err_len);
         free(dst);
     }
+    lora_safetensors_release(f, t); /* the copy is the weight now */
     return rc;
 }
 

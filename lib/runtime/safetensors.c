@@ -384,6 +384,18 @@ out_close:
     return -1;
 }
 
+void lora_safetensors_release(const struct lora_safetensors *st,
+                              const struct lora_tensor_info *t)
+{
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), base = (uintptr_t)st->map;
+    uintptr_t lo = (uintptr_t)t->data / page * page;
+    uintptr_t hi = ((uintptr_t)t->data + t->bytes + page - 1) / page * page;
+
+    hi = hi < base + st->map_bytes ? hi : base + st->map_bytes;
+    if (lo >= base && hi > lo)
+        (void)madvise((void *)lo, hi - lo, MADV_DONTNEED); /* best effort */
+}
+
 struct lora_safetensors *lora_safetensors_open(const char *path, char *err, size_t err_len)
 {
     if (err && err_len)
@@ -630,10 +642,10 @@ static int put_file(FILE *f, const char *header, const struct lora_tensor_out *t
 }
 
 /* A large file just written sits in the page cache in the small pages of its writes, and a
- * reader that maps it in place gets 4 KiB mappings, whose TLB (and, in some virtual machines,
- * shadow page table) misses slowed decoding a 15 GB bf16 model 15-fold in our measurements
- * (docs/design.md). Written back and dropped from the cache, it is read again into large folios
- * that the kernel maps 2 MiB at a time. Best effort: small files are left alone. */
+ * reader that maps it in place gets 4 KiB mappings, whose TLB misses slowed decoding a 15 GB bf16
+ * model 9-fold (docs/design.md, "Mapped pages"). Written back and dropped from the cache, it is
+ * read again into large folios that the kernel maps 2 MiB at a time. Best effort: small files
+ * are left alone. */
 static void drop_from_page_cache(int fd)
 {
     struct stat sb;

@@ -59,6 +59,12 @@ struct lora_safetensors *lora_safetensors_open_fd(int fd, const char *path, char
 /* Unmaps and frees *st, then sets *st to NULL. Accepts NULL and *st == NULL. */
 void lora_safetensors_close(struct lora_safetensors **st);
 
+/* Drops this process's mapping of t's bytes (whole pages around them; the page cache keeps the
+ * file): for a tensor copied into a buffer of its own, so that its source no longer counts as
+ * resident. A later read maps the pages again. */
+void lora_safetensors_release(const struct lora_safetensors *st,
+                              const struct lora_tensor_info *t);
+
 /* Returns the tensor called name, or NULL. Borrowed. */
 const struct lora_tensor_info *lora_safetensors_find(const struct lora_safetensors *st,
                                                      const char *name);

@@ -19,7 +19,7 @@ check_demo_output() {
 }
 
 @test "the demo starts the stack, answers for the base model and an adapter, and stops it" {
-    port=$((30000 + ($$ % 1000) * 10))
+    port=$((24000 + ($$ % 400) * 10))
     run "$ROOT/examples/demo.sh" "$LORA_BIN" "$port" $((port + 5))
     echo "$output"
     expect_status 0
@@ -28,7 +28,7 @@ check_demo_output() {
 
 @test "on a fresh clone with no build and no demo model, make demo runs to completion" {
     git -C "$ROOT" rev-parse HEAD > /dev/null 2>&1 || skip "not a git checkout"
-    port=$((31000 + ($$ % 1000) * 10))
+    port=$((28000 + ($$ % 400) * 10))
     run "$ROOT/tests/fresh_clone.sh" "$port" $((port + 5))
     echo "$output"
     expect_status 0

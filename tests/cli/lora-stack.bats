@@ -13,8 +13,9 @@ STACK="$LORA_BIN/lora-stack"
 
 setup() {
     RUNS=() FAKES=() CLEAN=()
-    # Ports of this test: a block of its own, away from the defaults.
-    BASE=$((20000 + (BATS_TEST_NUMBER * 10) + ($$ % 500) * 40))
+    # Ports of this test: a block of its own, away from the defaults and below the kernel's
+    # ephemeral range (32768 up), where a client connection could hold one first.
+    BASE=$((20000 + (BATS_TEST_NUMBER * 10) + ($$ % 300) * 40))
 }
 
 teardown() {

@@ -4,6 +4,7 @@
 # (tests/ref/precision_check.py), and batch invariance, bit for bit, in every precision.
 
 load ../helpers
+bats_require_minimum_version 1.5.0
 
 CHECK="$PYTHON $ROOT/tests/ref/precision_check.py --worker $WORKER"
 

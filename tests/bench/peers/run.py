@@ -134,7 +134,7 @@ class Ours:
         self.tmp = tempfile.mkdtemp(prefix="bench-peers-")
 
     def generate(self, model, prompts, max_tokens, ads=None, assign=None):
-        """Runs one lora-worker generate over len(prompts) requests; returns (seconds, token
+        """Runs one lora-worker generate over len(prompts) requests; returns (its --stats, token
         lists). assign[i] is the adapter index of request i or None."""
         batch = os.path.join(self.tmp, "requests.jsonl")
         with open(batch, "w") as f:
@@ -143,31 +143,29 @@ class Ours:
                 f.write(json.dumps({"prompt_ids": p, "max_tokens": max_tokens,
                                     "lora": None if a is None else ads[a][0]}) + "\n")
         cmd = [self.exe, "generate", "--model", model, "--batch", batch, "--ignore-eos", "--json",
-               "--max-num-batched-tokens", str(max(512, sum(len(p) for p in prompts)))]
+               "--stats", "--max-num-batched-tokens", str(max(512, sum(len(p) for p in prompts)))]
         for name, d, _ in ads or []:
             cmd += ["--lora", f"{name}={d}"]
         cmd += self.extra
-        t = time.perf_counter()
         r = run(cmd, env=self.env)
-        dt = time.perf_counter() - t
-        return dt, [json.loads(line)["tokens"] for line in r.stdout.splitlines() if line.strip()]
+        stats = json.loads(r.stderr.strip().splitlines()[-1])
+        return stats, [json.loads(line)["tokens"] for line in r.stdout.splitlines() if line.strip()]
 
     def decode_rate(self, model, batch, tokens, ads=None):
-        """Tokens per second of the decode steps: batch*tokens more tokens over the time a run
-        to tokens+1 tokens takes more than a run to 1 token."""
+        """Tokens per second of the decode steps, from the worker's own step times (loading and
+        the prompt's step left out, as llama.cpp's timings leave them out)."""
         prompts = [PROMPT] * batch
         assign = [i % len(ads) for i in range(batch)] if ads else None
-        t1, _ = self.generate(model, prompts, 1, ads, assign)
-        tn, toks = self.generate(model, prompts, tokens + 1, ads, assign)
+        st, toks = self.generate(model, prompts, tokens + 1, ads, assign)
         if batch == 1 and not ads:
             self.b1_tokens = toks[0]
-        return batch * tokens / (tn - t1) if tn - t1 > 0.01 else float("nan")
+        return st["decode_tokens"] / st["decode_seconds"] if st["decode_seconds"] > 0 else float("nan")
 
     def prefill_rate(self, model, n):
+        """Prompt tokens per second of one n-token prompt's step (the budget holds it whole)."""
         ids = [(7 * i + 11) % 256 for i in range(n)]
-        t1, _ = self.generate(model, [ids[:1]], 1)
-        tn, _ = self.generate(model, [ids], 1)
-        return (n - 1) / (tn - t1) if tn - t1 > 0.01 else float("nan")
+        st, _ = self.generate(model, [ids], 1)
+        return n / st["prefill_seconds"] if st["prefill_seconds"] > 0 else float("nan")
 
 
 def prompt_arg(prompt):
