@@ -77,8 +77,8 @@ static struct lora_buffer *new_buffer(struct lora_backend *be, void *base, size_
 static void *map_huge(size_t bytes, size_t *mapped)
 {
     size_t len = (bytes + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE;
-    char *p = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                   -1, 0);
+    char *p =
+        mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
     if (p == MAP_FAILED)
         return NULL;
@@ -384,8 +384,9 @@ struct lora_backend *lora_cpu_backend_new(char *err, size_t err_len)
     /* The paths, one per backend (matmul_cpu.c, matmul_i8_cpu.c): without AVX-512, AVX2 for
      * every dtype; with it, the bf16 dot and int8 instructions where the machine has them. */
     const struct lora_cpu_isa *isa = &cpu->isa;
-    snprintf(be->description, sizeof(be->description), "cpu (%s%s%s, %d thread%s)",
+    snprintf(be->description, sizeof(be->description), "cpu (%s%s%s%s, %d thread%s)",
              isa->avx512 ? "AVX-512" : "AVX2", isa->bf16 ? ", BF16 dot" : "",
-             isa->vnni ? ", VNNI int8" : "", cpu->n_threads, cpu->n_threads == 1 ? "" : "s");
+             isa->amx ? ", AMX bf16" : "", isa->vnni ? ", VNNI int8" : "", cpu->n_threads,
+             cpu->n_threads == 1 ? "" : "s");
     return be;
 }

@@ -134,6 +134,34 @@ ALWAYS_INLINE float kv_at(const void *row, int d, enum lora_dtype dtype)
     return f;
 }
 
+/* 8 elements from d of a cache row of dtype, widened to float. */
+ALWAYS_INLINE __m256 kv_at8(const void *row, int d, enum lora_dtype dtype)
+{
+    if (dtype == LORA_DTYPE_F32)
+        return _mm256_loadu_ps((const float *)row + d);
+    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + d));
+    if (dtype == LORA_DTYPE_F16)
+        return _mm256_cvtph_ps(h);
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* q · k over n elements: 8 lanes summed along the row, the lanes in a fixed tree, then the
+ * tail; one order for every row whatever the batch, and 8 chains of dependent adds, not 1. */
+ALWAYS_INLINE float dot_kv(const float *q, const void *k, int n, enum lora_dtype dtype)
+{
+    __m256 acc = _mm256_setzero_ps();
+    int d = 0;
+
+    for (; d + 8 <= n; d += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), kv_at8(k, d, dtype), acc);
+    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    float dot = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+    for (; d < n; d++)
+        dot += q[d] * kv_at(k, d, dtype);
+    return dot;
+}
+
 /* One query row of one head against positions [0, n_ctx) of its sequence. */
 ALWAYS_INLINE void attend_one(float *out, const float *q, const void *k_cache, const void *v_cache,
                               enum lora_dtype dtype, const int *block_table, int n_ctx, int kv_off,
@@ -146,10 +174,7 @@ ALWAYS_INLINE void attend_one(float *out, const float *q, const void *k_cache, c
     for (int p = 0; p < n_ctx; p++) {
         size_t slot = (size_t)block_table[p / block_size] * block_size + p % block_size;
         const char *k = (const char *)k_cache + (slot * kv_dim + kv_off) * es;
-        float dot = 0;
-        for (int d = 0; d < head_dim; d++)
-            dot += q[d] * kv_at(k, d, dtype);
-        scores[p] = dot * scale;
+        scores[p] = dot_kv(q, k, head_dim, dtype) * scale;
         if (scores[p] > max)
             max = scores[p];
     }
@@ -163,7 +188,14 @@ ALWAYS_INLINE void attend_one(float *out, const float *q, const void *k_cache, c
         size_t slot = (size_t)block_table[p / block_size] * block_size + p % block_size;
         const char *v = (const char *)v_cache + (slot * kv_dim + kv_off) * es;
         float w = scores[p] / sum;
-        for (int d = 0; d < head_dim; d++)
+        __m256 wv = _mm256_set1_ps(w);
+        int d = 0;
+        /* Element by element, as the scalar tail: out and v may alias for all the compiler knows,
+         * so it would not vectorize this itself. */
+        for (; d + 8 <= head_dim; d += 8)
+            _mm256_storeu_ps(out + d, _mm256_add_ps(_mm256_loadu_ps(out + d),
+                                                    _mm256_mul_ps(wv, kv_at8(v, d, dtype))));
+        for (; d < head_dim; d++)
             out[d] += w * kv_at(v, d, dtype);
     }
 }

@@ -13,6 +13,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #include "backend/backend.h"
 
@@ -22,10 +23,12 @@ struct lora_cpu_isa {
     bool avx512; /* AVX-512 F, BW, VL: 16-lane tiles; else AVX2 + FMA + F16C, 8 lanes */
     bool bf16;   /* with avx512: AVX512_BF16's vdpbf16ps for the fast BF16 matmul */
     bool vnni;   /* with avx512: AVX512_VNNI's vpdpbusd for the I8 matmul */
+    bool amx;    /* with bf16: AMX-BF16 tiles for the fast BF16 matmul where n, k % 32 == 0 */
 };
 
 /* The paths this machine has, less those the environment turns off for tests and comparisons:
- * LORA_NO_AVX512 (AVX2 for everything), LORA_NO_AVX512_BF16, LORA_NO_AVX512_VNNI. */
+ * LORA_NO_AVX512 (AVX2 for everything), LORA_NO_AVX512_BF16, LORA_NO_AVX512_VNNI, LORA_NO_AMX.
+ */
 struct lora_cpu_isa lora_cpu_isa_detect(void);
 
 /* Bytes of the staging memory of a backend: the matmuls that convert x (fast BF16, I8) convert
@@ -58,6 +61,17 @@ void lora_cpu_i8_stage_row(const struct lora_cpu_isa *isa, const float *x, int k
 void lora_cpu_i8_panel(const struct lora_cpu_isa *isa, float *y, int ldy, const char *xs,
                        const signed char *w, const char *w_scales, int m, int k, int n0, int n1,
                        float alpha, bool acc);
+
+/* The AMX path (matmul_amx_cpu.c, called by lora_cpu_matmul for fast BF16 with n and k
+ * multiples of 32). available: the CPU has AMX-BF16 and the kernel gave this process the tile
+ * state. The staging of m rows takes lora_cpu_amx_stage_bytes(m, k); stage_row writes row i (or
+ * zeros for x == NULL, a padding row up to a multiple of 16). panel: columns [n0, n1) of y (m
+ * rows, stride ldy), n0 and n1 multiples of 32, = alpha · staged x · rows [n0, n1) of wᵀ (+ y). */
+bool lora_cpu_amx_available(void);
+size_t lora_cpu_amx_stage_bytes(int m, int k);
+void lora_cpu_amx_stage_row(const float *x, int k, int i, char *stage);
+void lora_cpu_amx_panel(float *y, int ldy, const char *stage, const uint16_t *w, int m, int k,
+                        int n0, int n1, float alpha, bool acc);
 
 /* y (m, n) += bias (n) broadcast over rows. */
 void lora_cpu_add_bias(float *y, const float *bias, int m, int n);

@@ -227,7 +227,7 @@ static void panel8(float *y, int ldy, const float *x, const void *w, enum lora_d
 
 /* ---- AVX-512: 16 lanes ---- */
 
-#define MR16 4 /* rows of x per AVX-512 tile */
+#define MR16 6 /* rows of x per AVX-512 tile: 24 sums, 4 rows of w and 1 of x in 32 registers */
 
 T512 ALWAYS_INLINE __m512 load16(const void *w, size_t i, enum lora_dtype dt)
 {
@@ -255,43 +255,43 @@ T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w,
     __m512 a[MR16][NR];
     int kk = 0;
 
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int i = 0; i < MR16; i++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < NR; j++)
             a[i][j] = _mm512_setzero_ps();
     for (; kk + 16 <= k; kk += 16) {
         __m512 wv[NR];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < nr; j++) {
             wv[j] = load16(w, (size_t)j * k + kk, dt);
             if (dt != LORA_DTYPE_F32) /* a constant in each instance */
                 PREFETCH((const uint16_t *)w + (size_t)(j + nr) * k + kk);
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int i = 0; i < mr; i++) {
             __m512 xv = _mm512_loadu_ps(x + (size_t)i * k + kk);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int j = 0; j < nr; j++)
                 a[i][j] = _mm512_fmadd_ps(xv, wv[j], a[i][j]);
         }
     }
     if (kk < k) {
         __m512 wv[NR];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < nr; j++)
             wv[j] = load16_tail(w, (size_t)j * k + kk, tail, dt);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int i = 0; i < mr; i++) {
             __m512 xv = _mm512_maskz_loadu_ps(tail, x + (size_t)i * k + kk);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int j = 0; j < nr; j++)
                 a[i][j] = _mm512_fmadd_ps(xv, wv[j], a[i][j]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int i = 0; i < mr; i++) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < nr; j++) {
             float v = alpha * _mm512_reduce_add_ps(a[i][j]);
             y[(size_t)i * ldy + j] = acc ? y[(size_t)i * ldy + j] + v : v;
@@ -323,6 +323,12 @@ T512 ALWAYS_INLINE void panel16_body(float *y, int ldy, const float *x, const vo
         const float *xi = x + (size_t)i * k;
         float *yi = y + (size_t)i * ldy;
         switch (mr) {
+        case 6:
+            PANEL16_ROWS(6);
+            break;
+        case 5:
+            PANEL16_ROWS(5);
+            break;
         case 4:
             PANEL16_ROWS(4);
             break;
@@ -366,42 +372,42 @@ T512BF16 ALWAYS_INLINE void tile_dot(float *y, int ldy, const uint16_t *x, int k
     __m512 a[MR16][NR];
     int kk = 0;
 
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int i = 0; i < MR16; i++)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < NR; j++)
             a[i][j] = _mm512_setzero_ps();
     for (; kk + 32 <= k; kk += 32) {
         __m512i wv[NR];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < nr; j++) {
             wv[j] = _mm512_loadu_si512(w + (size_t)j * k + kk);
             PREFETCH(w + (size_t)(j + nr) * k + kk);
         }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int i = 0; i < mr; i++) {
             __m512i xv = _mm512_loadu_si512(x + (size_t)i * kp + kk);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int j = 0; j < nr; j++)
                 a[i][j] = _mm512_dpbf16_ps(a[i][j], (__m512bh)xv, (__m512bh)wv[j]);
         }
     }
     if (kk < k) {
         __m512i wv[NR];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < nr; j++)
             wv[j] = _mm512_maskz_loadu_epi16(tail, w + (size_t)j * k + kk);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int i = 0; i < mr; i++) {
             __m512i xv = _mm512_loadu_si512(x + (size_t)i * kp + kk);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
             for (int j = 0; j < nr; j++)
                 a[i][j] = _mm512_dpbf16_ps(a[i][j], (__m512bh)xv, (__m512bh)wv[j]);
         }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int i = 0; i < mr; i++) {
-#pragma GCC unroll 4
+#pragma GCC unroll 8
         for (int j = 0; j < nr; j++) {
             float v = alpha * _mm512_reduce_add_ps(a[i][j]);
             y[(size_t)i * ldy + j] = acc ? y[(size_t)i * ldy + j] + v : v;
@@ -430,6 +436,12 @@ T512BF16 static void panel_dot(float *y, int ldy, const uint16_t *x_staged, cons
         float *yi = y + (size_t)i * ldy;
         const uint16_t *xs = x_staged + (size_t)i * kp;
         switch (mr) {
+        case 6:
+            PANEL_DOT_ROWS(6);
+            break;
+        case 5:
+            PANEL_DOT_ROWS(5);
+            break;
         case 4:
             PANEL_DOT_ROWS(4);
             break;
@@ -451,13 +463,14 @@ T512BF16 static void panel_dot(float *y, int ldy, const uint16_t *x_staged, cons
 
 struct lora_cpu_isa lora_cpu_isa_detect(void)
 {
-    struct lora_cpu_isa isa = {false, false, false};
+    struct lora_cpu_isa isa = {false, false, false, false};
 
     __builtin_cpu_init();
     isa.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vl") && !getenv("LORA_NO_AVX512");
     isa.bf16 = isa.avx512 && __builtin_cpu_supports("avx512bf16") && !getenv("LORA_NO_AVX512_BF16");
     isa.vnni = isa.avx512 && __builtin_cpu_supports("avx512vnni") && !getenv("LORA_NO_AVX512_VNNI");
+    isa.amx = isa.bf16 && !getenv("LORA_NO_AMX") && lora_cpu_amx_available();
     return isa;
 }
 
@@ -466,6 +479,7 @@ enum path {
     PATH_FLOAT,   /* F32, F16, BF16 exact: the float tiles */
     PATH_ROUND_X, /* BF16 fast without the dot instruction: x rounded, then the float tiles */
     PATH_DOT,     /* BF16 fast: vdpbf16ps */
+    PATH_AMX,     /* BF16 fast, n and k multiples of 32: AMX tiles */
     PATH_I8,
 };
 
@@ -476,6 +490,7 @@ static size_t stage_row_bytes(const struct lora_cpu_isa *isa, enum path path, in
     case PATH_ROUND_X: /* float rows of stride k, as the float tiles read x */
         return (size_t)k * sizeof(float);
     case PATH_DOT: /* k rounded up to 32 values: a whole number of 64-byte loads */
+    case PATH_AMX: /* k values, in blocks of 16 rows */
         return (size_t)(k + 31) / 32 * 32 * sizeof(uint16_t);
     case PATH_I8:
         return lora_cpu_i8_row_bytes(isa, k);
@@ -527,6 +542,9 @@ static void run_panels(const struct lora_cpu *cpu, enum path path, float *y, int
     case PATH_DOT:
         panel_dot(y, n, (const uint16_t *)xs, w, m, k, n0, n1, alpha, acc);
         break;
+    case PATH_AMX:
+        lora_cpu_amx_panel(y, n, xs, w, m, k, n0, n1, alpha, acc);
+        break;
     case PATH_ROUND_X:
         run_panel(&cpu->isa, y, n, (const float *)xs, w, dtype, m, k, n0, n1, alpha, acc);
         break;
@@ -541,13 +559,20 @@ void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const
                      bool fast)
 {
     const struct lora_cpu_isa *isa = &cpu->isa;
-    enum path path = dtype == LORA_DTYPE_I8             ? PATH_I8
-                     : dtype == LORA_DTYPE_BF16 && fast ? (isa->bf16 ? PATH_DOT : PATH_ROUND_X)
-                                                        : PATH_FLOAT;
+    /* The path depends on the machine and the weight's shape, never on m. */
+    enum path path = dtype == LORA_DTYPE_I8 ? PATH_I8
+                     : dtype == LORA_DTYPE_BF16 && fast
+                         ? (isa->amx && n % 32 == 0 && k % 32 == 0 ? PATH_AMX
+                            : isa->bf16                            ? PATH_DOT
+                                                                   : PATH_ROUND_X)
+                         : PATH_FLOAT;
     size_t row_stage = stage_row_bytes(isa, path, k);
     /* Rows of x per pass: all of them, or as many as the staging memory holds (each pass
-     * streams w again; results do not depend on it, as each row is computed alone). */
+     * streams w again; results do not depend on it, as each row is computed alone); AMX stages
+     * whole blocks of 16. */
     int chunk = row_stage ? (int)(LORA_CPU_STAGE_BYTES / row_stage) : m;
+    if (path == PATH_AMX)
+        chunk = chunk / 16 * 16;
 
     if (chunk < 1) {
         fprintf(stderr,
@@ -563,7 +588,8 @@ void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const
     int threads = omp_get_max_threads() < cpu->n_threads ? omp_get_max_threads() : cpu->n_threads;
     int share = (n + 4 * threads - 1) / (4 * threads);
     rows = share < rows ? share : rows;
-    rows = rows < NR ? NR : rows + (NR - rows % NR) % NR;
+    int unit = path == PATH_AMX ? 32 : NR; /* the rows of w one tile takes */
+    rows = rows < unit ? unit : rows + (unit - rows % unit) % unit;
     int n_panels = (n + rows - 1) / rows;
 
     for (int i0 = 0; i0 < m; i0 += chunk) {
@@ -574,9 +600,16 @@ void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const
 #pragma omp parallel num_threads(threads) if (work > 32768 && n_panels > 1)
         {
             if (row_stage) {
+                int staged = path == PATH_AMX ? (mc + 15) / 16 * 16 : mc;
 #pragma omp for schedule(static)
-                for (int r = 0; r < mc; r++)
-                    stage_row(isa, path, xc + (size_t)r * k, k, cpu->stage + (size_t)r * row_stage);
+                for (int r = 0; r < staged; r++) {
+                    if (path == PATH_AMX)
+                        lora_cpu_amx_stage_row(r < mc ? xc + (size_t)r * k : NULL, k, r,
+                                               cpu->stage);
+                    else
+                        stage_row(isa, path, xc + (size_t)r * k, k,
+                                  cpu->stage + (size_t)r * row_stage);
+                }
                 /* The implicit barrier: every staged row is ready. */
             }
 #pragma omp for schedule(dynamic, 1)

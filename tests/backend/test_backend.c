@@ -285,7 +285,7 @@ static void case_matmul(void)
     static const int shapes[][3] = {{1, 1, 1},      {3, 5, 7},      {2, 4, 8},      {5, 33, 9},
                                     {17, 129, 100}, {64, 67, 257},  {7, 64, 897},   {70, 37, 130},
                                     {33, 6, 64},    {1, 131, 1000}, {12, 19, 4864}, {40, 3, 65},
-                                    {70, 2, 65536}};
+                                    {70, 2, 65536}, {1, 96, 64},    {37, 64, 96},   {16, 32, 896}};
 
     for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
         int m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
@@ -1145,12 +1145,13 @@ static void run_device(const char *device, const char *label, char *desc, size_t
 }
 
 /* The CPU backend again on each narrower path this machine can take (the environment switches
- * of backend/cpu/kernels_cpu.h): AVX-512 without its bf16 dot and int8 instructions, then AVX2.
- * A path the machine is already on is not run twice. */
+ * of backend/cpu/kernels_cpu.h): AVX-512 without AMX, without its bf16 dot and int8
+ * instructions, then AVX2. A path the machine is already on is not run twice. */
 static const struct {
     const char *label;
     const char *env[2];
 } cpu_paths[] = {
+    {"cpu/no-amx", {"LORA_NO_AMX", NULL}},
     {"cpu/no-bf16-vnni", {"LORA_NO_AVX512_BF16", "LORA_NO_AVX512_VNNI"}},
     {"cpu/avx2", {"LORA_NO_AVX512", NULL}},
 };

@@ -22,9 +22,10 @@ PyTorch eager bfloat16, on the same deterministic model, at the same thread coun
    its requests run one adapter at a time, each adapter's requests batched together, one
    adapter after another. PyTorch has no adapters here: its batch rows are the base model.
 
-Options pass --dtype and --quantization through to lora-worker generate (--ours-dtype,
---ours-quantization) for the runtime's own bfloat16 / int8 weights; with either, lora-worker
-reads the bfloat16 model directory instead of the float32 copy.
+Options pass --dtype, --quantization and --matmul-precision through to lora-worker generate
+(--ours-dtype, --ours-quantization, --ours-matmul-precision) for the runtime's own bfloat16 / int8
+weights; with the first two, lora-worker reads the bfloat16 model directory instead of the
+float32 copy. PyTorch's bfloat16 rounds activations to bfloat16 as the fast matmul does.
 """
 import argparse
 import json
@@ -123,13 +124,15 @@ def adapters(model_dir, prefix, bin_dir, n, rank, lora_type="f32"):
 # ---- the three engines -----------------------------------------------------------------------
 
 class Ours:
-    def __init__(self, bin_dir, threads, dtype=None, quantization=None):
+    def __init__(self, bin_dir, threads, dtype=None, quantization=None, matmul=None):
         self.exe = os.path.join(bin_dir, "lora-worker")
         self.extra = []
         if dtype:
             self.extra += ["--dtype", dtype]
         if quantization:
             self.extra += ["--quantization", quantization]
+        if matmul:
+            self.extra += ["--matmul-precision", matmul]
         self.env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         self.tmp = tempfile.mkdtemp(prefix="bench-peers-")
 
@@ -456,6 +459,8 @@ def main():
                     help="pass --dtype to lora-worker generate (auto|float32|bfloat16|float16)")
     ap.add_argument("--ours-quantization", default=None,
                     help="pass --quantization to lora-worker generate (int8)")
+    ap.add_argument("--ours-matmul-precision", default=None,
+                    help="pass --matmul-precision to lora-worker generate (exact|fast)")
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
     ap.add_argument("--no-agreement", action="store_true")
@@ -523,8 +528,10 @@ def main():
         p.small["small llama"] = (small_l, gguf(small_l, small_l + ".f32.gguf", "f32"), [])
     log(f"bench-peers: prepared in {time.time() - t0:.0f} s")
 
-    ours = Ours(args.bin, args.threads, args.ours_dtype, args.ours_quantization)
-    ours_label = "lora-stack " + (args.ours_quantization or args.ours_dtype or "f32")
+    ours = Ours(args.bin, args.threads, args.ours_dtype, args.ours_quantization,
+                args.ours_matmul_precision)
+    ours_label = "lora-stack " + (args.ours_quantization or args.ours_dtype or "f32") + \
+        (f" {args.ours_matmul_precision}" if args.ours_matmul_precision else "")
     result = {"shape": shape, "threads": args.threads, "prompt": PROMPT, "rounds": args.rounds}
     try:
         if not args.no_agreement:
