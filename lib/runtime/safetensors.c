@@ -387,8 +387,7 @@ out_close:
     return -1;
 }
 
-void lora_safetensors_release(const struct lora_safetensors *st,
-                              const struct lora_tensor_info *t)
+void lora_safetensors_release(const struct lora_safetensors *st, const struct lora_tensor_info *t)
 {
     uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), base = (uintptr_t)st->map;
     uintptr_t lo = (uintptr_t)t->data / page * page;
