@@ -3,7 +3,10 @@
 #   make test            build, then run unit, cli and end-to-end tests
 #   make deps            install missing Debian packages (as root) or print the command
 #   make demo            start the stack on the demo model, query it, stop it
-#   make bench           build and run the benchmarks in tests/bench (bench-peers included)
+#   make bench           build and run the benchmarks in tests/bench (bench-peers, bench-7b
+#                        included)
+#   make bench-7b        the 7B shape (15 GB of bf16, written once into build/peers/cache):
+#                        load, resident memory and decode in bfloat16 and int8
 #   make bench-peers     lora-stack's CPU decode beside llama.cpp and PyTorch (tests/bench/peers;
 #                        BENCH_PEERS_ARGS=--quick for a pipeline check on a tiny model)
 #   make bench-deps      install what only the benchmarks need (node-llama-cpp into build/peers)
@@ -108,7 +111,7 @@ DEB_PACKAGES := build-essential pkg-config libmsgpack-dev libzmq3-dev libjansson
 
 .DELETE_ON_ERROR:
 .SECONDARY:
-.PHONY: all deps test demo bench bench-deps bench-peers clean format install fuzz fuzz-build
+.PHONY: all deps test demo bench bench-7b bench-deps bench-peers clean format install fuzz fuzz-build
 .DEFAULT_GOAL := all
 
 all: $(BINS) $(UNITS) $(BACKEND_TESTS) $(CUDA_EMU_TEST) $(BENCHES) $(TOOLS)
@@ -216,6 +219,15 @@ bench: deps
 	@echo "== tests/bench/frontend_overhead.py"; OMP_WAIT_POLICY=passive $(PYTHON) tests/bench/frontend_overhead.py --bin $(BUILD)/bin
 	@echo "== tests/bench/metrics_scrape.py"; $(PYTHON) tests/bench/metrics_scrape.py --bin $(BUILD)/bin
 	@$(MAKE) --no-print-directory bench-peers
+	@$(MAKE) --no-print-directory bench-7b
+
+bench-7b: deps
+	@$(MAKE) --no-print-directory all
+	@echo "== tests/bench/peers/make_model.sh 7b"
+	@LORA_BIN=$(BUILD)/bin sh tests/bench/peers/make_model.sh 7b
+	@echo "== bench_model --model build/peers/cache/7b"
+	@$(BUILD)/tests/bench/bench_model --model build/peers/cache/7b --only decode \
+	  --precisions bfloat16,int8 --rounds 2
 
 # Packages only the benchmarks use, never the tests: Debian's numpy and PyTorch for the Python
 # peers, and llama.cpp's prebuilt CPU build from npm (node-llama-cpp and its linux-x64 binaries,
