@@ -87,7 +87,9 @@ static void *map_huge(size_t bytes, size_t *mapped)
         munmap(p, (size_t)(a - p));
     if (p + len + HUGE_PAGE > a + len)
         munmap(a + len, (size_t)(p + len + HUGE_PAGE - (a + len)));
-    (void)madvise(a, len, MADV_HUGEPAGE); /* best effort: 4 KiB pages still work */
+    /* The whole 2 MiB pages only: the tail stays in 4 KiB pages, so a buffer costs no more
+     * memory than its bytes. Best effort: 4 KiB pages still work. */
+    (void)madvise(a, bytes / HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE);
     *mapped = len;
     return a;
 }
