@@ -85,8 +85,7 @@ static void *map_huge(size_t bytes, size_t *mapped)
     char *a = (char *)(((uintptr_t)p + HUGE_PAGE - 1) / HUGE_PAGE * HUGE_PAGE);
     if (a > p)
         munmap(p, (size_t)(a - p));
-    if (p + len + HUGE_PAGE > a + len)
-        munmap(a + len, (size_t)(p + len + HUGE_PAGE - (a + len)));
+    munmap(a + len, (size_t)(p + HUGE_PAGE - a)); /* a < p + HUGE_PAGE: never empty */
     /* The whole 2 MiB pages only: the tail stays in 4 KiB pages, so a buffer costs no more
      * memory than its bytes. Best effort: 4 KiB pages still work. */
     (void)madvise(a, bytes / HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE);
@@ -129,7 +128,7 @@ static void cpu_buffer_free(struct lora_backend *be, struct lora_buffer *b)
         return;
     size_t mapped = (size_t)(uintptr_t)b->ctx;
 
-    if (!b->wrapped && mapped)
+    if (mapped)
         munmap(b->base, mapped);
     else if (!b->wrapped)
         free(b->base);

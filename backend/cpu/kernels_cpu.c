@@ -3,6 +3,7 @@
  * matmul_i8_cpu.c. A 16-bit cache or table is widened to float32 as it is read (exactly), and a
  * cache is written rounded to nearest even: the arithmetic is float32's whatever the dtype. */
 #include "backend/cpu/kernels_cpu.h"
+#include "backend/cpu/widen_cpu.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -120,31 +121,6 @@ int lora_cpu_n_threads(void)
     return omp_get_max_threads();
 }
 
-/* Element d of a cache row of dtype, widened to float. */
-ALWAYS_INLINE float kv_at(const void *row, int d, enum lora_dtype dtype)
-{
-    if (dtype == LORA_DTYPE_F32)
-        return ((const float *)row)[d];
-    uint16_t h = ((const uint16_t *)row)[d];
-    if (dtype == LORA_DTYPE_F16)
-        return _cvtsh_ss(h);
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof(f));
-    return f;
-}
-
-/* 8 elements from d of a cache row of dtype, widened to float. */
-ALWAYS_INLINE __m256 kv_at8(const void *row, int d, enum lora_dtype dtype)
-{
-    if (dtype == LORA_DTYPE_F32)
-        return _mm256_loadu_ps((const float *)row + d);
-    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)row + d));
-    if (dtype == LORA_DTYPE_F16)
-        return _mm256_cvtph_ps(h);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
 /* q · k over n elements: 8 lanes summed along the row, the lanes in a fixed tree, then the
  * tail; one order for every row whatever the batch, and 8 chains of dependent adds, not 1. */
 ALWAYS_INLINE float dot_kv(const float *q, const void *k, int n, enum lora_dtype dtype)
@@ -153,12 +129,10 @@ ALWAYS_INLINE float dot_kv(const float *q, const void *k, int n, enum lora_dtype
     int d = 0;
 
     for (; d + 8 <= n; d += 8)
-        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), kv_at8(k, d, dtype), acc);
-    __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-    __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    float dot = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + d), lora_cpu_widen8(k, d, dtype), acc);
+    float dot = lora_cpu_hsum8(acc);
     for (; d < n; d++)
-        dot += q[d] * kv_at(k, d, dtype);
+        dot += q[d] * lora_cpu_widen(k, d, dtype);
     return dot;
 }
 
@@ -193,10 +167,11 @@ ALWAYS_INLINE void attend_one(float *out, const float *q, const void *k_cache, c
         /* Element by element, as the scalar tail: out and v may alias for all the compiler knows,
          * so it would not vectorize this itself. */
         for (; d + 8 <= head_dim; d += 8)
-            _mm256_storeu_ps(out + d, _mm256_add_ps(_mm256_loadu_ps(out + d),
-                                                    _mm256_mul_ps(wv, kv_at8(v, d, dtype))));
+            _mm256_storeu_ps(out + d,
+                             _mm256_add_ps(_mm256_loadu_ps(out + d),
+                                           _mm256_mul_ps(wv, lora_cpu_widen8(v, d, dtype))));
         for (; d < head_dim; d++)
-            out[d] += w * kv_at(v, d, dtype);
+            out[d] += w * lora_cpu_widen(v, d, dtype);
     }
 }
 

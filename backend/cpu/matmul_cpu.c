@@ -22,6 +22,7 @@
  * time). The I8 path stages its quantized rows the same way.
  */
 #include "backend/cpu/kernels_cpu.h"
+#include "backend/cpu/widen_cpu.h"
 
 #include <immintrin.h>
 #include <math.h>
@@ -88,17 +89,6 @@ T512 static void stage_bf16_bits(const float *x, int k, int kp, uint16_t *dst)
 
 /* ---- AVX2: 8 lanes ---- */
 
-/* 8 weights from element i of w, widened to float. */
-ALWAYS_INLINE __m256 load8(const void *w, size_t i, enum lora_dtype dt)
-{
-    if (dt == LORA_DTYPE_F32)
-        return _mm256_loadu_ps((const float *)w + i);
-    __m128i h = _mm_loadu_si128((const __m128i *)((const uint16_t *)w + i));
-    if (dt == LORA_DTYPE_F16)
-        return _mm256_cvtph_ps(h);
-    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
 /* The rem (1..7) weights from element i, zeros after. AVX2 has no 16-bit masked load: the 16-bit
  * types go through a zeroed copy, which reads nothing past the row either. */
 ALWAYS_INLINE __m256 load8_tail(const void *w, size_t i, int rem, __m256i mask, enum lora_dtype dt)
@@ -107,15 +97,7 @@ ALWAYS_INLINE __m256 load8_tail(const void *w, size_t i, int rem, __m256i mask, 
         return _mm256_maskload_ps((const float *)w + i, mask);
     uint16_t buf[8] = {0};
     memcpy(buf, (const uint16_t *)w + i, (size_t)rem * sizeof(uint16_t));
-    return load8(buf, 0, dt);
-}
-
-ALWAYS_INLINE float hsum(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+    return lora_cpu_widen8(buf, 0, dt);
 }
 
 /* One tile of mr x nr outputs (mr <= MR, nr <= NR known at each call site). */
@@ -134,7 +116,7 @@ ALWAYS_INLINE void tile(float *y, int ldy, const float *x, const void *w, enum l
         __m256 wv[NR], xv[MR];
 #pragma GCC unroll 4
         for (int j = 0; j < nr; j++)
-            wv[j] = load8(w, (size_t)j * k + kk, dt);
+            wv[j] = lora_cpu_widen8(w, (size_t)j * k + kk, dt);
 #pragma GCC unroll 2
         for (int i = 0; i < mr; i++) {
             xv[i] = _mm256_loadu_ps(x + (size_t)i * k + kk);
@@ -160,7 +142,7 @@ ALWAYS_INLINE void tile(float *y, int ldy, const float *x, const void *w, enum l
     for (int i = 0; i < mr; i++) {
 #pragma GCC unroll 4
         for (int j = 0; j < nr; j++) {
-            float v = alpha * hsum(a[i][j]);
+            float v = alpha * lora_cpu_hsum8(a[i][j]);
             y[(size_t)i * ldy + j] = acc ? y[(size_t)i * ldy + j] + v : v;
         }
     }
@@ -622,20 +604,6 @@ void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const
 
 /* ---- the multi-LoRA SGMV ---- */
 
-/* Element c of a (F32, BF16 or F16) as float. */
-ALWAYS_INLINE float elem(const void *a, size_t c, enum lora_dtype dt)
-{
-    if (dt == LORA_DTYPE_F32)
-        return ((const float *)a)[c];
-    uint16_t h = ((const uint16_t *)a)[c];
-    if (dt == LORA_DTYPE_F16)
-        return _cvtsh_ss(h);
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, sizeof(f));
-    return f;
-}
-
 /* y row (out) += scale · (t row (rank) · b_t (rank, out)) over columns [c0, c1): each output
  * accumulates over the rank in order, then is added once, the same way on every path. */
 ALWAYS_INLINE void expand_row_body(float *y, const float *t, const void *b_t, enum lora_dtype dt,
@@ -649,10 +617,10 @@ ALWAYS_INLINE void expand_row_body(float *y, const float *t, const void *b_t, en
         for (int r = 0; r < rank; r++) {
             __m256 tv = _mm256_set1_ps(t[r]);
             size_t b = (size_t)r * out + c;
-            a0 = _mm256_fmadd_ps(tv, load8(b_t, b, dt), a0);
-            a1 = _mm256_fmadd_ps(tv, load8(b_t, b + 8, dt), a1);
-            a2 = _mm256_fmadd_ps(tv, load8(b_t, b + 16, dt), a2);
-            a3 = _mm256_fmadd_ps(tv, load8(b_t, b + 24, dt), a3);
+            a0 = _mm256_fmadd_ps(tv, lora_cpu_widen8(b_t, b, dt), a0);
+            a1 = _mm256_fmadd_ps(tv, lora_cpu_widen8(b_t, b + 8, dt), a1);
+            a2 = _mm256_fmadd_ps(tv, lora_cpu_widen8(b_t, b + 16, dt), a2);
+            a3 = _mm256_fmadd_ps(tv, lora_cpu_widen8(b_t, b + 24, dt), a3);
         }
         _mm256_storeu_ps(y + c, _mm256_fmadd_ps(sv, a0, _mm256_loadu_ps(y + c)));
         _mm256_storeu_ps(y + c + 8, _mm256_fmadd_ps(sv, a1, _mm256_loadu_ps(y + c + 8)));
@@ -662,7 +630,7 @@ ALWAYS_INLINE void expand_row_body(float *y, const float *t, const void *b_t, en
     for (; c < c1; c++) {
         float a = 0;
         for (int r = 0; r < rank; r++)
-            a = fmaf(t[r], elem(b_t, (size_t)r * out + c, dt), a);
+            a = fmaf(t[r], lora_cpu_widen(b_t, (size_t)r * out + c, dt), a);
         y[c] = fmaf(scale, a, y[c]);
     }
 }

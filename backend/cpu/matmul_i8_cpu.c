@@ -15,6 +15,7 @@
  * multiplied pairwise with vpmaddwd: |q| <= 127, so a pair's sum never saturates.
  */
 #include "backend/cpu/kernels_cpu.h"
+#include "backend/cpu/widen_cpu.h"
 
 #include <immintrin.h>
 #include <stdint.h>
@@ -268,14 +269,6 @@ ALWAYS_INLINE __m256i avx2_w16(const signed char *p, int rem)
     return _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)buf));
 }
 
-ALWAYS_INLINE float avx2_hsum(__m256 v)
-{
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
-}
-
 /* One group of an mr x nr tile: nch chunks of 16 from value c0. */
 ALWAYS_INLINE void avx2_group(__m256 f[MR_AVX2][NR_AVX2], const char *xs, size_t x_stride,
                               size_t kp, int ng, const signed char *w, int k, const char *w_scales,
@@ -331,7 +324,7 @@ ALWAYS_INLINE void avx2_tile(float *y, int ldy, const char *xs, size_t x_stride,
     for (int i = 0; i < mr; i++) {
 #pragma GCC unroll 4
         for (int j = 0; j < nr; j++) {
-            float v = alpha * avx2_hsum(f[i][j]);
+            float v = alpha * lora_cpu_hsum8(f[i][j]);
             y[(size_t)i * ldy + j] = acc ? y[(size_t)i * ldy + j] + v : v;
         }
     }
