@@ -48,11 +48,6 @@ bool lora_cpu_amx_available(void)
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 }
 
-size_t lora_cpu_amx_stage_bytes(int m, int k)
-{
-    return (size_t)(m + 15) / 16 * 16 * (size_t)k * sizeof(uint16_t);
-}
-
 /* Row i of x (k values, k even) into its block of the staging: block i / 16 is k / 2 rows of
  * 64 bytes, row r holding each of the block's 16 rows' pair (2r, 2r + 1); x == NULL stages zeros
  * (a padding row). Rounding to nearest even, NaN kept quiet, as lora_f32_to_bf16. */
