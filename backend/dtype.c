@@ -205,11 +205,10 @@ bool lora_dtype_is_compute(enum lora_dtype dtype)
 
 size_t lora_tensor_bytes(enum lora_dtype dtype, int64_t rows, int64_t cols)
 {
-    size_t n = (size_t)rows * (size_t)cols * lora_dtype_size(dtype);
-
     if (dtype != LORA_DTYPE_I8)
-        return n;
-    return n + (size_t)rows * (size_t)lora_i8_groups(cols) * sizeof(float);
+        return (size_t)rows * (size_t)cols * lora_dtype_size(dtype);
+    return (size_t)rows *
+           ((size_t)lora_i8_row_bytes(cols) + (size_t)lora_i8_groups(cols) * sizeof(float));
 }
 
 int lora_tensor_row_to_f32(enum lora_dtype dtype, const void *data, int64_t rows, int64_t cols,
@@ -222,13 +221,13 @@ int lora_tensor_row_to_f32(enum lora_dtype dtype, const void *data, int64_t rows
     if (dtype != LORA_DTYPE_I8)
         return lora_dtype_to_f32(dtype, p + (size_t)row * (size_t)cols * lora_dtype_size(dtype),
                                  dst, (size_t)cols);
-    int64_t n_groups = lora_i8_groups(cols);
-    const char *scales = p + (size_t)rows * (size_t)cols + (size_t)row * n_groups * sizeof(float);
-    const signed char *q = (const signed char *)p + (size_t)row * (size_t)cols;
+    int64_t n_groups = lora_i8_groups(cols), row_bytes = lora_i8_row_bytes(cols);
+    const char *scales = p + (size_t)(rows * row_bytes) + (size_t)(row * n_groups) * sizeof(float);
+    const signed char *q = (const signed char *)p + (size_t)(row * row_bytes);
     for (int64_t c = 0; c < cols; c++) {
         float scale;
         memcpy(&scale, scales + (c / LORA_I8_GROUP) * sizeof(float), sizeof(scale));
-        dst[c] = (float)q[c] * scale;
+        dst[c] = (float)q[lora_i8_offset(cols, c)] * scale;
     }
     return 0;
 }
@@ -247,10 +246,12 @@ static float elem_f32(enum lora_dtype dtype, const unsigned char *src, size_t i)
     return dtype == LORA_DTYPE_BF16 ? bf16_to_f32(h) : f16_to_f32(h);
 }
 
-/* One row: q (cols) and its scales. Returns -1 on a value that is not finite. */
+/* One row: q (lora_i8_row_bytes(cols), in the layout's order) and its scales. Returns -1 on a
+ * value that is not finite. */
 static int quantize_row(enum lora_dtype dtype, const unsigned char *src, int64_t cols,
                         signed char *q, char *scales)
 {
+    memset(q, 0, (size_t)lora_i8_row_bytes(cols)); /* the last group's padding */
     for (int64_t g0 = 0; g0 < cols; g0 += LORA_I8_GROUP) {
         int64_t g1 = g0 + LORA_I8_GROUP < cols ? g0 + LORA_I8_GROUP : cols;
         float max = 0;
@@ -265,7 +266,7 @@ static int quantize_row(enum lora_dtype dtype, const unsigned char *src, int64_t
         float scale = max / 127.0f;
         for (int64_t c = g0; c < g1; c++) {
             float r = scale > 0 ? nearbyintf(elem_f32(dtype, src, (size_t)c) / scale) : 0.0f;
-            q[c] = (signed char)(r > 127 ? 127 : r < -127 ? -127 : r);
+            q[lora_i8_offset(cols, c)] = (signed char)(r > 127 ? 127 : r < -127 ? -127 : r);
         }
         memcpy(scales + (g0 / LORA_I8_GROUP) * sizeof(float), &scale, sizeof(scale));
     }
@@ -280,8 +281,8 @@ int lora_quantize_i8(enum lora_dtype src_dtype, const void *src, int64_t rows, i
         rows < 0 || cols < 0)
         return -1;
     size_t esize = lora_dtype_size(src_dtype);
-    size_t n_groups = (size_t)lora_i8_groups(cols);
-    char *scales = (char *)dst + (size_t)rows * (size_t)cols;
+    size_t n_groups = (size_t)lora_i8_groups(cols), row_bytes = (size_t)lora_i8_row_bytes(cols);
+    char *scales = (char *)dst + (size_t)rows * row_bytes;
     int bad = 0;
 
     /* Rows are independent: threads take them in chunks (a model's largest tensor is a few
@@ -290,7 +291,7 @@ int lora_quantize_i8(enum lora_dtype src_dtype, const void *src, int64_t rows, i
     for (int64_t r = 0; r < rows; r++)
         bad |=
             quantize_row(src_dtype, (const unsigned char *)src + (size_t)r * (size_t)cols * esize,
-                         cols, (signed char *)dst + (size_t)r * (size_t)cols,
+                         cols, (signed char *)dst + (size_t)r * row_bytes,
                          scales + (size_t)r * n_groups * sizeof(float)) < 0;
     return bad ? -1 : 0;
 }

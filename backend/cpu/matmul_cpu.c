@@ -518,8 +518,9 @@ static void run_panels(const struct lora_cpu *cpu, enum path path, float *y, int
 
     switch (path) {
     case PATH_I8:
-        lora_cpu_i8_panel(&cpu->isa, y, n, xs, w, (const char *)w + (size_t)n * (size_t)k, m, k, n0,
-                          n1, alpha, acc);
+        lora_cpu_i8_panel(&cpu->isa, y, n, xs, w,
+                          (const char *)w + (size_t)n * (size_t)lora_i8_row_bytes(k), m, k, n0, n1,
+                          alpha, acc);
         break;
     case PATH_DOT:
         panel_dot(y, n, (const uint16_t *)xs, w, m, k, n0, n1, alpha, acc);
@@ -565,7 +566,8 @@ void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const
     }
     /* Panels of w small enough to stay in L2 while every row of x passes over them, and enough
      * of them to keep every thread busy. */
-    size_t w_row = dtype == LORA_DTYPE_I8 ? (size_t)k : (size_t)k * w_size(dtype);
+    size_t w_row =
+        dtype == LORA_DTYPE_I8 ? (size_t)lora_i8_row_bytes(k) : (size_t)k * w_size(dtype);
     int rows = (int)((256 * 1024) / (w_row + 1));
     int threads = omp_get_max_threads() < cpu->n_threads ? omp_get_max_threads() : cpu->n_threads;
     int share = (n + 4 * threads - 1) / (4 * threads);

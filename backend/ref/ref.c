@@ -25,13 +25,17 @@ double lora_ref_at(const struct lora_ref_w *w, int64_t r, int64_t c)
         memcpy(&h, p + 2 * i, sizeof(h));
         lora_dtype_to_f32(w->dtype, &h, &f, 1);
         return f;
-    case LORA_DTYPE_I8:
+    case LORA_DTYPE_I8: {
+        size_t row_bytes = (size_t)lora_i8_row_bytes(w->cols);
         memcpy(&f,
-               p + (size_t)w->rows * (size_t)w->cols +
+               p + (size_t)w->rows * row_bytes +
                    ((size_t)r * (size_t)lora_i8_groups(w->cols) + (size_t)c / LORA_I8_GROUP) *
                        sizeof(float),
                sizeof(f));
-        return (double)((const signed char *)p)[i] * f;
+        return (double)((const signed char *)
+                            p)[(size_t)r * row_bytes + (size_t)lora_i8_offset(w->cols, c)] *
+               f;
+    }
     default:
         return NAN;
     }
@@ -92,8 +96,9 @@ void lora_ref_matmul_xi8(double *dot, double *absdot, const float *x, const stru
                          int m)
 {
     int n = (int)w->rows, k = (int)w->cols, n_groups = (int)lora_i8_groups(k);
+    size_t row_bytes = (size_t)lora_i8_row_bytes(k);
     const signed char *qw = w->data;
-    const char *w_scales = (const char *)w->data + (size_t)n * (size_t)k;
+    const char *w_scales = (const char *)w->data + (size_t)n * row_bytes;
     signed char *qx = malloc((size_t)(k ? k : 1));
     float *x_scales = malloc(sizeof(float) * (size_t)(n_groups ? n_groups : 1));
 
@@ -104,7 +109,8 @@ void lora_ref_matmul_xi8(double *dot, double *absdot, const float *x, const stru
             for (int g = 0; g < n_groups; g++) {
                 long long sum = 0, abs_sum = 0; /* exact, as the kernels' int32 sums */
                 for (int d = g * LORA_I8_GROUP; d < k && d < (g + 1) * LORA_I8_GROUP; d++) {
-                    long long p = (long long)qx[d] * qw[(size_t)j * k + d];
+                    long long p =
+                        (long long)qx[d] * qw[(size_t)j * row_bytes + (size_t)lora_i8_offset(k, d)];
                     sum += p;
                     abs_sum += p < 0 ? -p : p;
                 }

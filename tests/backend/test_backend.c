@@ -945,7 +945,7 @@ static void case_allreduce(void)
  * rounding (F32 exact, BF16 2^-8 and F16 2^-11 relative, I8 half a step of its row's scale). */
 static void check_ref_dtypes(void)
 {
-    enum { ROWS = 3, COLS = 2 * LORA_I8_GROUP + 37 }; /* three groups, the last one short */
+    enum { ROWS = 3, COLS = 2 * LORA_I8_GROUP + LORA_I8_GROUP / 2 + 5 }; /* the last group short */
     float src[ROWS * COLS], row[COLS];
     int n_bad = 0;
 
@@ -978,9 +978,10 @@ static void check_ref_dtypes(void)
         free(host);
     }
     CHECK(n_bad == 0);
-    CHECK(lora_tensor_bytes(LORA_DTYPE_I8, ROWS, COLS) == ROWS * COLS + ROWS * 3 * sizeof(float));
+    CHECK(lora_tensor_bytes(LORA_DTYPE_I8, ROWS, COLS) ==
+          ROWS * 3 * LORA_I8_GROUP + ROWS * 3 * sizeof(float));
     CHECK(lora_tensor_bytes(LORA_DTYPE_I8, 2, LORA_I8_GROUP) == 2 * LORA_I8_GROUP + 2 * 4);
-    CHECK(lora_tensor_bytes(LORA_DTYPE_I8, 2, 1) == 2 + 2 * 4);
+    CHECK(lora_tensor_bytes(LORA_DTYPE_I8, 2, 1) == 2 * LORA_I8_GROUP + 2 * 4);
     CHECK(lora_tensor_bytes(LORA_DTYPE_BF16, ROWS, COLS) == ROWS * COLS * 2);
     CHECK(lora_tensor_row_to_f32(LORA_DTYPE_I32, src, ROWS, COLS, 0, row) == -1);
 }
@@ -991,6 +992,27 @@ static void check_ref_dtypes(void)
  * and the refusals. */
 static void check_quantize_i8(void)
 {
+    /* The layout's order: each row's offsets are a permutation of its bytes, and in a row of 20
+     * groups (a block of 16, then one of 4) four bytes of each group follow each other. */
+    static const int64_t layout_cols[] = {
+        1, 37, LORA_I8_GROUP, 16 * LORA_I8_GROUP, 17 * LORA_I8_GROUP + 5, 40 * LORA_I8_GROUP};
+    for (size_t li = 0; li < sizeof(layout_cols) / sizeof(layout_cols[0]); li++) {
+        int64_t cols = layout_cols[li], rb = lora_i8_row_bytes(cols);
+        char *seen = calloc((size_t)rb, 1);
+        int dup = 0;
+        for (int64_t c = 0; c < rb; c++) {
+            int64_t o = lora_i8_offset(cols, c);
+            dup += o < 0 || o >= rb || seen[o]++;
+        }
+        CHECK(dup == 0);
+        free(seen);
+    }
+    const int64_t g = LORA_I8_GROUP, c20 = 20 * g;
+    CHECK(lora_i8_offset(c20, 3) == 3 && lora_i8_offset(c20, 4) == 64);
+    CHECK(lora_i8_offset(c20, g) == 4 && lora_i8_offset(c20, 15 * g + 6) == 60 + 64 + 2);
+    CHECK(lora_i8_offset(c20, 16 * g) == 16 * g && lora_i8_offset(c20, 16 * g + 4) == 16 * g + 16);
+    CHECK(lora_i8_offset(c20, 17 * g + 1) == 16 * g + 5);
+
     static const int shapes[][2] = {{3, 37}, {4, LORA_I8_GROUP}, {5, 2 * LORA_I8_GROUP + 2}, {2, 1},
                                     {0, 10}, {300, 4000}};
     static const enum lora_dtype srcs[] = {LORA_DTYPE_F32, LORA_DTYPE_BF16, LORA_DTYPE_F16};
@@ -1021,7 +1043,8 @@ static void check_quantize_i8(void)
                 src = half;
             }
             CHECK(lora_quantize_i8(d, src, rows, cols, dst) == 0);
-            const float *all_scales = (const float *)(dst + n);
+            size_t row_bytes = (size_t)lora_i8_row_bytes(cols);
+            const char *all_scales = dst + (size_t)rows * row_bytes;
             for (int r = 0; r < rows; r++) {
                 float *wide = new_floats((size_t)cols);
                 if (d == LORA_DTYPE_F32)
@@ -1029,8 +1052,12 @@ static void check_quantize_i8(void)
                 else
                     lora_dtype_to_f32(d, half + (size_t)r * cols, wide, (size_t)cols);
                 lora_ref_quantize_row(wide, cols, q, scales);
-                n_bad += memcmp(q, dst + (size_t)r * cols, (size_t)cols) != 0;
-                n_bad += memcmp(scales, (const char *)all_scales + (size_t)r * n_groups * 4,
+                const signed char *qr = (const signed char *)dst + (size_t)r * row_bytes;
+                for (int c = 0; c < cols; c++)
+                    n_bad += q[c] != qr[lora_i8_offset(cols, c)];
+                for (size_t c = (size_t)cols; c < row_bytes; c++) /* the padding: zeros */
+                    n_bad += qr[lora_i8_offset(cols, (int64_t)c)] != 0;
+                n_bad += memcmp(scales, all_scales + (size_t)r * n_groups * 4,
                                 (size_t)n_groups * 4) != 0;
                 lora_tensor_row_to_f32(LORA_DTYPE_I8, dst, rows, cols, r, deq);
                 for (int c = 0; c < cols; c++) {
@@ -1044,7 +1071,8 @@ static void check_quantize_i8(void)
         }
         if (rows > 1) {
             float s;
-            memcpy(&s, dst + n + (size_t)n_groups * sizeof(float), sizeof(s));
+            memcpy(&s, dst + (size_t)rows * (size_t)lora_i8_row_bytes(cols) + (size_t)n_groups * 4,
+                   sizeof(s));
             CHECK(s == 0.0f); /* the zero row's first scale */
         }
         if (n_bad)
@@ -1058,7 +1086,7 @@ static void check_quantize_i8(void)
     }
     CHECK(n_bad == 0);
     float bad_src[4] = {1.0f, NAN, 2.0f, 3.0f};
-    char out[64];
+    char out[LORA_I8_GROUP + 4];
     CHECK(lora_quantize_i8(LORA_DTYPE_F32, bad_src, 1, 4, out) == -1);
     bad_src[1] = INFINITY;
     CHECK(lora_quantize_i8(LORA_DTYPE_F32, bad_src, 1, 4, out) == -1);

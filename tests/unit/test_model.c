@@ -473,10 +473,11 @@ static void test_int8_quantized(void)
     }
     free(row);
     CHECK(bad == 0);
-    /* Each projection's bytes: one per weight and a float32 scale per group of LORA_I8_GROUP. */
+    /* Each projection's bytes: one per weight (whole groups of LORA_I8_GROUP) and a float32
+     * scale per group. */
     CHECK(lora_tensor_bytes(LORA_DTYPE_I8, t->rows, t->cols) ==
-          (size_t)(t->rows * t->cols) +
-              (size_t)t->rows * ((t->cols + LORA_I8_GROUP - 1) / LORA_I8_GROUP) * sizeof(float));
+          (size_t)t->rows * ((t->cols + LORA_I8_GROUP - 1) / LORA_I8_GROUP) *
+              (LORA_I8_GROUP + sizeof(float)));
     /* An untied embedding is only looked up: it stays in the base dtype. */
     CHECK(q->embed.dtype == LORA_DTYPE_F32 && q1->embed.dtype == LORA_DTYPE_BF16);
     /* A tied one is the LM head: quantized once, looked up and multiplied as int8. */
