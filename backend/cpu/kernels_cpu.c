@@ -3,6 +3,7 @@
  * matmul_i8_cpu.c. A 16-bit cache or table is widened to float32 as it is read (exactly), and a
  * cache is written rounded to nearest even: the arithmetic is float32's whatever the dtype. */
 #include "backend/cpu/kernels_cpu.h"
+#include "backend/cpu/exp_cpu.h"
 #include "backend/cpu/widen_cpu.h"
 
 #include <immintrin.h>
@@ -66,12 +67,28 @@ void lora_cpu_rope(float *x, const int *pos, int m, int n_heads, int head_dim, f
     }
 }
 
+/* Eight values of gate = silu(gate) * up. */
+ALWAYS_INLINE void silu_mul8(float *gate, const float *up)
+{
+    __m256 g = _mm256_loadu_ps(gate);
+    __m256 e = lora_cpu_exp8(_mm256_sub_ps(_mm256_setzero_ps(), g));
+    _mm256_storeu_ps(gate, _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(_mm256_set1_ps(1.0f), e)),
+                                         _mm256_loadu_ps(up)));
+}
+
 void lora_cpu_silu_mul(float *gate, const float *up, size_t n)
 {
+    size_t n8 = n / 8;
+
 #pragma omp parallel for if (n > 16384)
-    for (size_t i = 0; i < n; i++) {
-        float g = gate[i];
-        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    for (size_t b = 0; b < n8; b++)
+        silu_mul8(gate + 8 * b, up + 8 * b);
+    if (n % 8) { /* through a padded vector: the same arithmetic as every other value */
+        float g[8] = {0}, u[8] = {0};
+        memcpy(g, gate + 8 * n8, (n % 8) * sizeof(float));
+        memcpy(u, up + 8 * n8, (n % 8) * sizeof(float));
+        silu_mul8(g, u);
+        memcpy(gate + 8 * n8, g, (n % 8) * sizeof(float));
     }
 }
 
@@ -152,11 +169,20 @@ ALWAYS_INLINE void attend_one(float *out, const float *q, const void *k_cache, c
         if (scores[p] > max)
             max = scores[p];
     }
-    float sum = 0;
-    for (int p = 0; p < n_ctx; p++) {
-        scores[p] = expf(scores[p] - max);
-        sum += scores[p];
+    __m256 mv = _mm256_set1_ps(max);
+    int p8 = 0;
+    for (; p8 + 8 <= n_ctx; p8 += 8)
+        _mm256_storeu_ps(scores + p8,
+                         lora_cpu_exp8(_mm256_sub_ps(_mm256_loadu_ps(scores + p8), mv)));
+    if (p8 < n_ctx) { /* through a padded vector, as lora_cpu_silu_mul's tail */
+        float t[8] = {0};
+        memcpy(t, scores + p8, (size_t)(n_ctx - p8) * sizeof(float));
+        _mm256_storeu_ps(t, lora_cpu_exp8(_mm256_sub_ps(_mm256_loadu_ps(t), mv)));
+        memcpy(scores + p8, t, (size_t)(n_ctx - p8) * sizeof(float));
     }
+    float sum = 0;
+    for (int p = 0; p < n_ctx; p++)
+        sum += scores[p];
     memset(out, 0, sizeof(float) * head_dim);
     for (int p = 0; p < n_ctx; p++) {
         size_t slot = (size_t)block_table[p / block_size] * block_size + p % block_size;

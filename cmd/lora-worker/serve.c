@@ -203,7 +203,7 @@ static int setup(struct worker *w, const struct lora_msg_setup *s, char *err, si
         .slot_dtype = w->lora_dtype,
     };
     w->fwd = lora_forward_new(w->model, w->kv, &fl, err, err_len);
-    if (!w->fwd)
+    if (!w->fwd || lora_forward_warm(w->fwd, err, err_len) < 0)
         return -1;
     if (l->world_size > 1) {
         if (!s->shm.s) {

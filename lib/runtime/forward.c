@@ -471,6 +471,24 @@ static int run_layer(struct lora_forward *f, int l, int T, int n_seqs)
     return 0;
 }
 
+int lora_forward_warm(struct lora_forward *f, char *err, size_t err_len)
+{
+    enum { WARM_TOKENS = 8 };
+    int tokens[WARM_TOKENS] = {0}, blocks[WARM_TOKENS];
+    int n = f->lim.max_tokens < WARM_TOKENS ? f->lim.max_tokens : WARM_TOKENS;
+    const float *logits;
+    int first_row;
+
+    n = n < f->lim.max_ctx ? n : f->lim.max_ctx;
+    int nb = (n + f->kv->block_size - 1) / f->kv->block_size;
+    if (nb > f->kv->n_blocks)
+        return 0; /* a cache this small has nothing to warm */
+    for (int b = 0; b < nb; b++)
+        blocks[b] = b;
+    struct lora_seq_step s = {tokens, n, 0, blocks, -1, false};
+    return lora_forward_step(f, &s, 1, &logits, &first_row, err, err_len);
+}
+
 int lora_forward_step(struct lora_forward *f, const struct lora_seq_step *seqs, int n_seqs,
                       const float **logits, int *first_row, char *err, size_t err_len)
 {

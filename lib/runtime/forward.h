@@ -54,6 +54,13 @@ struct lora_forward *lora_forward_new(const struct lora_model *m, struct lora_kv
                                       size_t err_len);
 void lora_forward_destroy(struct lora_forward **f);
 
+/* One throwaway step of a few tokens at position 0 of the KV cache's first blocks, as a server
+ * warms up before its first request: the weights' pages are mapped, the threads started and the
+ * code paths run, so the first request's step does not pay for them. Call it before any sequence
+ * holds a block (its KV entries are written over before anything reads them) and before
+ * lora_forward_set_collective (each rank warms alone). Returns 0, or -1 with err. */
+int lora_forward_warm(struct lora_forward *f, char *err, size_t err_len);
+
 /* Copies adapter a's weights into slot (NULL empties it); a is not referenced afterwards. Its
  * rank must fit max_rank and it must have been loaded for the same model shard. Returns 0, or -1
  * with err and the slot empty. */

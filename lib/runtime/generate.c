@@ -133,7 +133,7 @@ static int setup(struct gen_run *g, const struct lora_adapter *const *adapters, 
         .slot_dtype = o->lora_dtype,
     };
     g->fwd = lora_forward_new(g->m, g->kv, &lim, err, err_len);
-    if (!g->fwd)
+    if (!g->fwd || lora_forward_warm(g->fwd, err, err_len) < 0)
         return -1;
     for (int i = 0; i < n_adapters; i++)
         if (lora_forward_set_slot(g->fwd, i, adapters[i], err, err_len) < 0)
