@@ -136,22 +136,28 @@ class Ours:
         self.env = dict(os.environ, OMP_NUM_THREADS=str(threads))
         self.tmp = tempfile.mkdtemp(prefix="bench-peers-")
 
-    def generate(self, model, prompts, max_tokens, ads=None, assign=None):
+    def generate(self, model, prompts, max_tokens, ads=None, assign=None, tokens=True):
         """Runs one lora-worker generate over len(prompts) requests; returns (its --stats, token
-        lists). assign[i] is the adapter index of request i or None."""
+        lists). assign[i] is the adapter index of request i or None. tokens=False leaves out
+        --json, whose prompt log-probabilities would put every prompt position through the LM
+        head: the peers' prefill computes the last position's logits only."""
         batch = os.path.join(self.tmp, "requests.jsonl")
         with open(batch, "w") as f:
             for i, p in enumerate(prompts):
                 a = assign[i] if assign else None
                 f.write(json.dumps({"prompt_ids": p, "max_tokens": max_tokens,
                                     "lora": None if a is None else ads[a][0]}) + "\n")
-        cmd = [self.exe, "generate", "--model", model, "--batch", batch, "--ignore-eos", "--json",
+        cmd = [self.exe, "generate", "--model", model, "--batch", batch, "--ignore-eos",
                "--stats", "--max-num-batched-tokens", str(max(512, sum(len(p) for p in prompts)))]
+        if tokens:
+            cmd.append("--json")
         for name, d, _ in ads or []:
             cmd += ["--lora", f"{name}={d}"]
         cmd += self.extra
         r = run(cmd, env=self.env)
         stats = json.loads(r.stderr.strip().splitlines()[-1])
+        if not tokens:
+            return stats, []
         return stats, [json.loads(line)["tokens"] for line in r.stdout.splitlines() if line.strip()]
 
     def decode_rate(self, model, batch, tokens, ads=None):
@@ -167,7 +173,7 @@ class Ours:
     def prefill_rate(self, model, n):
         """Prompt tokens per second of one n-token prompt's step (the budget holds it whole)."""
         ids = [(7 * i + 11) % 256 for i in range(n)]
-        st, _ = self.generate(model, [ids], 1)
+        st, _ = self.generate(model, [ids], 1, tokens=False)
         return n / st["prefill_seconds"] if st["prefill_seconds"] > 0 else float("nan")
 
 
