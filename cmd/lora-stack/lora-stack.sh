@@ -318,11 +318,39 @@ kill_dead_worker() {
     kill -KILL "$p" 2> /dev/null || true
 }
 
-# wait_ready NAME: 0 once NAME said it is ready, 1 if it exited or the timeout passed.
+# alive PID: the process runs (exited but not yet reaped counts as exited).
+alive() {
+    local s
+    [ -n "$1" ] && read -r s 2> /dev/null < "/proc/$1/stat" || return 1
+    s=${s##*") "}
+    [ "${s%% *}" != Z ]
+}
+
+# wait_ready NAME [OTHER...]: 0 once NAME said it is ready; 1 when the timeout passed or as soon
+# as NAME or one of OTHER exited (a worker rank that dies before its hello would leave the engine
+# waiting out the whole timeout), with its name in NOT_READY.
 wait_ready() {
-    local line=""
-    read -r -t "$READY_TIMEOUT" line < "$RUN_DIR/ready/$1" || true
-    [ "$line" = ready ] && kill -0 "${PID[$1]}" 2> /dev/null
+    local line="" deadline=$((SECONDS + READY_TIMEOUT)) n fd
+    NOT_READY=$1
+    exec {fd}< "$RUN_DIR/ready/$1"
+    while :; do
+        if read -r -t 0.2 -u "$fd" line && [ "$line" = ready ]; then
+            break
+        fi
+        for n in "$@"; do
+            if ! alive "${PID[$n]}"; then
+                NOT_READY=$n
+                exec {fd}<&-
+                return 1
+            fi
+        done
+        if [ $SECONDS -ge $deadline ]; then
+            exec {fd}<&-
+            return 1
+        fi
+    done
+    exec {fd}<&-
+    alive "${PID[$1]}"
 }
 
 write_pids() {
@@ -365,7 +393,7 @@ start_engine_group() {
     for m in "${MODULES[@]}"; do mods+=(--lora-modules "$m"); done
     start engine "$BIN/lora-engine" --model "$MODEL" --run-dir "$RUN_DIR" \
         --tensor-parallel-size "$TP" "${mods[@]}" "${ENGINE_ARGS[@]}"
-    wait_ready engine
+    wait_ready engine $(names_of worker-)
 }
 
 start_frontend() { # K
@@ -557,8 +585,13 @@ supervise() {
     local from
     from=$(($(stat -c %s "$RUN_DIR/logs/engine.log" 2> /dev/null || echo 0) + 1))
     if ! start_engine_group; then
-        say "fatal: lora-engine did not become ready; see $RUN_DIR/logs/engine.log"
-        printf 'failed engine\n' > "$RUN_DIR/up.fifo"
+        if [ "$NOT_READY" = engine ]; then
+            say "fatal: lora-engine did not become ready; see $RUN_DIR/logs/engine.log"
+        else
+            say "fatal: $NOT_READY exited before lora-engine was ready; see" \
+                "$RUN_DIR/logs/$NOT_READY.log"
+        fi
+        printf 'failed %s\n' "$NOT_READY" > "$RUN_DIR/up.fifo"
         shutdown
     fi
     # A run directory used before: say what the engine's registry brought back.

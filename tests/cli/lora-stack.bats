@@ -1,7 +1,8 @@
 #!/usr/bin/env bats
 # lora-stack, the supervisor: up, status, logs and down on the demo model; a killed worker and a
 # killed frontend are restarted and the stack serves again; down leaves no process and no socket;
-# two stacks in different run directories do not collide; option routing and usage errors; an
+# two stacks in different run directories do not collide; a worker that dies before the engine is
+# ready fails up at once; option routing and usage errors; an
 # unsafe run directory is refused, down signals only the run directory's own supervisor, and an
 # engine that stays unhealthy while every process runs is restarted. Every stack is brought
 # down in teardown, whatever happened.
@@ -305,6 +306,24 @@ fake_supervisor() { # DIR [USER]
         grep -q "rank $rank: set up on .* of int8 weights, .* of bfloat16 KV cache, .* float16 adapter slots" \
             "$r/logs/worker-$rank.log"
     done
+}
+
+@test "a worker that exits before the engine is ready fails up at once, naming the worker" {
+    local r=$BATS_TEST_TMPDIR/r
+    # A flag only the workers take, with a value they refuse: each rank exits with a usage error
+    # before its hello. Waiting would last the ready timeout (three times over for up's own
+    # wait); failing at once takes a second or two.
+    SECONDS=0
+    LORA_STACK_READY_TIMEOUT=120 up "$r" "$BASE" --load-timeout-ms banana
+    [ "$SECONDS" -lt 60 ]
+    expect_status 111
+    expect_message "the stack did not start (failed worker-0)"
+    grep -q "fatal: worker-0 exited before lora-engine was ready" "$r/supervisor.log"
+    grep -q -- "--load-timeout-ms" "$r/logs/worker-0.log"
+    # The supervisor stops what it started and exits; nothing is left running or bound.
+    timeout 30 tail --pid="$(cat "$r/supervisor.pid")" -f /dev/null
+    [ -z "$(find "$r" -name '*.sock')" ]
+    ! pgrep -f "lora-engine .*--run-dir $r" > /dev/null
 }
 
 @test "a run directory writable by group or others is refused with the reason (exit 100), by every program" {
