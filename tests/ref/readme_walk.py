@@ -33,8 +33,9 @@ def sections(text):
 
 
 def rewrite(line, bin_dir, scratch):
-    line = re.sub(r"build/main(-cuda)?/bin", bin_dir, line)
+    # /tmp/ first: the binaries' own path may lie under /tmp (a checkout there).
     line = line.replace("/tmp/", scratch + "/")
+    line = re.sub(r"build/main(-cuda)?/bin", bin_dir, line)
     if "--follow" in line and not line.rstrip().endswith(("\\", "&")):
         cmd = line.split("  #")[0].rstrip()
         line = "timeout -s INT 3 %s || [ $? -eq 124 ]" % cmd
