@@ -53,11 +53,11 @@ void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const
                      bool fast);
 
 /* The I8 path (matmul_i8_cpu.c, called by lora_cpu_matmul). A row of x (k) quantized into its
- * staged form at row, lora_cpu_i8_row_bytes(isa, k) bytes (a multiple of 64, at a 64-byte aligned
+ * staged form at row, lora_cpu_i8_row_bytes(k) bytes (a multiple of 64, at a 64-byte aligned
  * address); then columns [n0, n1) of y (m rows, stride ldy) = alpha · the m staged rows at xs
  * (one after the other) · rows [n0, n1) of w (n, k)ᵀ (+ y), w_scales its scales. */
-size_t lora_cpu_i8_row_bytes(const struct lora_cpu_isa *isa, int k);
-void lora_cpu_i8_stage_row(const struct lora_cpu_isa *isa, const float *x, int k, char *row);
+size_t lora_cpu_i8_row_bytes(int k);
+void lora_cpu_i8_stage_row(const float *x, int k, char *row);
 void lora_cpu_i8_panel(const struct lora_cpu_isa *isa, float *y, int ldy, const char *xs,
                        const signed char *w, const char *w_scales, int m, int k, int n0, int n1,
                        float alpha, bool acc);

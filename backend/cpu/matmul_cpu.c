@@ -466,7 +466,7 @@ enum path {
 };
 
 /* Bytes of stage one row of x takes on path (the stride of the staged rows); 0 for none. */
-static size_t stage_row_bytes(const struct lora_cpu_isa *isa, enum path path, int k)
+static size_t stage_row_bytes(enum path path, int k)
 {
     switch (path) {
     case PATH_ROUND_X: /* float rows of stride k, as the float tiles read x */
@@ -475,14 +475,13 @@ static size_t stage_row_bytes(const struct lora_cpu_isa *isa, enum path path, in
     case PATH_AMX: /* k values, in blocks of 16 rows */
         return (size_t)(k + 31) / 32 * 32 * sizeof(uint16_t);
     case PATH_I8:
-        return lora_cpu_i8_row_bytes(isa, k);
+        return lora_cpu_i8_row_bytes(k);
     default:
         return 0;
     }
 }
 
-static void stage_row(const struct lora_cpu_isa *isa, enum path path, const float *x, int k,
-                      char *row)
+static void stage_row(enum path path, const float *x, int k, char *row)
 {
     switch (path) {
     case PATH_ROUND_X:
@@ -492,7 +491,7 @@ static void stage_row(const struct lora_cpu_isa *isa, enum path path, const floa
         stage_bf16_bits(x, k, (k + 31) / 32 * 32, (uint16_t *)row);
         break;
     default:
-        lora_cpu_i8_stage_row(isa, x, k, row);
+        lora_cpu_i8_stage_row(x, k, row);
         break;
     }
 }
@@ -549,7 +548,7 @@ void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const
                             : isa->bf16                            ? PATH_DOT
                                                                    : PATH_ROUND_X)
                          : PATH_FLOAT;
-    size_t row_stage = stage_row_bytes(isa, path, k);
+    size_t row_stage = stage_row_bytes(path, k);
     /* Rows of x per pass: all of them, or as many as the staging memory holds (each pass
      * streams w again; results do not depend on it, as each row is computed alone); AMX stages
      * whole blocks of 16. */
@@ -591,8 +590,7 @@ void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const
                         lora_cpu_amx_stage_row(r < mc ? xc + (size_t)r * k : NULL, k, r,
                                                cpu->stage);
                     else
-                        stage_row(isa, path, xc + (size_t)r * k, k,
-                                  cpu->stage + (size_t)r * row_stage);
+                        stage_row(path, xc + (size_t)r * k, k, cpu->stage + (size_t)r * row_stage);
                 }
                 /* The implicit barrier: every staged row is ready. */
             }

@@ -68,9 +68,8 @@ static size_t q_bytes(int k)
     return round_up((size_t)lora_i8_row_bytes(k), 64);
 }
 
-size_t lora_cpu_i8_row_bytes(const struct lora_cpu_isa *isa, int k)
+size_t lora_cpu_i8_row_bytes(int k)
 {
-    (void)isa; /* one staged form for both paths */
     return q_bytes(k) + 2 * (size_t)n_blocks(k) * 64;
 }
 
@@ -108,14 +107,13 @@ static float quantize_group(const float *x, int n, signed char *q)
     return scale;
 }
 
-void lora_cpu_i8_stage_row(const struct lora_cpu_isa *isa, const float *x, int k, char *row)
+void lora_cpu_i8_stage_row(const float *x, int k, char *row)
 {
     int ng = (int)lora_i8_groups(k), nbk = n_blocks(k);
     size_t qb = q_bytes(k);
     int32_t *start = (int32_t *)(row + qb);
     float *scales = (float *)(row + qb + (size_t)nbk * 64);
 
-    (void)isa;
     memset(row + lora_i8_row_bytes(k), 0, qb - (size_t)lora_i8_row_bytes(k));
     memset(start, 0, (size_t)nbk * 128); /* and the scales: the lanes past the last group */
     for (int g = 0; g < ng; g++) {
@@ -362,7 +360,7 @@ void lora_cpu_i8_panel(const struct lora_cpu_isa *isa, float *y, int ldy, const 
                        const signed char *w, const char *w_scales, int m, int k, int n0, int n1,
                        float alpha, bool acc)
 {
-    size_t stride = lora_cpu_i8_row_bytes(isa, k);
+    size_t stride = lora_cpu_i8_row_bytes(k);
 
     if (isa->vnni)
         vnni_panel(y, ldy, xs, stride, w, w_scales, m, k, n0, n1, alpha, acc);
