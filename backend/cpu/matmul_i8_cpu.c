@@ -118,10 +118,10 @@ void lora_cpu_i8_stage_row(const float *x, int k, char *row)
     memset(start, 0, (size_t)nbk * 128); /* and the scales: the lanes past the last group */
     for (int g = 0; g < ng; g++) {
         signed char q[G];
-        int c0 = g * G, b0 = g / B * B, nb = ng - b0 < B ? ng - b0 : B, sum = 0;
+        int c0 = g * G, sum = 0;
         scales[g] = quantize_group(x + c0, k - c0 < G ? k - c0 : G, q);
-        for (int u = 0; u < UNITS; u++)
-            memcpy(row + (size_t)b0 * G + (size_t)(u * 4 * nb + (g - b0) * 4), q + 4 * u, 4);
+        for (int u = 0; u < UNITS; u++) /* four values at a time to where the layout puts them */
+            memcpy(row + lora_i8_offset(k, c0 + 4 * u), q + 4 * u, 4);
         for (int c = 0; c < G; c++)
             sum += q[c];
         start[g] = -128 * sum;

@@ -330,27 +330,24 @@ alive() {
 # as NAME or one of OTHER exited (a worker rank that dies before its hello would leave the engine
 # waiting out the whole timeout), with its name in NOT_READY.
 wait_ready() {
-    local line="" deadline=$((SECONDS + READY_TIMEOUT)) n fd
+    local line="" deadline=$((SECONDS + READY_TIMEOUT)) n fd rc=1
     NOT_READY=$1
     exec {fd}< "$RUN_DIR/ready/$1"
     while :; do
         if read -r -t 0.2 -u "$fd" line && [ "$line" = ready ]; then
+            alive "${PID[$1]}" && rc=0
             break
         fi
         for n in "$@"; do
             if ! alive "${PID[$n]}"; then
                 NOT_READY=$n
-                exec {fd}<&-
-                return 1
+                break 2
             fi
         done
-        if [ $SECONDS -ge $deadline ]; then
-            exec {fd}<&-
-            return 1
-        fi
+        [ $SECONDS -lt $deadline ] || break
     done
     exec {fd}<&-
-    alive "${PID[$1]}"
+    return $rc
 }
 
 write_pids() {
