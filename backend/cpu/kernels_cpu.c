@@ -139,7 +139,7 @@ int lora_cpu_n_threads(void)
 }
 
 /* q · k over n elements: 8 lanes summed along the row, the lanes in a fixed tree, then the
- * tail; one order for every row whatever the batch, and 8 chains of dependent adds, not 1. */
+ * tail; one order for every row whatever the batch. */
 ALWAYS_INLINE float dot_kv(const float *q, const void *k, int n, enum lora_dtype dtype)
 {
     __m256 acc = _mm256_setzero_ps();
@@ -153,22 +153,44 @@ ALWAYS_INLINE float dot_kv(const float *q, const void *k, int n, enum lora_dtype
     return dot;
 }
 
-/* One query row of one head against positions [0, n_ctx) of its sequence. */
+/* Where block b of a sequence keeps this head's row of its first position (rows of stride
+ * kv_dim elements of es bytes). */
+ALWAYS_INLINE const char *block_rows(const void *cache, const int *block_table, int b,
+                                     int block_size, int kv_dim, int kv_off, size_t es)
+{
+    return (const char *)cache + ((size_t)block_table[b] * block_size * kv_dim + kv_off) * es;
+}
+
+/* One query row of one head against positions [0, n_ctx) of its sequence. The scores take four
+ * positions at a time (four independent chains of the same order as dot_kv); the weighted sum of
+ * v runs over the positions in order for each group of 8 (or 1) output values, held in
+ * registers: every value adds the same products in the same order as one position at a time. */
 ALWAYS_INLINE void attend_one(float *out, const float *q, const void *k_cache, const void *v_cache,
                               enum lora_dtype dtype, const int *block_table, int n_ctx, int kv_off,
                               int kv_dim, int head_dim, int block_size, float *scores)
 {
     float scale = 1.0f / sqrtf((float)head_dim);
     float max = -INFINITY;
-    size_t es = lora_dtype_size(dtype);
+    size_t es = lora_dtype_size(dtype), row = (size_t)kv_dim * es;
 
-    for (int p = 0; p < n_ctx; p++) {
-        size_t slot = (size_t)block_table[p / block_size] * block_size + p % block_size;
-        const char *k = (const char *)k_cache + (slot * kv_dim + kv_off) * es;
-        scores[p] = dot_kv(q, k, head_dim, dtype) * scale;
-        if (scores[p] > max)
-            max = scores[p];
+    for (int p0 = 0, b = 0; p0 < n_ctx; p0 += block_size, b++) {
+        const char *k = block_rows(k_cache, block_table, b, block_size, kv_dim, kv_off, es);
+        int n = n_ctx - p0 < block_size ? n_ctx - p0 : block_size, i = 0;
+        for (; i + 4 <= n; i += 4) {
+            float s0 = dot_kv(q, k + (size_t)i * row, head_dim, dtype);
+            float s1 = dot_kv(q, k + (size_t)(i + 1) * row, head_dim, dtype);
+            float s2 = dot_kv(q, k + (size_t)(i + 2) * row, head_dim, dtype);
+            float s3 = dot_kv(q, k + (size_t)(i + 3) * row, head_dim, dtype);
+            scores[p0 + i] = s0 * scale;
+            scores[p0 + i + 1] = s1 * scale;
+            scores[p0 + i + 2] = s2 * scale;
+            scores[p0 + i + 3] = s3 * scale;
+        }
+        for (; i < n; i++)
+            scores[p0 + i] = dot_kv(q, k + (size_t)i * row, head_dim, dtype) * scale;
     }
+    for (int p = 0; p < n_ctx; p++)
+        max = scores[p] > max ? scores[p] : max;
     __m256 mv = _mm256_set1_ps(max);
     int p8 = 0;
     for (; p8 + 8 <= n_ctx; p8 += 8)
@@ -183,21 +205,46 @@ ALWAYS_INLINE void attend_one(float *out, const float *q, const void *k_cache, c
     float sum = 0;
     for (int p = 0; p < n_ctx; p++)
         sum += scores[p];
-    memset(out, 0, sizeof(float) * head_dim);
-    for (int p = 0; p < n_ctx; p++) {
-        size_t slot = (size_t)block_table[p / block_size] * block_size + p % block_size;
-        const char *v = (const char *)v_cache + (slot * kv_dim + kv_off) * es;
-        float w = scores[p] / sum;
-        __m256 wv = _mm256_set1_ps(w);
-        int d = 0;
-        /* Element by element, as the scalar tail: out and v may alias for all the compiler knows,
-         * so it would not vectorize this itself. */
-        for (; d + 8 <= head_dim; d += 8)
-            _mm256_storeu_ps(out + d,
-                             _mm256_add_ps(_mm256_loadu_ps(out + d),
-                                           _mm256_mul_ps(wv, lora_cpu_widen8(v, d, dtype))));
-        for (; d < head_dim; d++)
-            out[d] += w * lora_cpu_widen(v, d, dtype);
+    for (int p = 0; p < n_ctx; p++)
+        scores[p] /= sum;
+    int d = 0;
+    for (; d + 32 <= head_dim; d += 32) {
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int p0 = 0, b = 0; p0 < n_ctx; p0 += block_size, b++) {
+            const char *v = block_rows(v_cache, block_table, b, block_size, kv_dim, kv_off, es);
+            int n = n_ctx - p0 < block_size ? n_ctx - p0 : block_size;
+            for (int i = 0; i < n; i++, v += row) {
+                __m256 wv = _mm256_set1_ps(scores[p0 + i]);
+                a0 = _mm256_add_ps(a0, _mm256_mul_ps(wv, lora_cpu_widen8(v, d, dtype)));
+                a1 = _mm256_add_ps(a1, _mm256_mul_ps(wv, lora_cpu_widen8(v, d + 8, dtype)));
+                a2 = _mm256_add_ps(a2, _mm256_mul_ps(wv, lora_cpu_widen8(v, d + 16, dtype)));
+                a3 = _mm256_add_ps(a3, _mm256_mul_ps(wv, lora_cpu_widen8(v, d + 24, dtype)));
+            }
+        }
+        _mm256_storeu_ps(out + d, a0);
+        _mm256_storeu_ps(out + d + 8, a1);
+        _mm256_storeu_ps(out + d + 16, a2);
+        _mm256_storeu_ps(out + d + 24, a3);
+    }
+    for (; d < head_dim; d += d + 8 <= head_dim ? 8 : 1) {
+        bool vec = d + 8 <= head_dim;
+        __m256 a = _mm256_setzero_ps();
+        float s = 0;
+        for (int p0 = 0, b = 0; p0 < n_ctx; p0 += block_size, b++) {
+            const char *v = block_rows(v_cache, block_table, b, block_size, kv_dim, kv_off, es);
+            int n = n_ctx - p0 < block_size ? n_ctx - p0 : block_size;
+            for (int i = 0; i < n; i++, v += row) {
+                if (vec)
+                    a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_set1_ps(scores[p0 + i]),
+                                                       lora_cpu_widen8(v, d, dtype)));
+                else
+                    s += scores[p0 + i] * lora_cpu_widen(v, d, dtype);
+            }
+        }
+        if (vec)
+            _mm256_storeu_ps(out + d, a);
+        else
+            out[d] = s;
     }
 }
 

@@ -211,6 +211,17 @@ static void panel8(float *y, int ldy, const float *x, const void *w, enum lora_d
 
 #define MR16 6 /* rows of x per AVX-512 tile: 24 sums, 4 rows of w and 1 of x in 32 registers */
 
+/* k is cut into blocks when a tile's rows of x would not stay in L1 while the panel's rows of w
+ * pass under them (6 rows of 4864 bf16 are 58 KiB): KBLOCK_DOT staged bf16 values or
+ * KBLOCK_F32 floats, 12 KiB of x (measured against 6 and 24 KiB). The panels of so long a k
+ * are at most KBLOCK_MAX_ROWS rows of w (lora_cpu_matmul keeps a panel within 256 KiB), whose
+ * carried sums take part[]. One row of x stays in L1 whole: decoding is not blocked (it lost
+ * 1-4% by it). */
+#define KBLOCK_DOT        1024
+#define KBLOCK_F32        512
+#define KBLOCK_MAX_ROWS   64
+#define KBLOCK_PART_TILES (KBLOCK_MAX_ROWS / NR + NR)
+
 T512 ALWAYS_INLINE __m512 load16(const void *w, size_t i, enum lora_dtype dt)
 {
     if (dt == LORA_DTYPE_F32)
@@ -231,18 +242,20 @@ T512 ALWAYS_INLINE __m512 load16_tail(const void *w, size_t i, __mmask16 tail, e
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* The k range [k0, k1) of an mr x nr tile, the lane sums carried in part as tile_dot does. */
 T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w, enum lora_dtype dt,
-                               int k, __mmask16 tail, int mr, int nr, float alpha, bool acc)
+                               int k, int k0, int k1, __mmask16 tail, int mr, int nr, float alpha,
+                               bool acc, __m512 *part)
 {
     __m512 a[MR16][NR];
-    int kk = 0;
+    int kk = k0;
 
 #pragma GCC unroll 8
     for (int i = 0; i < MR16; i++)
 #pragma GCC unroll 8
         for (int j = 0; j < NR; j++)
-            a[i][j] = _mm512_setzero_ps();
-    for (; kk + 16 <= k; kk += 16) {
+            a[i][j] = part && k0 > 0 && i < mr && j < nr ? part[i * NR + j] : _mm512_setzero_ps();
+    for (; kk + 16 <= k1; kk += 16) {
         __m512 wv[NR];
 #pragma GCC unroll 8
         for (int j = 0; j < nr; j++) {
@@ -258,7 +271,7 @@ T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w,
                 a[i][j] = _mm512_fmadd_ps(xv, wv[j], a[i][j]);
         }
     }
-    if (kk < k) {
+    if (kk < k1) {
         __m512 wv[NR];
 #pragma GCC unroll 8
         for (int j = 0; j < nr; j++)
@@ -271,6 +284,14 @@ T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w,
                 a[i][j] = _mm512_fmadd_ps(xv, wv[j], a[i][j]);
         }
     }
+    if (part && k1 < k) {
+#pragma GCC unroll 8
+        for (int i = 0; i < mr; i++)
+#pragma GCC unroll 8
+            for (int j = 0; j < nr; j++)
+                part[i * NR + j] = a[i][j];
+        return;
+    }
 #pragma GCC unroll 8
     for (int i = 0; i < mr; i++) {
 #pragma GCC unroll 8
@@ -281,16 +302,20 @@ T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w,
     }
 }
 
-/* The rows of w in [n0, n1) against rows of x in groups of mr (a constant at each call). */
+/* The rows of w in [n0, n1) against rows of x in groups of mr (a constant at each call), k in
+ * blocks of kb (the last one up to 2 kb - 1). */
 #define PANEL16_ROWS(mr)                                                                           \
     do {                                                                                           \
-        int j = n0;                                                                                \
-        for (; j + NR <= n1; j += NR)                                                              \
-            tile16(yi + j, ldy, xi, (const char *)w + (size_t)j * k * es, dt, k, tail, mr, NR,     \
-                   alpha, acc);                                                                    \
-        for (; j < n1; j++)                                                                        \
-            tile16(yi + j, ldy, xi, (const char *)w + (size_t)j * k * es, dt, k, tail, mr, 1,      \
-                   alpha, acc);                                                                    \
+        for (int k0 = 0; k0 < k; k0 += kb) {                                                       \
+            int k1 = k - k0 < 2 * kb ? k : k0 + kb, t = 0, j = n0;                                 \
+            for (; j + NR <= n1; j += NR, t++)                                                     \
+                tile16(yi + j, ldy, xi, (const char *)w + (size_t)j * k * es, dt, k, k0, k1, tail, \
+                       mr, NR, alpha, acc, part ? part + t * MR16 * NR : NULL);                    \
+            for (; j < n1; j++, t++)                                                               \
+                tile16(yi + j, ldy, xi, (const char *)w + (size_t)j * k * es, dt, k, k0, k1, tail, \
+                       mr, 1, alpha, acc, part ? part + t * MR16 * NR : NULL);                     \
+            k0 = k1 - kb;                                                                          \
+        }                                                                                          \
     } while (0)
 
 T512 ALWAYS_INLINE void panel16_body(float *y, int ldy, const float *x, const void *w,
@@ -299,6 +324,10 @@ T512 ALWAYS_INLINE void panel16_body(float *y, int ldy, const float *x, const vo
 {
     __mmask16 tail = (__mmask16)((1u << (k % 16)) - 1);
     size_t es = w_size(dt);
+    __m512 part_mem[KBLOCK_PART_TILES * MR16 * NR];
+    bool blocked = m > 1 && k >= 2 * KBLOCK_F32 && n1 - n0 <= KBLOCK_MAX_ROWS;
+    __m512 *part = blocked ? part_mem : NULL;
+    int kb = blocked ? KBLOCK_F32 : k;
 
     for (int i = 0; i < m;) {
         int mr = m - i >= MR16 ? MR16 : m - i;
@@ -346,20 +375,23 @@ T512 static void panel16(float *y, int ldy, const float *x, const void *w, enum 
 
 /* ---- AVX512_BF16: pairs of bf16 products per float32 lane ---- */
 
-/* mr x nr outputs; x is staged bf16 rows of stride kp (zero-filled past k), w bf16 rows of k. */
+/* The k range [k0, k1) of an mr x nr tile; x is staged bf16 rows of stride kp (zero-filled past
+ * k), w bf16 rows of k. With part, the lane sums are carried between ranges in part (mr x NR
+ * vectors): loaded unless the range starts at 0, stored unless it ends at k. Each lane adds its
+ * products in the same k order either way, so blocking k changes no bit of y. */
 T512BF16 ALWAYS_INLINE void tile_dot(float *y, int ldy, const uint16_t *x, int kp,
-                                     const uint16_t *w, int k, __mmask32 tail, int mr, int nr,
-                                     float alpha, bool acc)
+                                     const uint16_t *w, int k, int k0, int k1, __mmask32 tail,
+                                     int mr, int nr, float alpha, bool acc, __m512 *part)
 {
     __m512 a[MR16][NR];
-    int kk = 0;
+    int kk = k0;
 
 #pragma GCC unroll 8
     for (int i = 0; i < MR16; i++)
 #pragma GCC unroll 8
         for (int j = 0; j < NR; j++)
-            a[i][j] = _mm512_setzero_ps();
-    for (; kk + 32 <= k; kk += 32) {
+            a[i][j] = part && k0 > 0 && i < mr && j < nr ? part[i * NR + j] : _mm512_setzero_ps();
+    for (; kk + 32 <= k1; kk += 32) {
         __m512i wv[NR];
 #pragma GCC unroll 8
         for (int j = 0; j < nr; j++) {
@@ -374,7 +406,7 @@ T512BF16 ALWAYS_INLINE void tile_dot(float *y, int ldy, const uint16_t *x, int k
                 a[i][j] = _mm512_dpbf16_ps(a[i][j], (__m512bh)xv, (__m512bh)wv[j]);
         }
     }
-    if (kk < k) {
+    if (kk < k1) {
         __m512i wv[NR];
 #pragma GCC unroll 8
         for (int j = 0; j < nr; j++)
@@ -387,6 +419,14 @@ T512BF16 ALWAYS_INLINE void tile_dot(float *y, int ldy, const uint16_t *x, int k
                 a[i][j] = _mm512_dpbf16_ps(a[i][j], (__m512bh)xv, (__m512bh)wv[j]);
         }
     }
+    if (part && k1 < k) {
+#pragma GCC unroll 8
+        for (int i = 0; i < mr; i++)
+#pragma GCC unroll 8
+            for (int j = 0; j < nr; j++)
+                part[i * NR + j] = a[i][j];
+        return;
+    }
 #pragma GCC unroll 8
     for (int i = 0; i < mr; i++) {
 #pragma GCC unroll 8
@@ -397,13 +437,19 @@ T512BF16 ALWAYS_INLINE void tile_dot(float *y, int ldy, const uint16_t *x, int k
     }
 }
 
+/* As PANEL16_ROWS, on the staged bf16 rows. */
 #define PANEL_DOT_ROWS(mr)                                                                         \
     do {                                                                                           \
-        int j = n0;                                                                                \
-        for (; j + NR <= n1; j += NR)                                                              \
-            tile_dot(yi + j, ldy, xs, kp, w + (size_t)j * k, k, tail, mr, NR, alpha, acc);         \
-        for (; j < n1; j++)                                                                        \
-            tile_dot(yi + j, ldy, xs, kp, w + (size_t)j * k, k, tail, mr, 1, alpha, acc);          \
+        for (int k0 = 0; k0 < k; k0 += kb) {                                                       \
+            int k1 = k - k0 < 2 * kb ? k : k0 + kb, t = 0, j = n0;                                 \
+            for (; j + NR <= n1; j += NR, t++)                                                     \
+                tile_dot(yi + j, ldy, xs, kp, w + (size_t)j * k, k, k0, k1, tail, mr, NR, alpha,   \
+                         acc, part ? part + t * MR16 * NR : NULL);                                 \
+            for (; j < n1; j++, t++)                                                               \
+                tile_dot(yi + j, ldy, xs, kp, w + (size_t)j * k, k, k0, k1, tail, mr, 1, alpha,    \
+                         acc, part ? part + t * MR16 * NR : NULL);                                 \
+            k0 = k1 - kb;                                                                          \
+        }                                                                                          \
     } while (0)
 
 /* Rows [n0, n1) of w against the m staged rows of x at x_staged (stride kp). */
@@ -412,6 +458,10 @@ T512BF16 static void panel_dot(float *y, int ldy, const uint16_t *x_staged, cons
 {
     int kp = (k + 31) / 32 * 32;
     __mmask32 tail = (__mmask32)((1ull << (k % 32)) - 1);
+    __m512 part_mem[KBLOCK_PART_TILES * MR16 * NR];
+    bool blocked = m > 1 && k >= 2 * KBLOCK_DOT && n1 - n0 <= KBLOCK_MAX_ROWS;
+    __m512 *part = blocked ? part_mem : NULL;
+    int kb = blocked ? KBLOCK_DOT : k;
 
     for (int i = 0; i < m;) {
         int mr = m - i >= MR16 ? MR16 : m - i;

@@ -274,18 +274,19 @@ static void run_matmul(struct arena *a, float *y, float *dy, const float *dx, co
 }
 
 /* Shapes: m from 1 to 70, k with every kind of tail (below a vector, between tiles, a partial
- * int8 group, several groups), n not a multiple of the tiles, and rows long enough (k = 65536)
- * that a backend which converts x in passes (the CPU's staging) needs several. Each mode of each
+ * int8 group, several groups), n not a multiple of the tiles, rows long enough (k = 65536)
+ * that a backend which converts x in passes (the CPU's staging) needs several, and long k, with
+ * and without a tail, that the CPU's tiles of several rows take in blocks. Each mode of each
  * dtype against its twin within REL_TOL; BF16 and F16 exact bit for bit the F32 matmul of the
  * widened weights; fast the same bits as exact where it changes nothing; I8 within the stated bound
  * of the product with the dequantized weights; and batch invariance: every row alone, and a batch
  * of another size over the same rows, give the batch's bits. */
 static void case_matmul(void)
 {
-    static const int shapes[][3] = {{1, 1, 1},      {3, 5, 7},      {2, 4, 8},      {5, 33, 9},
-                                    {17, 129, 100}, {64, 67, 257},  {7, 64, 897},   {70, 37, 130},
-                                    {33, 6, 64},    {1, 131, 1000}, {12, 19, 4864}, {40, 3, 65},
-                                    {70, 2, 65536}, {1, 96, 64},    {37, 64, 96},   {16, 32, 896}};
+    static const int shapes[][3] = {
+        {1, 1, 1},      {3, 5, 7},     {2, 4, 8},    {5, 33, 9},     {17, 129, 100}, {64, 67, 257},
+        {7, 64, 897},   {70, 37, 130}, {33, 6, 64},  {1, 131, 1000}, {12, 19, 4864}, {40, 3, 65},
+        {70, 2, 65536}, {1, 96, 64},   {37, 64, 96}, {16, 32, 896},  {9, 13, 2085}};
 
     for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
         int m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
