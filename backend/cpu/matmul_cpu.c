@@ -42,7 +42,7 @@
 #define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 
 #define MR 2 /* rows of x per AVX2 tile */
-#define NR 4 /* rows of w per tile */
+#define NR 4 /* rows of w per tile (reduce_add4 sums four at once) */
 
 /* ---- bf16 rounding of activations (the fast mode's staging) ---- */
 
@@ -242,6 +242,46 @@ T512 ALWAYS_INLINE __m512 load16_tail(const void *w, size_t i, __mmask16 tail, e
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
+/* The sums of four vectors' lanes, one per lane of the result: the pairs of lanes
+ * _mm512_reduce_add_ps adds, in its order (l + 8, then l + 4, l + 2, l + 1), for the four at
+ * once, so a row's bits are the same in a tile of four rows of w and in a tile of one. */
+T512 ALWAYS_INLINE __m128 reduce_add4(__m512 a0, __m512 a1, __m512 a2, __m512 a3)
+{
+    /* Halves: lanes 0-7 of s01 are a0's l + (l + 8), lanes 8-15 a1's. */
+    __m512 s01 =
+        _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xee));
+    __m512 s23 =
+        _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xee));
+    /* Quarters: 128-bit lane c of u holds vector c's l + (l + 4). */
+    __m512 u =
+        _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xdd));
+    u = _mm512_add_ps(u, _mm512_permute_ps(u, 0x4e)); /* l + (l + 2) */
+    u = _mm512_add_ps(u, _mm512_permute_ps(u, 0xb1)); /* l + (l + 1) */
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(
+        _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), u));
+}
+
+/* y (mr x nr, stride ldy) = alpha · the lane sums of a (+ y). */
+T512 ALWAYS_INLINE void store_sums(float *y, int ldy, __m512 a[MR16][NR], int mr, int nr,
+                                   float alpha, bool acc)
+{
+#pragma GCC unroll 8
+    for (int i = 0; i < mr; i++) {
+        float *yi = y + (size_t)i * ldy;
+        if (nr == NR) {
+            __m128 v =
+                _mm_mul_ps(_mm_set1_ps(alpha), reduce_add4(a[i][0], a[i][1], a[i][2], a[i][3]));
+            _mm_storeu_ps(yi, acc ? _mm_add_ps(_mm_loadu_ps(yi), v) : v);
+            continue;
+        }
+#pragma GCC unroll 8
+        for (int j = 0; j < nr; j++) {
+            float v = alpha * _mm512_reduce_add_ps(a[i][j]);
+            yi[j] = acc ? yi[j] + v : v;
+        }
+    }
+}
+
 /* The k range [k0, k1) of an mr x nr tile, the lane sums carried in part as tile_dot does. */
 T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w, enum lora_dtype dt,
                                int k, int k0, int k1, __mmask16 tail, int mr, int nr, float alpha,
@@ -292,14 +332,7 @@ T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w,
                 part[i * NR + j] = a[i][j];
         return;
     }
-#pragma GCC unroll 8
-    for (int i = 0; i < mr; i++) {
-#pragma GCC unroll 8
-        for (int j = 0; j < nr; j++) {
-            float v = alpha * _mm512_reduce_add_ps(a[i][j]);
-            y[(size_t)i * ldy + j] = acc ? y[(size_t)i * ldy + j] + v : v;
-        }
-    }
+    store_sums(y, ldy, a, mr, nr, alpha, acc);
 }
 
 /* The rows of w in [n0, n1) against rows of x in groups of mr (a constant at each call), k in
@@ -427,14 +460,7 @@ T512BF16 ALWAYS_INLINE void tile_dot(float *y, int ldy, const uint16_t *x, int k
                 part[i * NR + j] = a[i][j];
         return;
     }
-#pragma GCC unroll 8
-    for (int i = 0; i < mr; i++) {
-#pragma GCC unroll 8
-        for (int j = 0; j < nr; j++) {
-            float v = alpha * _mm512_reduce_add_ps(a[i][j]);
-            y[(size_t)i * ldy + j] = acc ? y[(size_t)i * ldy + j] + v : v;
-        }
-    }
+    store_sums(y, ldy, a, mr, nr, alpha, acc);
 }
 
 /* As PANEL16_ROWS, on the staged bf16 rows. */
