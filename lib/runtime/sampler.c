@@ -13,7 +13,9 @@
  * distribution, without a sort.
  *
  * Weights exp((l - max) / T) come from a vectorisable float exponential (relative error below
- * 3e-7) and are summed in double; log-probabilities use a double one (error near 1e-16).
+ * 3e-7) and are summed in double; log-probabilities use a double one (error near 1e-16), in a
+ * loop cloned for the machine's widest vectors. A token's own log-probability needs only the row's
+ * normaliser: the row of log-probabilities is written only when alternatives are asked for.
  *
  * All scratch is allocated by lora_sampler_new(); sample() and logprobs() never allocate.
  */
@@ -609,30 +611,24 @@ int lora_sampler_sample(struct lora_sampler *s, const float *logits,
 
 /* ---- log-probabilities ---- */
 
-/* Writes lp[i] = log_softmax(logits)[i] for every token, computed in double and rounded. With a
- * +inf logit the +inf tokens share all the mass; with every logit -inf or NaN there is no
- * distribution and every entry is -inf. */
-static void log_softmax(float *restrict lp, const float *restrict logits, int n)
+/* What log-probabilities of a row need: its maximum (NaN as -inf) and, with a finite one,
+ * lse = max + log(the sum of e^(l - max)) in double; with +inf logits those tokens share all the
+ * mass: share = -log(their count); with every logit -inf or NaN there is no distribution and
+ * every entry is -inf. */
+struct norm {
+    double max, lse;
+    float share;
+};
+
+/* The sum of e^(l - max) over the row, in LANES partial sums then the tail: one order whatever
+ * the vector width of the clone the machine runs (the widest it has; each lane does the same
+ * IEEE operations). NaN and -inf give exp_neg_d() == 0. */
+__attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"))) static double
+sum_exp(const float *logits, int n, double max)
 {
-    double max = clean(logits[argmax(logits, n)]), part[LANES] = {0}, sum = 0.0, lse;
-    int n_inf = 0, i = 0;
+    double part[LANES] = {0}, sum = 0.0;
+    int i = 0;
 
-    if (max == -INFINITY) {
-        for (i = 0; i < n; i++)
-            lp[i] = -INFINITY;
-        return;
-    }
-    if (max == INFINITY) {
-        float share;
-
-        for (i = 0; i < n; i++)
-            n_inf += logits[i] == INFINITY;
-        share = (float)-log((double)n_inf);
-        for (i = 0; i < n; i++)
-            lp[i] = logits[i] == INFINITY ? share : -INFINITY;
-        return;
-    }
-    /* NaN and -inf give exp_neg_d() == 0. */
     for (; i + LANES <= n; i += LANES) {
         for (int l = 0; l < LANES; l++)
             part[l] += exp_neg_d((double)logits[i + l] - max);
@@ -641,9 +637,40 @@ static void log_softmax(float *restrict lp, const float *restrict logits, int n)
         sum += exp_neg_d((double)logits[i] - max);
     for (int l = 0; l < LANES; l++)
         sum += part[l];
-    lse = max + log(sum);
-    for (i = 0; i < n; i++)
-        lp[i] = (float)((double)clean(logits[i]) - lse);
+    return sum;
+}
+
+static struct norm row_norm(const float *logits, int n)
+{
+    struct norm z = {clean(logits[argmax(logits, n)]), 0.0, 0.0f};
+
+    if (z.max == INFINITY) {
+        int n_inf = 0;
+        for (int i = 0; i < n; i++)
+            n_inf += logits[i] == INFINITY;
+        z.share = (float)-log((double)n_inf);
+    } else if (z.max != -INFINITY) {
+        z.lse = z.max + log(sum_exp(logits, n, z.max));
+    }
+    return z;
+}
+
+/* log_softmax at a token of logit l, computed in double and rounded. */
+static inline float lp_at(const struct norm *z, float l)
+{
+    if (z->max == -INFINITY)
+        return -INFINITY;
+    if (z->max == INFINITY)
+        return l == INFINITY ? z->share : -INFINITY;
+    return (float)((double)clean(l) - z->lse);
+}
+
+/* lp[i] = log_softmax(logits)[i] for every token. */
+static void log_softmax(float *restrict lp, const float *restrict logits, int n,
+                        const struct norm *z)
+{
+    for (int i = 0; i < n; i++)
+        lp[i] = lp_at(z, logits[i]);
 }
 
 float lora_sampler_logprobs(struct lora_sampler *s, const float *logits, int token, int top_n,
@@ -655,15 +682,17 @@ float lora_sampler_logprobs(struct lora_sampler *s, const float *logits, int tok
         top_n = s->vocab_size;
     if (!top_ids || !top_logprobs)
         top_n = 0;
-    log_softmax(s->val, logits, s->vocab_size);
+    struct norm z = row_norm(logits, s->vocab_size);
+    /* Without alternatives only the token's own value is needed. */
+    if (top_n == 0)
+        return token >= 0 && token < s->vocab_size ? lp_at(&z, logits[token]) : NAN;
+    log_softmax(s->val, logits, s->vocab_size, &z);
     /* Selection runs on the rounded float log-probabilities, so the reported values never
      * increase and equal values come in id order. */
-    if (top_n > 0) {
-        select_top(s->cand, top_n, s->val, s->vocab_size);
-        for (int j = 0; j < top_n; j++) {
-            top_ids[j] = key_id(s->cand[j].key);
-            top_logprobs[j] = s->val[top_ids[j]];
-        }
+    select_top(s->cand, top_n, s->val, s->vocab_size);
+    for (int j = 0; j < top_n; j++) {
+        top_ids[j] = key_id(s->cand[j].key);
+        top_logprobs[j] = s->val[top_ids[j]];
     }
     if (token < 0 || token >= s->vocab_size)
         return NAN;

@@ -221,6 +221,31 @@ static void test_logprobs(void)
     lora_sampler_destroy(&s);
 }
 
+/* A token's log-probability asked alone (only the normaliser is computed) has the bits of the
+ * same token's when alternatives are asked for too (the whole row is), on rows of every length
+ * around the vector width, with NaN, -0, -inf and +inf logits among them. */
+static void test_logprobs_alone_same_bits(void)
+{
+    static const float special[] = {NAN, -0.0f, -INFINITY, INFINITY};
+    float logits[300], lps[3];
+    int ids[3];
+
+    for (int c = 0; c < 120; c++) {
+        int n = 1 + c % 40 + (c % 3) * 100;
+        struct lora_sampler *s = lora_sampler_new(n);
+        for (int i = 0; i < n; i++)
+            logits[i] = (float)(test_rand() * 40.0 - 20.0);
+        for (int i = 0; c % 4 && i < 1 + c % 5; i++)
+            logits[(int)(test_rand() * n) % n] = special[(c + i) % (c % 8 < 6 ? 3 : 4)];
+        for (int t = 0; t < n; t++) {
+            float alone = lora_sampler_logprobs(s, logits, t, 0, NULL, NULL);
+            float with = lora_sampler_logprobs(s, logits, t, 3, ids, lps);
+            CHECK(memcmp(&alone, &with, sizeof(float)) == 0);
+        }
+        lora_sampler_destroy(&s);
+    }
+}
+
 static void test_logprobs_clamp_and_ties(void)
 {
     const float logits[] = {1.0f, 3.0f, 3.0f, 0.0f, 3.0f};
@@ -698,8 +723,12 @@ static void test_greedy_and_logprobs_blocks(void)
             CHECK(ids[j] == ref[j]);
             double want = (double)ref_clean(logits[ref[j]]) - max - log(z);
 
-            /* A float result: allow its rounding, about 6e-8 relative, on top. */
-            CHECK_NEAR(lps[j], want, 1e-6 + fabs(want) * 0x1.0p-23);
+            /* A float result: allow its rounding, about 6e-8 relative, on top; a NaN logit's
+             * -inf exactly. */
+            if (isinf(want))
+                CHECK(lps[j] == want);
+            else
+                CHECK_NEAR(lps[j], want, 1e-6 + fabs(want) * 0x1.0p-23);
         }
         lora_sampler_destroy(&s);
     }
@@ -740,6 +769,7 @@ int main(void)
     RUN(test_greedy);
     RUN(test_signed_zeros_tie);
     RUN(test_logprobs);
+    RUN(test_logprobs_alone_same_bits);
     RUN(test_logprobs_clamp_and_ties);
     RUN(test_top_k_one_is_greedy);
     RUN(test_top_p);
