@@ -282,6 +282,40 @@ T512 ALWAYS_INLINE void store_sums(float *y, int ldy, __m512 a[MR16][NR], int mr
     }
 }
 
+/* A tile's lane sums at the start of its k range: those carried in part from the range before,
+ * or zeros at k0 = 0 (see tile_dot). */
+T512 ALWAYS_INLINE void start_sums(__m512 a[MR16][NR], const __m512 *part, int k0, int mr, int nr)
+{
+#pragma GCC unroll 8
+    for (int i = 0; i < MR16; i++)
+#pragma GCC unroll 8
+        for (int j = 0; j < NR; j++)
+            a[i][j] = part && k0 > 0 && i < mr && j < nr ? part[i * NR + j] : _mm512_setzero_ps();
+}
+
+/* At the end of a tile's k range: the sums carried into part for the next range when k goes on
+ * (k1 < k), else summed into y. */
+T512 ALWAYS_INLINE void end_sums(float *y, int ldy, __m512 a[MR16][NR], __m512 *part, int k1, int k,
+                                 int mr, int nr, float alpha, bool acc)
+{
+    if (part && k1 < k) {
+#pragma GCC unroll 8
+        for (int i = 0; i < mr; i++)
+#pragma GCC unroll 8
+            for (int j = 0; j < nr; j++)
+                part[i * NR + j] = a[i][j];
+        return;
+    }
+    store_sums(y, ldy, a, mr, nr, alpha, acc);
+}
+
+/* The k block of a panel of w's rows [n0, n1) against m rows of x: kb_max where blocking pays
+ * (see KBLOCK_DOT), else all of k. */
+static inline int k_block(int m, int k, int n0, int n1, int kb_max)
+{
+    return m > 1 && k >= 2 * kb_max && n1 - n0 <= KBLOCK_MAX_ROWS ? kb_max : k;
+}
+
 /* The k range [k0, k1) of an mr x nr tile, the lane sums carried in part as tile_dot does. */
 T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w, enum lora_dtype dt,
                                int k, int k0, int k1, __mmask16 tail, int mr, int nr, float alpha,
@@ -290,11 +324,7 @@ T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w,
     __m512 a[MR16][NR];
     int kk = k0;
 
-#pragma GCC unroll 8
-    for (int i = 0; i < MR16; i++)
-#pragma GCC unroll 8
-        for (int j = 0; j < NR; j++)
-            a[i][j] = part && k0 > 0 && i < mr && j < nr ? part[i * NR + j] : _mm512_setzero_ps();
+    start_sums(a, part, k0, mr, nr);
     for (; kk + 16 <= k1; kk += 16) {
         __m512 wv[NR];
 #pragma GCC unroll 8
@@ -324,15 +354,7 @@ T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w,
                 a[i][j] = _mm512_fmadd_ps(xv, wv[j], a[i][j]);
         }
     }
-    if (part && k1 < k) {
-#pragma GCC unroll 8
-        for (int i = 0; i < mr; i++)
-#pragma GCC unroll 8
-            for (int j = 0; j < nr; j++)
-                part[i * NR + j] = a[i][j];
-        return;
-    }
-    store_sums(y, ldy, a, mr, nr, alpha, acc);
+    end_sums(y, ldy, a, part, k1, k, mr, nr, alpha, acc);
 }
 
 /* The rows of w in [n0, n1) against rows of x in groups of mr (a constant at each call), k in
@@ -357,10 +379,8 @@ T512 ALWAYS_INLINE void panel16_body(float *y, int ldy, const float *x, const vo
 {
     __mmask16 tail = (__mmask16)((1u << (k % 16)) - 1);
     size_t es = w_size(dt);
-    __m512 part_mem[KBLOCK_PART_TILES * MR16 * NR];
-    bool blocked = m > 1 && k >= 2 * KBLOCK_F32 && n1 - n0 <= KBLOCK_MAX_ROWS;
-    __m512 *part = blocked ? part_mem : NULL;
-    int kb = blocked ? KBLOCK_F32 : k;
+    int kb = k_block(m, k, n0, n1, KBLOCK_F32);
+    __m512 part_mem[KBLOCK_PART_TILES * MR16 * NR], *part = kb < k ? part_mem : NULL;
 
     for (int i = 0; i < m;) {
         int mr = m - i >= MR16 ? MR16 : m - i;
@@ -419,11 +439,7 @@ T512BF16 ALWAYS_INLINE void tile_dot(float *y, int ldy, const uint16_t *x, int k
     __m512 a[MR16][NR];
     int kk = k0;
 
-#pragma GCC unroll 8
-    for (int i = 0; i < MR16; i++)
-#pragma GCC unroll 8
-        for (int j = 0; j < NR; j++)
-            a[i][j] = part && k0 > 0 && i < mr && j < nr ? part[i * NR + j] : _mm512_setzero_ps();
+    start_sums(a, part, k0, mr, nr);
     for (; kk + 32 <= k1; kk += 32) {
         __m512i wv[NR];
 #pragma GCC unroll 8
@@ -452,15 +468,7 @@ T512BF16 ALWAYS_INLINE void tile_dot(float *y, int ldy, const uint16_t *x, int k
                 a[i][j] = _mm512_dpbf16_ps(a[i][j], (__m512bh)xv, (__m512bh)wv[j]);
         }
     }
-    if (part && k1 < k) {
-#pragma GCC unroll 8
-        for (int i = 0; i < mr; i++)
-#pragma GCC unroll 8
-            for (int j = 0; j < nr; j++)
-                part[i * NR + j] = a[i][j];
-        return;
-    }
-    store_sums(y, ldy, a, mr, nr, alpha, acc);
+    end_sums(y, ldy, a, part, k1, k, mr, nr, alpha, acc);
 }
 
 /* As PANEL16_ROWS, on the staged bf16 rows. */
@@ -484,10 +492,8 @@ T512BF16 static void panel_dot(float *y, int ldy, const uint16_t *x_staged, cons
 {
     int kp = (k + 31) / 32 * 32;
     __mmask32 tail = (__mmask32)((1ull << (k % 32)) - 1);
-    __m512 part_mem[KBLOCK_PART_TILES * MR16 * NR];
-    bool blocked = m > 1 && k >= 2 * KBLOCK_DOT && n1 - n0 <= KBLOCK_MAX_ROWS;
-    __m512 *part = blocked ? part_mem : NULL;
-    int kb = blocked ? KBLOCK_DOT : k;
+    int kb = k_block(m, k, n0, n1, KBLOCK_DOT);
+    __m512 part_mem[KBLOCK_PART_TILES * MR16 * NR], *part = kb < k ? part_mem : NULL;
 
     for (int i = 0; i < m;) {
         int mr = m - i >= MR16 ? MR16 : m - i;
