@@ -655,22 +655,35 @@ static struct norm row_norm(const float *logits, int n)
     return z;
 }
 
-/* log_softmax at a token of logit l, computed in double and rounded. */
+/* log_softmax at a token of logit l in a row of finite maximum, computed in double and
+ * rounded. */
+static inline float lp_finite(double lse, float l)
+{
+    return (float)((double)clean(l) - lse);
+}
+
+/* log_softmax at a token of logit l, whatever the row. */
 static inline float lp_at(const struct norm *z, float l)
 {
     if (z->max == -INFINITY)
         return -INFINITY;
     if (z->max == INFINITY)
         return l == INFINITY ? z->share : -INFINITY;
-    return (float)((double)clean(l) - z->lse);
+    return lp_finite(z->lse, l);
 }
 
-/* lp[i] = log_softmax(logits)[i] for every token. */
+/* lp[i] = log_softmax(logits)[i] for every token: lp_at, with the row's case decided once so
+ * that the common one is a plain loop. */
 static void log_softmax(float *restrict lp, const float *restrict logits, int n,
                         const struct norm *z)
 {
+    if (!isfinite(z->max)) {
+        for (int i = 0; i < n; i++)
+            lp[i] = lp_at(z, logits[i]);
+        return;
+    }
     for (int i = 0; i < n; i++)
-        lp[i] = lp_at(z, logits[i]);
+        lp[i] = lp_finite(z->lse, logits[i]);
 }
 
 float lora_sampler_logprobs(struct lora_sampler *s, const float *logits, int token, int top_n,
