@@ -214,10 +214,19 @@ def expected_shapes(config):
 class Model:
     config: Config
     weights: dict  # name -> float64 array, every tensor of the checkpoint
+    # Weights whose matmuls first pass their input rows through quantize_rows (precision_check's
+    # model of int8 arithmetic); empty for the plain reference.
+    quantized_inputs: frozenset = frozenset()
+    quantize_rows: object = None
 
-    def lm_head(self):
-        name = "model.embed_tokens.weight" if self.config.tied else "lm_head.weight"
-        return self.weights[name]
+    def lm_head_name(self):
+        return "model.embed_tokens.weight" if self.config.tied else "lm_head.weight"
+
+    def times(self, x, name):
+        """x @ weights[name].T, the rows of x quantized first where the model says so."""
+        if name in self.quantized_inputs:
+            x = self.quantize_rows(x)
+        return x @ self.weights[name].T
 
 
 def read_json(path):
@@ -348,7 +357,7 @@ def attention(q, k, v):
 
 def project(model, adapter, layer, proj, x):
     """x @ W.T (+ bias when the checkpoint has one) + scale * (x @ A.T) @ B.T when adapted."""
-    y = x @ model.weights[weight_name(layer, proj)].T
+    y = model.times(x, weight_name(layer, proj))
     bias = model.weights.get(weight_name(layer, proj, "bias"))
     if bias is not None:
         y = y + bias
@@ -388,7 +397,7 @@ def forward(model, ids, adapter=None):
         h = h + attention_block(model, adapter, i, x, cos, sin)
         x = rms_norm(h, w[f"model.layers.{i}.post_attention_layernorm.weight"], c.eps)
         h = h + mlp_block(model, adapter, i, x)
-    return rms_norm(h, w["model.norm.weight"], c.eps) @ model.lm_head().T
+    return model.times(rms_norm(h, w["model.norm.weight"], c.eps), model.lm_head_name())
 
 
 # ---------------------------------------------------------------------------------------------

@@ -10,11 +10,15 @@ the reference. At each position:
   kl     KL(reference || worker) over the whole vocabulary
 --round bf16|f16 first rounds the reference's matmul weights and embedding (not the norms) as
 `--dtype bfloat16|float16` does to a float32 checkpoint; --round-lora the adapter's A and B as
-`--lora-dtype` does. Prints one summary line and exits 1 when
-a bound given by --min-agree, --max-dlp or --max-kl is broken.
+`--lora-dtype` does. --quantize int8 computes the reference with `--quantization int8`'s
+arithmetic instead: every matmul weight the worker quantizes (the projections and the LM head,
+which a tied embedding's lookup then reads quantized too) and every row of activations those
+matmuls read, in groups of 64 as the worker does, products exact in float64. Prints one summary
+line and exits 1 when a bound given by --min-agree, --max-dlp or --max-kl is broken.
 
   precision_check.py --worker BIN --model DIR [--lora DIR] [--round bf16|f16] [--round-lora T]
-                     [--positions N] [--min-agree F] [--max-dlp X] [--max-kl X] -- WORKER FLAGS
+                     [--quantize int8] [--positions N] [--min-agree F] [--max-dlp X]
+                     [--max-kl X] -- WORKER FLAGS
 """
 
 import argparse
@@ -41,6 +45,32 @@ def round_to(values, kind):
     return u.astype(np.uint32).view(np.float32).astype(np.float64)
 
 
+I8_GROUP = 64  # backend.h's LORA_I8_GROUP
+
+
+def quantized_int8(values):
+    """values [..., cols] quantized in groups of I8_GROUP along the last axis with the float32
+    operations of the worker's quantizer (scale = max |v| / 127, q = v / scale to nearest even,
+    within +-127; a zero group stays zero), returned as q * scale in float64."""
+    v = values.astype(np.float32)
+    cols = v.shape[-1]
+    pad = [(0, 0)] * (v.ndim - 1) + [(0, -cols % I8_GROUP)]
+    groups = np.pad(v, pad).reshape(*v.shape[:-1], -1, I8_GROUP)
+    scale = np.abs(groups).max(axis=-1, keepdims=True) / np.float32(127)
+    q = np.clip(np.rint(groups / np.where(scale > 0, scale, np.float32(1))), -127, 127)
+    out = q.astype(np.float64) * scale.astype(np.float64)
+    return out.reshape(*v.shape[:-1], -1)[..., :cols]
+
+
+def int8_model(model):
+    names = [n for n in model.weights if n.endswith("proj.weight") or n == model.lm_head_name()]
+    for name in names:
+        model.weights[name] = quantized_int8(model.weights[name])
+    model.quantized_inputs = frozenset(names)
+    model.quantize_rows = quantized_int8
+    return model
+
+
 def rounded(model, kind):
     for name in list(model.weights):
         if name.endswith("proj.weight") or "embed_tokens" in name or name == "lm_head.weight":
@@ -56,6 +86,8 @@ def main():
     p.add_argument("--round", choices=("bf16", "f16"))
     p.add_argument("--round-lora", choices=("bf16", "f16"),
                    help="round the adapter's A and B as --lora-dtype bfloat16|float16 does")
+    p.add_argument("--quantize", choices=("int8",),
+                   help="the reference with --quantization int8's arithmetic")
     p.add_argument("--positions", type=int, default=48)
     p.add_argument("--min-agree", type=float)
     p.add_argument("--max-dlp", type=float)
@@ -66,6 +98,8 @@ def main():
     model = ref.load_model(a.model)
     if a.round:
         model = rounded(model, a.round)
+    if a.quantize:
+        model = int8_model(model)
     adapter = ref.load_adapter(a.lora, model.config) if a.lora else None
     if adapter and a.round_lora:
         adapter.pairs = {k: (round_to(pa, a.round_lora), round_to(pb, a.round_lora))
