@@ -23,7 +23,7 @@ struct lora_cpu_isa {
     bool avx512; /* AVX-512 F, BW, VL: 16-lane tiles; else AVX2 + FMA + F16C, 8 lanes */
     bool bf16;   /* with avx512: AVX512_BF16's vdpbf16ps for the fast BF16 matmul (not on Intel) */
     bool vnni;   /* with avx512: AVX512_VNNI's vpdpbusd for the I8 matmul */
-    bool amx;    /* with AVX512_BF16: AMX-BF16 tiles for the fast BF16 matmul where n, k % 32 == 0 */
+    bool amx;    /* with AVX512_BF16: AMX-BF16 tiles for fast BF16 where n, k % 32 == 0 */
 };
 
 /* The paths this machine has, less those the environment turns off for tests and comparisons:

@@ -532,7 +532,8 @@ struct lora_cpu_isa lora_cpu_isa_detect(void)
     __builtin_cpu_init();
     isa.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
                  __builtin_cpu_supports("avx512vl") && !getenv("LORA_NO_AVX512");
-    bool bf16 = isa.avx512 && __builtin_cpu_supports("avx512bf16") && !getenv("LORA_NO_AVX512_BF16");
+    bool bf16 =
+        isa.avx512 && __builtin_cpu_supports("avx512bf16") && !getenv("LORA_NO_AVX512_BF16");
     /* vdpbf16ps only where it outruns the float tiles: Intel cores run it at half the FLOPs of
      * vfmadd231ps (docs/design.md, "The bf16 dot on Intel"), so there fast BF16 rounds x and
      * takes the float tiles, or AMX where the machine has it. */
