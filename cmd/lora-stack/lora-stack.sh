@@ -330,13 +330,20 @@ alive() {
 # as NAME or one of OTHER exited (a worker rank that dies before its hello would leave the engine
 # waiting out the whole timeout), with its name in NOT_READY.
 wait_ready() {
-    local line="" deadline=$((SECONDS + READY_TIMEOUT)) n fd rc=1
+    local line="" part="" deadline=$((SECONDS + READY_TIMEOUT)) n fd rc=1
     NOT_READY=$1
     exec {fd}< "$RUN_DIR/ready/$1"
     while :; do
-        if read -r -t 0.2 -u "$fd" line && [ "$line" = ready ]; then
-            alive "${PID[$1]}" && rc=0
-            break
+        # A read that times out keeps what it had read of the line (bash reads a pipe a byte at
+        # a time, and a busy machine can stop it mid-line): the next read completes it.
+        if read -r -t 0.2 -u "$fd" line; then
+            line=$part$line part=""
+            if [ "$line" = ready ]; then
+                alive "${PID[$1]}" && rc=0
+                break
+            fi
+        else
+            part=$part$line
         fi
         for n in "$@"; do
             if ! alive "${PID[$n]}"; then
