@@ -9,7 +9,7 @@
  * through masked loads, which add exact zeros), then the lanes are summed in a fixed tree.
  * Register tiles reuse every load; threads split the rows of w, so each weight is streamed from
  * memory once per call, which is what bounds decoding. Where the CPU has AVX-512 every call uses
- * 16 lanes and 4 x 4 tiles, else AVX2 with 8 lanes and 2 x 4 tiles: one path per backend, chosen
+ * 16 lanes and 6 x 4 tiles, else AVX2 with 8 lanes and 4 x 3 tiles: one path per backend, chosen
  * when it opens, so results are reproducible on a machine (not across the two).
  *
  * BF16 and F16 weights are widened to float32 in registers (bf16 by a shift, f16 by vcvtph2ps)
@@ -41,8 +41,13 @@
  * lost by it (docs/design.md, "Streaming the weights"). */
 #define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 
-#define MR 2 /* rows of x per AVX2 tile */
-#define NR 4 /* rows of w per tile (reduce_add4 sums four at once) */
+#define NR 4 /* rows of w per AVX-512 tile (reduce_add4 sums four at once) */
+/* AVX2 tiles: MR8 rows of x by NR8 rows of w take 12 sums, 3 rows of w and 1 of x, all 16
+ * registers. A single row of x takes NR8_ONE rows of 16-bit weights at a time, NR of float32:
+ * the shapes that read fastest at m = 1 (docs/design.md, "The AVX2 tiles"). */
+#define MR8     4
+#define NR8     3
+#define NR8_ONE 2
 
 /* ---- bf16 rounding of activations (the fast mode's staging) ---- */
 
@@ -100,24 +105,30 @@ ALWAYS_INLINE __m256 load8_tail(const void *w, size_t i, int rem, __m256i mask, 
     return lora_cpu_widen8(buf, 0, dt);
 }
 
-/* One tile of mr x nr outputs (mr <= MR, nr <= NR known at each call site). */
+/* One tile of mr x nr outputs (mr <= MR8, nr <= NR known at each call site). 16-bit weights
+ * prefetch the next tile's rows as they lie in memory, one run of nr rows, at the pace this tile
+ * reads its own. */
 ALWAYS_INLINE void tile(float *y, int ldy, const float *x, const void *w, enum lora_dtype dt, int k,
                         __m256i tail_mask, int mr, int nr, float alpha, bool acc)
 {
-    __m256 a[MR][NR];
+    __m256 a[MR8][NR];
+    const size_t es = dt == LORA_DTYPE_F32 ? 4 : 2;
+    const char *next = (const char *)w + (size_t)nr * k * es;
     int kk = 0;
 
-#pragma GCC unroll 2
-    for (int i = 0; i < MR; i++)
+#pragma GCC unroll 4
+    for (int i = 0; i < MR8; i++)
 #pragma GCC unroll 4
         for (int j = 0; j < NR; j++)
             a[i][j] = _mm256_setzero_ps();
     for (; kk + 8 <= k; kk += 8) {
-        __m256 wv[NR], xv[MR];
+        __m256 wv[NR], xv[MR8];
 #pragma GCC unroll 4
         for (int j = 0; j < nr; j++)
             wv[j] = lora_cpu_widen8(w, (size_t)j * k + kk, dt);
-#pragma GCC unroll 2
+        if (dt != LORA_DTYPE_F32) /* a constant in each instance */
+            PREFETCH(next + (size_t)kk * nr * es);
+#pragma GCC unroll 4
         for (int i = 0; i < mr; i++) {
             xv[i] = _mm256_loadu_ps(x + (size_t)i * k + kk);
 #pragma GCC unroll 4
@@ -126,11 +137,11 @@ ALWAYS_INLINE void tile(float *y, int ldy, const float *x, const void *w, enum l
         }
     }
     if (kk < k) {
-        __m256 wv[NR], xv[MR];
+        __m256 wv[NR], xv[MR8];
 #pragma GCC unroll 4
         for (int j = 0; j < nr; j++)
             wv[j] = load8_tail(w, (size_t)j * k + kk, k - kk, tail_mask, dt);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int i = 0; i < mr; i++) {
             xv[i] = _mm256_maskload_ps(x + (size_t)i * k + kk, tail_mask);
 #pragma GCC unroll 4
@@ -138,7 +149,7 @@ ALWAYS_INLINE void tile(float *y, int ldy, const float *x, const void *w, enum l
                 a[i][j] = _mm256_fmadd_ps(xv[i], wv[j], a[i][j]);
         }
     }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int i = 0; i < mr; i++) {
 #pragma GCC unroll 4
         for (int j = 0; j < nr; j++) {
@@ -161,12 +172,12 @@ static size_t w_size(enum lora_dtype dt)
     return dt == LORA_DTYPE_F32 ? 4 : 2;
 }
 
-/* Rows [n0, n1) of w against rows of x in tiles of mr (a constant at each call). */
-#define PANEL8_ROWS(mr)                                                                            \
+/* Rows [n0, n1) of w against rows of x in tiles of mr x nr (constants at each call). */
+#define PANEL8_ROWS(mr, nr)                                                                        \
     do {                                                                                           \
         int j = n0;                                                                                \
-        for (; j + NR <= n1; j += NR)                                                              \
-            tile(yi + j, ldy, xi, (const char *)w + (size_t)j * k * es, dt, k, tail_mask, mr, NR,  \
+        for (; j + (nr) <= n1; j += (nr))                                                          \
+            tile(yi + j, ldy, xi, (const char *)w + (size_t)j * k * es, dt, k, tail_mask, mr, nr,  \
                  alpha, acc);                                                                      \
         for (; j < n1; j++)                                                                        \
             tile(yi + j, ldy, xi, (const char *)w + (size_t)j * k * es, dt, k, tail_mask, mr, 1,   \
@@ -180,14 +191,28 @@ ALWAYS_INLINE void panel8_body(float *y, int ldy, const float *x, const void *w,
     __m256i tail_mask = tail_mask_of(k);
     size_t es = w_size(dt);
 
-    for (int i = 0; i < m; i += MR) {
+    for (int i = 0; i < m;) {
+        int mr = m - i >= MR8 ? MR8 : m - i;
         const float *xi = x + (size_t)i * k;
         float *yi = y + (size_t)i * ldy;
-        if (m - i >= MR) {
-            PANEL8_ROWS(MR);
-        } else {
-            PANEL8_ROWS(1);
+        switch (mr) {
+        case MR8:
+            PANEL8_ROWS(MR8, NR8);
+            break;
+        case 3:
+            PANEL8_ROWS(3, NR8);
+            break;
+        case 2:
+            PANEL8_ROWS(2, NR8);
+            break;
+        default:
+            if (dt == LORA_DTYPE_F32)
+                PANEL8_ROWS(1, NR);
+            else
+                PANEL8_ROWS(1, NR8_ONE);
+            break;
         }
+        i += mr;
     }
 }
 
