@@ -106,14 +106,15 @@ ALWAYS_INLINE __m256 load8_tail(const void *w, size_t i, int rem, __m256i mask, 
 }
 
 /* One tile of mr x nr outputs (mr <= MR8, nr <= NR known at each call site). 16-bit weights
- * prefetch the next tile's rows as they lie in memory, one run of nr rows, at the pace this tile
- * reads its own. */
+ * prefetch the next tile's rows at the pace this tile reads its own: rows of 4 KiB or more each
+ * at the column being read, shorter ones as the one run they make in memory. */
 ALWAYS_INLINE void tile(float *y, int ldy, const float *x, const void *w, enum lora_dtype dt, int k,
                         __m256i tail_mask, int mr, int nr, float alpha, bool acc)
 {
     __m256 a[MR8][NR];
     const size_t es = dt == LORA_DTYPE_F32 ? 4 : 2;
     const char *next = (const char *)w + (size_t)nr * k * es;
+    const bool long_rows = (size_t)k * es >= 4096;
     int kk = 0;
 
 #pragma GCC unroll 4
@@ -126,8 +127,14 @@ ALWAYS_INLINE void tile(float *y, int ldy, const float *x, const void *w, enum l
 #pragma GCC unroll 4
         for (int j = 0; j < nr; j++)
             wv[j] = lora_cpu_widen8(w, (size_t)j * k + kk, dt);
-        if (dt != LORA_DTYPE_F32) /* a constant in each instance */
-            PREFETCH(next + (size_t)kk * nr * es);
+        if (dt != LORA_DTYPE_F32) { /* a constant in each instance */
+            if (long_rows)
+#pragma GCC unroll 4
+                for (int j = 0; j < nr; j++)
+                    PREFETCH(next + ((size_t)j * k + kk) * es);
+            else
+                PREFETCH(next + (size_t)kk * nr * es);
+        }
 #pragma GCC unroll 4
         for (int i = 0; i < mr; i++) {
             xv[i] = _mm256_loadu_ps(x + (size_t)i * k + kk);
