@@ -43,11 +43,12 @@
 
 #define NR 4 /* rows of w per AVX-512 tile (reduce_add4 sums four at once) */
 /* AVX2 tiles: MR8 rows of x by NR8 rows of w take 12 sums, 3 rows of w and 1 of x, all 16
- * registers. A single row of x takes NR8_ONE rows of 16-bit weights at a time, NR of float32:
- * the shapes that read fastest at m = 1 (docs/design.md, "The AVX2 tiles"). */
-#define MR8     4
-#define NR8     3
-#define NR8_ONE 2
+ * registers. A single row of x takes NR8_ONE rows of 16-bit weights at a time, NR8_ONE_F32 of
+ * float32: the shapes that read fastest at m = 1 (docs/design.md, "The AVX2 tiles"). */
+#define MR8         4
+#define NR8         3
+#define NR8_ONE     2
+#define NR8_ONE_F32 4
 
 /* ---- bf16 rounding of activations (the fast mode's staging) ---- */
 
@@ -94,6 +95,12 @@ T512 static void stage_bf16_bits(const float *x, int k, int kp, uint16_t *dst)
 
 /* ---- AVX2: 8 lanes ---- */
 
+/* Element size of a float path's weight. */
+static size_t w_size(enum lora_dtype dt)
+{
+    return dt == LORA_DTYPE_F32 ? 4 : 2;
+}
+
 /* The rem (1..7) weights from element i, zeros after. AVX2 has no 16-bit masked load: the 16-bit
  * types go through a zeroed copy, which reads nothing past the row either. */
 ALWAYS_INLINE __m256 load8_tail(const void *w, size_t i, int rem, __m256i mask, enum lora_dtype dt)
@@ -105,14 +112,14 @@ ALWAYS_INLINE __m256 load8_tail(const void *w, size_t i, int rem, __m256i mask, 
     return lora_cpu_widen8(buf, 0, dt);
 }
 
-/* One tile of mr x nr outputs (mr <= MR8, nr <= NR known at each call site). 16-bit weights
- * prefetch the next tile's rows at the pace this tile reads its own: rows of 4 KiB or more each
- * at the column being read, shorter ones as the one run they make in memory. */
+/* One tile of mr x nr outputs (mr <= MR8, nr <= NR8_ONE_F32 known at each call site). 16-bit
+ * weights prefetch the next tile's rows at the pace this tile reads its own: rows of 4 KiB or more
+ * each at the column being read, shorter ones as the one run they make in memory. */
 ALWAYS_INLINE void tile(float *y, int ldy, const float *x, const void *w, enum lora_dtype dt, int k,
                         __m256i tail_mask, int mr, int nr, float alpha, bool acc)
 {
-    __m256 a[MR8][NR];
-    const size_t es = dt == LORA_DTYPE_F32 ? 4 : 2;
+    __m256 a[MR8][NR8_ONE_F32];
+    const size_t es = w_size(dt);
     const char *next = (const char *)w + (size_t)nr * k * es;
     const bool long_rows = (size_t)k * es >= 4096;
     int kk = 0;
@@ -120,10 +127,10 @@ ALWAYS_INLINE void tile(float *y, int ldy, const float *x, const void *w, enum l
 #pragma GCC unroll 4
     for (int i = 0; i < MR8; i++)
 #pragma GCC unroll 4
-        for (int j = 0; j < NR; j++)
+        for (int j = 0; j < NR8_ONE_F32; j++)
             a[i][j] = _mm256_setzero_ps();
     for (; kk + 8 <= k; kk += 8) {
-        __m256 wv[NR], xv[MR8];
+        __m256 wv[NR8_ONE_F32], xv[MR8];
 #pragma GCC unroll 4
         for (int j = 0; j < nr; j++)
             wv[j] = lora_cpu_widen8(w, (size_t)j * k + kk, dt);
@@ -144,7 +151,7 @@ ALWAYS_INLINE void tile(float *y, int ldy, const float *x, const void *w, enum l
         }
     }
     if (kk < k) {
-        __m256 wv[NR], xv[MR8];
+        __m256 wv[NR8_ONE_F32], xv[MR8];
 #pragma GCC unroll 4
         for (int j = 0; j < nr; j++)
             wv[j] = load8_tail(w, (size_t)j * k + kk, k - kk, tail_mask, dt);
@@ -171,12 +178,6 @@ static __m256i tail_mask_of(int k)
     int rem = k % 8;
     return _mm256_setr_epi32(rem > 0 ? -1 : 0, rem > 1 ? -1 : 0, rem > 2 ? -1 : 0, rem > 3 ? -1 : 0,
                              rem > 4 ? -1 : 0, rem > 5 ? -1 : 0, rem > 6 ? -1 : 0, 0);
-}
-
-/* Element size of a float path's weight. */
-static size_t w_size(enum lora_dtype dt)
-{
-    return dt == LORA_DTYPE_F32 ? 4 : 2;
 }
 
 /* Rows [n0, n1) of w against rows of x in tiles of mr x nr (constants at each call). */
@@ -214,7 +215,7 @@ ALWAYS_INLINE void panel8_body(float *y, int ldy, const float *x, const void *w,
             break;
         default:
             if (dt == LORA_DTYPE_F32)
-                PANEL8_ROWS(1, NR);
+                PANEL8_ROWS(1, NR8_ONE_F32);
             else
                 PANEL8_ROWS(1, NR8_ONE);
             break;
@@ -690,7 +691,7 @@ void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const
     int threads = omp_get_max_threads() < cpu->n_threads ? omp_get_max_threads() : cpu->n_threads;
     int share = (n + 4 * threads - 1) / (4 * threads);
     rows = share < rows ? share : rows;
-    int unit = path == PATH_AMX ? 32 : NR; /* the rows of w one tile takes */
+    int unit = path == PATH_AMX ? 32 : isa->avx512 ? NR : NR8; /* the rows of w one tile takes */
     rows = rows < unit ? unit : rows + (unit - rows % unit) % unit;
     int n_panels = (n + rows - 1) / rows;
 
