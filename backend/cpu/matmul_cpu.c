@@ -691,7 +691,9 @@ void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const
     int threads = omp_get_max_threads() < cpu->n_threads ? omp_get_max_threads() : cpu->n_threads;
     int share = (n + 4 * threads - 1) / (4 * threads);
     rows = share < rows ? share : rows;
-    int unit = path == PATH_AMX ? 32 : isa->avx512 ? NR : NR8; /* the rows of w one tile takes */
+    /* Panels of whole tiles: AMX takes 32 rows of w, the AVX-512 tiles 4; the AVX2 tiles take 3,
+     * or at one row of x 2 or 4, and int8's 2, all of which divide 12. */
+    int unit = path == PATH_AMX ? 32 : isa->avx512 ? NR : NR8 * NR8_ONE_F32;
     rows = rows < unit ? unit : rows + (unit - rows % unit) % unit;
     int n_panels = (n + rows - 1) / rows;
 
