@@ -358,6 +358,25 @@ T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w,
     int kk = k0;
 
     start_sums(a, part, k0, mr, nr);
+    /* One row of x (decode) on 16-bit weights: two steps at a time, so that each row of w is read
+     * in whole lines and the next tile's line is fetched once, marked non-temporal so that it
+     * does not push x out of L1 (docs/design.md, "Streaming the weights"). The same products into
+     * the same sums in the same order as the loop below. */
+    if (dt != LORA_DTYPE_F32 && mr == 1)
+        for (; kk + 32 <= k1; kk += 32) {
+            __m512 wv[NR], wv2[NR];
+#pragma GCC unroll 8
+            for (int j = 0; j < nr; j++) {
+                wv[j] = load16(w, (size_t)j * k + kk, dt);
+                wv2[j] = load16(w, (size_t)j * k + kk + 16, dt);
+                _mm_prefetch((const char *)((const uint16_t *)w + (size_t)(j + nr) * k + kk),
+                             _MM_HINT_NTA);
+            }
+            __m512 xv = _mm512_loadu_ps(x + kk), xv2 = _mm512_loadu_ps(x + kk + 16);
+#pragma GCC unroll 8
+            for (int j = 0; j < nr; j++)
+                a[0][j] = _mm512_fmadd_ps(xv2, wv2[j], _mm512_fmadd_ps(xv, wv[j], a[0][j]));
+        }
     for (; kk + 16 <= k1; kk += 16) {
         __m512 wv[NR];
 #pragma GCC unroll 8

@@ -19,10 +19,11 @@
  * so a pair's sum never saturates) before vpmaddwd adds the pairs of each lane.
  *
  * A tile takes several rows of w, so that a chunk of x loaded once serves them all; a single row
- * of x takes one row of w at a time instead: the panel is then read as one stream, the next row
- * fetched ahead at the same column, which measured 0.72-0.89x float32's bandwidth at one row
- * against 0.59-0.85x for four rows side by side (bench_kernels, 2-vCPU AMD EPYC). Either way each
- * output has the same operations in the same order, so the tile's shape is free to follow m.
+ * of x takes one row of w at a time instead: the panel is then read as one stream, fetched 4 KiB
+ * ahead (docs/design.md, "Streaming the weights"), which measured 0.72-0.89x float32's bandwidth
+ * at one row against 0.59-0.85x for four rows side by side (bench_kernels, 2-vCPU AMD EPYC). Either
+ * way each output has the same operations in the same order, so the tile's shape is free to follow
+ * m.
  */
 #include "backend/cpu/kernels_cpu.h"
 #include "backend/cpu/widen_cpu.h"
@@ -42,6 +43,7 @@
 #define G           LORA_I8_GROUP
 #define B           LORA_I8_BLOCK
 #define UNITS       (G / 4) /* 4-byte units of a group: 64-byte loads per full block */
+#define SCALES_AHEAD 8       /* tiles: the weights' scales fetched this far ahead of their use */
 #define MR_VNNI     4
 #define NR_VNNI     4
 #define MR_AVX2     2
@@ -154,7 +156,8 @@ TVNNI ALWAYS_INLINE void vnni_block(__m512 f[MR_VNNI][NR_VNNI], const char *xs, 
         for (int j = 0; j < nr; j++) {
             const signed char *p = w + (size_t)j * w_stride + at;
             __m512i v = nb == B ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(bytes, p);
-            PREFETCH(p + (size_t)nr * w_stride);
+            /* one row: 4 KiB ahead in its stream; else the next tile's row (see the top) */
+            PREFETCH(nr == 1 ? p + 4096 : p + (size_t)nr * w_stride);
             wv[j] = _mm512_xor_si512(v, flip);
         }
 #pragma GCC unroll 4
@@ -168,8 +171,11 @@ TVNNI ALWAYS_INLINE void vnni_block(__m512 f[MR_VNNI][NR_VNNI], const char *xs, 
     }
     __m512 sw[NR_VNNI];
 #pragma GCC unroll 4
-    for (int j = 0; j < nr; j++)
+    for (int j = 0; j < nr; j++) {
+        /* The scales are a stream of their own, too thin for the prefetcher to follow. */
+        PREFETCH(w_scales + ((size_t)(j + SCALES_AHEAD * nr) * ng + (size_t)b * B) * 4);
         sw[j] = _mm512_maskz_loadu_ps(lanes, w_scales + ((size_t)j * ng + (size_t)b * B) * 4);
+    }
 #pragma GCC unroll 4
     for (int i = 0; i < mr; i++) {
         __m512 sx = _mm512_load_ps(xs + (size_t)i * x_stride + qb + (size_t)(nbk + b) * 64);
