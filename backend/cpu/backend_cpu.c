@@ -211,8 +211,8 @@ static size_t cpu_scratch_bytes(struct lora_backend *be, enum lora_kernel op, in
     /* The matmul needs none of the caller's: its staging is the backend's (struct lora_cpu),
      * since the operation takes no scratch. */
     switch (op) {
-    case LORA_KERNEL_ATTENTION: /* one row of scores per thread */
-        return (size_t)lora_cpu_n_threads() * (size_t)max_ctx * sizeof(float);
+    case LORA_KERNEL_ATTENTION: /* rows of scores per thread, one per head of a pass */
+        return (size_t)lora_cpu_n_threads() * LORA_CPU_ATTN_HEADS * (size_t)max_ctx * sizeof(float);
     case LORA_KERNEL_LORA_SGMV: /* the shrink's t, one row per row of the step */
         return (size_t)max_rows * (size_t)max_rank * sizeof(float);
     default:
@@ -290,7 +290,8 @@ static void cpu_attention(struct lora_backend *be, float *out, const float *q,
     same_dtype(k_cache, v_cache);
     lora_cpu_attention(out, q, data_for(be, LORA_KERNEL_ATTENTION, k_cache, "key cache"),
                        data_for(be, LORA_KERNEL_ATTENTION, v_cache, "value cache"), k_cache->dtype,
-                       seqs, n_seqs, n_heads, n_kv_heads, head_dim, block_size, scratch, max_ctx);
+                       seqs, n_seqs, n_heads, n_kv_heads, head_dim, block_size, scratch, max_ctx,
+                       cpu_of(be)->isa.avx512);
 }
 
 static void cpu_lora_sgmv(struct lora_backend *be, float *y, const float *x,

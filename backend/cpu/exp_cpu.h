@@ -1,4 +1,5 @@
-/* exp_cpu: e^x on eight float lanes, for the kernels' SiLU and softmax (AVX2 + FMA).
+/* exp_cpu: e^x on eight float lanes (AVX2 + FMA) or sixteen (AVX-512), for the kernels' SiLU and
+ * softmax.
  *
  * libm's expf is scalar: called once per value it was 12% of a 256-token prefill's time (SiLU
  * over every MLP activation) and the softmax of attention added more. This is the usual range
@@ -41,6 +42,34 @@ static inline __attribute__((always_inline)) __m256 lora_cpu_exp8(__m256 x)
     __m256 y = _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
     /* Below the range: 0 (NaN compares unordered and is kept). */
     return _mm256_and_ps(y, _mm256_cmp_ps(x, lo, _CMP_NLT_UQ));
+}
+
+/* lora_cpu_exp8 on sixteen lanes, operation for operation: each lane's bits are exp8's. */
+static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl"))) __m512
+lora_cpu_exp16(__m512 x)
+{
+    const __m512 lo = _mm512_set1_ps(-87.3f), hi = _mm512_set1_ps(88.7f);
+    __m512 c = _mm512_min_ps(hi, _mm512_max_ps(lo, x));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(c, _mm512_set1_ps(1.44269504f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), c);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 5040);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    __m512i e = _mm512_cvtps_epi32(n);
+    __m512i half = _mm512_srai_epi32(e, 1);
+    __m512 s1 =
+        _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(half, _mm512_set1_epi32(127)), 23));
+    __m512 s2 = _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_sub_epi32(e, half), _mm512_set1_epi32(127)), 23));
+    __m512 y = _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
+    return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_NLT_UQ), y);
 }
 
 #endif

@@ -102,12 +102,15 @@ void lora_cpu_kv_write(void *k_cache, void *v_cache, enum lora_dtype dtype, cons
 
 /* out (rows, n_heads * head_dim) = softmax(q · kᵀ / sqrt(head_dim)) · v over the paged cache
  * (dtype F32, BF16 or F16, widened to float32), grouped-query: query head h reads KV head
- * h / (n_heads / n_kv_heads). scratch holds n_threads * max_ctx floats, max_ctx >= the longest
- * context in the batch. */
+ * h / (n_heads / n_kv_heads). scratch holds n_threads * LORA_CPU_ATTN_HEADS * max_ctx floats,
+ * max_ctx >= the longest context in the batch. avx512 (the backend's isa): 16-lane vectors for
+ * heads of 64 or 128 values, several query heads of a KV head per pass; else 8 lanes, one head
+ * at a time. Batch-invariant: a row's output depends on its own query and context only. */
+#define LORA_CPU_ATTN_HEADS 4 /* query heads of one pass at most: the scores each keeps */
 void lora_cpu_attention(float *out, const float *q, const void *k_cache, const void *v_cache,
                         enum lora_dtype dtype, const struct lora_attn_seq *seqs, int n_seqs,
                         int n_heads, int n_kv_heads, int head_dim, int block_size, float *scratch,
-                        int max_ctx);
+                        int max_ctx, bool avx512);
 
 /* Number of threads lora_cpu_attention may use (sizes its scratch). */
 int lora_cpu_n_threads(void);

@@ -255,16 +255,6 @@ static void panel8(float *y, int ldy, const float *x, const void *w, enum lora_d
 #define KBLOCK_MAX_ROWS   64
 #define KBLOCK_PART_TILES (KBLOCK_MAX_ROWS / NR + NR)
 
-T512 ALWAYS_INLINE __m512 load16(const void *w, size_t i, enum lora_dtype dt)
-{
-    if (dt == LORA_DTYPE_F32)
-        return _mm512_loadu_ps((const float *)w + i);
-    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)w + i));
-    if (dt == LORA_DTYPE_F16)
-        return _mm512_cvtph_ps(h);
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-
 T512 ALWAYS_INLINE __m512 load16_tail(const void *w, size_t i, __mmask16 tail, enum lora_dtype dt)
 {
     if (dt == LORA_DTYPE_F32)
@@ -367,8 +357,8 @@ T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w,
             __m512 wv[NR], wv2[NR];
 #pragma GCC unroll 8
             for (int j = 0; j < nr; j++) {
-                wv[j] = load16(w, (size_t)j * k + kk, dt);
-                wv2[j] = load16(w, (size_t)j * k + kk + 16, dt);
+                wv[j] = lora_cpu_widen16(w, (size_t)j * k + kk, dt);
+                wv2[j] = lora_cpu_widen16(w, (size_t)j * k + kk + 16, dt);
                 _mm_prefetch((const char *)((const uint16_t *)w + (size_t)(j + nr) * k + kk),
                              _MM_HINT_NTA);
             }
@@ -381,7 +371,7 @@ T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w,
         __m512 wv[NR];
 #pragma GCC unroll 8
         for (int j = 0; j < nr; j++) {
-            wv[j] = load16(w, (size_t)j * k + kk, dt);
+            wv[j] = lora_cpu_widen16(w, (size_t)j * k + kk, dt);
             if (dt != LORA_DTYPE_F32) /* a constant in each instance */
                 PREFETCH((const uint16_t *)w + (size_t)(j + nr) * k + kk);
         }

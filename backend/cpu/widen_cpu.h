@@ -1,6 +1,7 @@
 /* widen_cpu: the small AVX2 helpers the CPU kernels share (kernels_cpu.c, matmul_cpu.c,
  * matmul_i8_cpu.c): F32, BF16 and F16 elements widened exactly to float, and the one fixed order
- * in which 8 lanes are summed. Include only from files built with the backend's AVX2 flags. */
+ * in which 8 lanes are summed. Include only from files built with the backend's AVX2 flags (the
+ * 16-lane helper carries its own target). */
 #ifndef LORA_WIDEN_CPU_H
 #define LORA_WIDEN_CPU_H
 
@@ -35,6 +36,18 @@ static inline __attribute__((always_inline)) __m256 lora_cpu_widen8(const void *
     if (dt == LORA_DTYPE_F16)
         return _mm256_cvtph_ps(h);
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+/* 16 elements from element i of a, widened to float (AVX-512 callers only). */
+static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl"))) __m512
+lora_cpu_widen16(const void *a, size_t i, enum lora_dtype dt)
+{
+    if (dt == LORA_DTYPE_F32)
+        return _mm512_loadu_ps((const float *)a + i);
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)a + i));
+    if (dt == LORA_DTYPE_F16)
+        return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
 /* The sum of v's 8 lanes: halves, then pairs, then the last two. */
