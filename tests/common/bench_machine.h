@@ -1,7 +1,8 @@
 /* bench_machine: the machine's bounds as the benchmarks of tests/bench measure them, one
  * definition for all of them (bench_model, bench_kernels): a streaming copy and a streaming read
- * over buffers far larger than the caches, threaded like the kernels (OpenMP), best of five; and
- * the cores' float32 FMA peak. Static functions: include it once per program. */
+ * over buffers far larger than the caches, threaded like the kernels (OpenMP), best of five; the
+ * cores' float32 FMA peak; and the peaks of the bf16 and int8 dot-product instructions. Static
+ * functions: include it once per program. */
 #ifndef LORA_BENCH_MACHINE_H
 #define LORA_BENCH_MACHINE_H
 
@@ -164,6 +165,53 @@ static inline double fma_peak_256(long iters)
     volatile float keep = sink;
     (void)keep;
     return flops / (lora_clock_mono() - t) / 1e9;
+}
+
+/* The peak of the fast bf16 matmul's instruction, AVX512_BF16's vdpbf16ps (32 products and their
+ * sums into 16 float32 lanes: 64 FLOP), in GFLOP/s over every thread. */
+__attribute__((target("avx512f,avx512bf16"))) static inline double dot_bf16_peak(long iters)
+{
+    double t = lora_clock_mono();
+    float sink = 0;
+#pragma omp parallel reduction(+ : sink)
+    {
+        __m512 a[12];
+        __m512bh b = (__m512bh)_mm512_set1_epi16(0x3f80), c = (__m512bh)_mm512_set1_epi16(0x3380);
+        for (int j = 0; j < 12; j++)
+            a[j] = _mm512_set1_ps((float)j);
+        for (long i = 0; i < iters; i++)
+#pragma GCC unroll 12
+            for (int j = 0; j < 12; j++)
+                a[j] = _mm512_dpbf16_ps(a[j], b, c);
+        for (int j = 0; j < 12; j++)
+            sink += _mm512_reduce_add_ps(a[j]);
+    }
+    volatile float keep = sink;
+    (void)keep;
+    return 64.0 * 12 * (double)iters * omp_get_max_threads() / (lora_clock_mono() - t) / 1e9;
+}
+
+/* The peak of the int8 matmul's instruction, AVX512_VNNI's vpdpbusd (64 byte products and their
+ * sums into 16 int32 lanes: 128 operations), in G operations/s over every thread. */
+__attribute__((target("avx512f,avx512vnni"))) static inline double dot_i8_peak(long iters)
+{
+    double t = lora_clock_mono();
+    int sink = 0;
+#pragma omp parallel reduction(+ : sink)
+    {
+        __m512i a[12], b = _mm512_set1_epi8(1), c = _mm512_set1_epi8(1);
+        for (int j = 0; j < 12; j++)
+            a[j] = _mm512_set1_epi32(j);
+        for (long i = 0; i < iters; i++)
+#pragma GCC unroll 12
+            for (int j = 0; j < 12; j++)
+                a[j] = _mm512_dpbusd_epi32(a[j], b, c);
+        for (int j = 0; j < 12; j++)
+            sink += _mm512_reduce_add_epi32(a[j]);
+    }
+    volatile int keep = sink;
+    (void)keep;
+    return 128.0 * 12 * (double)iters * omp_get_max_threads() / (lora_clock_mono() - t) / 1e9;
 }
 
 #endif
