@@ -282,9 +282,10 @@ FUZZ_CFLAGS  := $(FUZZ_PLAIN) $(FUZZ_SAN) -fsanitize=fuzzer-no-link
 FUZZ_SRC     := $(filter-out tests/fuzz/fuzz_util.c,$(wildcard tests/fuzz/fuzz_*.c))
 FUZZ_TARGETS := $(FUZZ_SRC:tests/fuzz/%.c=$(FUZZ_BUILD)/%)
 FUZZ_LIB_OBJ := $(patsubst %.c,$(FUZZ_BUILD)/%.o,$(filter-out backend/cuda/%,$(LIB_SRC)))
-# The matmul kernels parse no input, so sanitizers add nothing there; instrumented, their unrolled
-# tiles take clang minutes to compile, so they are built plain.
-$(patsubst %.c,$(FUZZ_BUILD)/%.o,$(wildcard backend/cpu/matmul*.c)): FUZZ_CFLAGS := $(FUZZ_PLAIN)
+# The matmul and attention kernels parse no input, so sanitizers add nothing there; instrumented,
+# their unrolled tiles take clang minutes to compile, so they are built plain.
+$(patsubst %.c,$(FUZZ_BUILD)/%.o,$(wildcard backend/cpu/matmul*.c) backend/cpu/attention_cpu.c): \
+  FUZZ_CFLAGS := $(FUZZ_PLAIN)
 # fuzz_http links the frontend's routing and parsing: cmd/lora-frontend but main.c and link.c.
 FUZZ_FRONTEND_SRC := $(filter-out cmd/lora-frontend/main.c cmd/lora-frontend/link.c, \
                      $(wildcard cmd/lora-frontend/*.c))
