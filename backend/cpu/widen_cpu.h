@@ -1,7 +1,7 @@
-/* widen_cpu: the small AVX2 helpers the CPU kernels share (kernels_cpu.c, matmul_cpu.c,
- * matmul_i8_cpu.c): F32, BF16 and F16 elements widened exactly to float, and the one fixed order
- * in which 8 lanes are summed. Include only from files built with the backend's AVX2 flags (the
- * 16-lane helper carries its own target). */
+/* widen_cpu: the small helpers the CPU kernels share (kernels_cpu.c, attention_cpu.c,
+ * matmul_cpu.c, matmul_i8_cpu.c): F32, BF16 and F16 elements widened exactly to float, 8 or 16
+ * at a time, and the one fixed order in which 8 lanes are summed. Include only from files built
+ * with the backend's AVX2 flags (the 16-lane helper carries its own target). */
 #ifndef LORA_WIDEN_CPU_H
 #define LORA_WIDEN_CPU_H
 

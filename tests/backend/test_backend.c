@@ -763,18 +763,18 @@ static void attention_case(int block_size, int n_heads, int n_kv_heads, int head
     check_far(what, out, want, NULL, n_out);
     /* Batch invariance: each row alone, as decoding computes it, gives the batch's bits. */
     int n_diff = 0;
+    float *alone = new_floats((size_t)q_dim);
     for (int s = 0; s < N_SEQS; s++) {
         for (int r = 0; r < specs[s][1]; r++) {
             size_t off = (size_t)(first_row[s] + r) * q_dim;
-            float *alone = new_floats((size_t)q_dim);
             struct lora_attn_seq one = {0, 1, specs[s][0] + r, tables[s]};
             k_->attention(be, dout, dq + off, &kc, &vc, &one, 1, n_heads, n_kv_heads, head_dim,
                           block_size, dscratch, max_ctx);
             get(&a, alone, dout, (size_t)q_dim);
             n_diff += memcmp(alone, out + off, (size_t)q_dim * sizeof(float)) != 0;
-            free(alone);
         }
     }
+    free(alone);
     if (n_diff)
         fprintf(stderr, "# %s: %d rows alone differ from the batch\n", what, n_diff);
     CHECK(n_diff == 0);

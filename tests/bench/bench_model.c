@@ -405,17 +405,21 @@ int main(int argc, char **argv)
         printf("):\n");
         for (int i = 0; i < b.n_variants; i++) {
             qsort(t[i], (size_t)b.rounds, sizeof(double), cmp_double);
-            double tok = t[i][b.rounds / 2], rate = tok * (2 * params + attn);
-            bool fast = strcmp(b.v[i].name, "bfloat16-fast") == 0;
-            bool i8 = strcmp(b.v[i].name, "int8") == 0;
-            double bound = fast && dot_peak > 0 ? dot_peak : i8 && i8_peak > 0 ? i8_peak : peak;
-            const char *of = fast && dot_peak > 0 ? "bf16 dot" : i8 && i8_peak > 0 ? "VNNI" : "FMA";
-            /* AMX tiles and the AVX2 int8 dot have no peak measured here */
-            if ((fast && strstr(paths, "AMX")) || (i8 && i8_peak == 0))
-                printf("  %-14s %8.1f tokens/s  %6.1f GFLOP/s\n", b.v[i].name, tok, rate / 1e9);
-            else
+            double tok = t[i][b.rounds / 2], rate = tok * (2 * params + attn), bound = peak;
+            const char *of = "FMA";
+            if (strcmp(b.v[i].name, "bfloat16-fast") == 0) {
+                bound = strstr(paths, "AMX") ? 0 : dot_peak > 0 ? dot_peak : peak;
+                of = dot_peak > 0 ? "bf16 dot" : of;
+            } else if (strcmp(b.v[i].name, "int8") == 0) {
+                bound = i8_peak;
+                of = "VNNI";
+            }
+            /* AMX tiles and the AVX2 int8 dot have no peak measured here (bound 0) */
+            if (bound > 0)
                 printf("  %-14s %8.1f tokens/s  %6.1f GFLOP/s  %3.0f%% of the %s peak\n",
                        b.v[i].name, tok, rate / 1e9, 100 * rate / bound, of);
+            else
+                printf("  %-14s %8.1f tokens/s  %6.1f GFLOP/s\n", b.v[i].name, tok, rate / 1e9);
         }
     }
     if (SECTION("matmul")) {
