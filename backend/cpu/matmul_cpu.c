@@ -725,10 +725,20 @@ void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const
                 }
                 /* The implicit barrier: every staged row is ready. */
             }
+            /* One row of x reads each panel once: a thread's panels in one run of memory keep
+             * its stream going (docs/design.md, "Streaming the weights"); several rows take
+             * panels as threads come free. */
+            if (mc == 1) {
+#pragma omp for schedule(static)
+                for (int p = 0; p < n_panels; p++)
+                    run_panels(cpu, path, yc, n, xc, cpu->stage, w, dtype, mc, k, rows, p, alpha,
+                               accumulate);
+            } else {
 #pragma omp for schedule(dynamic, 1)
-            for (int p = 0; p < n_panels; p++)
-                run_panels(cpu, path, yc, n, xc, cpu->stage, w, dtype, mc, k, rows, p, alpha,
-                           accumulate);
+                for (int p = 0; p < n_panels; p++)
+                    run_panels(cpu, path, yc, n, xc, cpu->stage, w, dtype, mc, k, rows, p, alpha,
+                               accumulate);
+            }
         }
     }
 }
