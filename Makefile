@@ -136,6 +136,8 @@ $(BUILD)/lib/runtime/synthetic.o: CFLAGS += -fopenmp
 # and lora_quantize_i8 (backend/dtype.c), which spreads a tensor's rows over threads.
 $(BUILD)/backend/dtype.o: CFLAGS += -fopenmp
 $(BUILD)/tests/bench/%.o: CFLAGS += $(CPU_BACKEND_CFLAGS)
+# The e^x test calls the backend's vector code directly.
+$(BUILD)/tests/unit/test_exp_cpu.o: CFLAGS += $(CPU_BACKEND_CFLAGS)
 
 $(BUILD)/%.cu.o: %.cu
 	@mkdir -p $(@D)

@@ -5,7 +5,8 @@
  * over every MLP activation) and the softmax of attention added more. This is the usual range
  * reduction, x = n ln2 + r with |r| <= ln2 / 2 (ln2 split in two so that n ln2 is exact enough),
  * e^r by its Taylor polynomial to degree 7 (remainder below 6e-9 relative), and 2^n put into the
- * exponent bits. Relative error: a few units in the last place; below -87.3 the result is 0,
+ * exponent bits. Relative error: within 2^-23 of double exp over [-87.3, 88.7] (checked on two
+ * million inputs by tests/unit/test_exp_cpu.c); below -87.3 the result is 0,
  * above 88.7 it saturates at e^88.7; NaN stays NaN. The same lanes give the same bits wherever
  * a value sits in a vector, so callers that pass their tails through a padded vector keep every
  * element's result independent of its neighbours.
