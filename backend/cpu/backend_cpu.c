@@ -264,7 +264,7 @@ static void cpu_rope(struct lora_backend *be, float *x, const int *pos, int m, i
 
 static void cpu_silu_mul(struct lora_backend *be, float *gate, const float *up, size_t n)
 {
-    lora_cpu_silu_mul(gate, up, n);
+    lora_cpu_silu_mul(gate, up, n, cpu_of(be)->isa.avx512);
 }
 
 static void cpu_add(struct lora_backend *be, float *y, const float *x, size_t n)

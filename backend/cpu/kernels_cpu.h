@@ -87,8 +87,9 @@ void lora_cpu_rmsnorm(float *out, const float *x, const float *w, int m, int dim
  * position pos[i]; pair (j, j + head_dim/2) rotates by pos * theta^(-2j/head_dim). */
 void lora_cpu_rope(float *x, const int *pos, int m, int n_heads, int head_dim, float theta);
 
-/* gate (n) = silu(gate) * up: the SwiGLU activation. */
-void lora_cpu_silu_mul(float *gate, const float *up, size_t n);
+/* gate (n) = silu(gate) * up: the SwiGLU activation; avx512 (the backend's isa): sixteen lanes,
+ * the same bits. */
+void lora_cpu_silu_mul(float *gate, const float *up, size_t n, bool avx512);
 
 /* y (n) += x (n). */
 void lora_cpu_add(float *y, const float *x, size_t n);
