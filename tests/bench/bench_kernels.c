@@ -349,22 +349,36 @@ int main(int argc, char **argv)
         int reps = (int)(0.05 / (t > 1e-6 ? t : 1e-6));
         cfg[c].reps = reps < 1 ? 1 : reps > 10000 ? 10000 : reps;
     }
-    double rbw[MAX_ROUNDS], peak[MAX_ROUNDS];
+    /* Fast bf16 and int8 against the peak of the instruction their tiles run on (fast bf16
+     * without the dot rounds x and runs the float tiles); none measured for AMX tiles and
+     * AVX2's int8 dot: no percentage. */
+    bool amx = strstr(be->description, "AMX") != NULL;
+    bool bf16_dot = strstr(be->description, "BF16 dot") && !amx;
+    bool i8_dot = strstr(be->description, "VNNI int8") != NULL;
+    double rbw[MAX_ROUNDS], peak[MAX_ROUNDS], bpeak[MAX_ROUNDS], ipeak[MAX_ROUNDS];
     size_t bw_bytes = quick ? (size_t)64 << 20 : (size_t)1 << 30;
     long peak_iters = quick ? 1000000 : 20000000;
     for (int r = 0; r < rounds; r++) {
         rbw[r] = read_bandwidth(bw_bytes);
         peak[r] = wide ? fma_peak_512(peak_iters) : fma_peak_256(peak_iters);
+        bpeak[r] = bf16_dot ? dot_bf16_peak(peak_iters) : 0;
+        ipeak[r] = i8_dot ? dot_i8_peak(peak_iters) : 0;
         for (int i = 0; i < n_cfg; i++) {
             struct cfg *c = &cfg[(i + r * 7) % n_cfg];
             c->t[r] = time_call(&shapes[c->s], c->d, c->m, y, x, c->reps);
         }
     }
     double read_bw = median(rbw, rounds), fma_peak = median(peak, rounds);
+    double bf16_peak = median(bpeak, rounds), i8_peak = median(ipeak, rounds);
 
     printf("%s; medians of %d interleaved rounds\n", be->description, rounds);
-    printf("streaming read bandwidth %.2f GB/s; float32 FMA peak (%s) %.1f GFLOP/s\n",
-           read_bw / 1e9, wide ? "16 lanes" : "8 lanes", fma_peak);
+    printf("streaming read bandwidth %.2f GB/s; float32 FMA peak (%s) %.1f GFLOP/s", read_bw / 1e9,
+           wide ? "16 lanes" : "8 lanes", fma_peak);
+    if (bf16_dot)
+        printf("; bf16 dot %.1f GFLOP/s", bf16_peak);
+    if (i8_dot)
+        printf("; VNNI %.1f GOP/s", i8_peak);
+    printf("\n");
     printf("\nweight bandwidth, GB/s (%% of the read bandwidth); int8 counts its scales:\n");
     printf("  %-15s %3s", "w (rows x cols)", "m");
     for (int d = 0; d < N_MODES; d++)
@@ -384,7 +398,12 @@ int main(int argc, char **argv)
         }
         printf("\n");
     }
-    printf("\nm = %d: GFLOP/s (%% of the float32 FMA peak):\n", COMPUTE_M);
+    printf("\nm = %d: GFLOP/s (%% of the peak of the instruction: the float32 FMA; %s; %s):\n",
+           COMPUTE_M,
+           amx        ? "bf16 fast, none"
+           : bf16_dot ? "bf16 fast, the bf16 dot"
+                      : "bf16 fast, the FMA",
+           i8_dot ? "int8, VNNI" : "int8, none");
     for (int c = 0; c < n_cfg; c += N_MODES) {
         const struct shape *s = &shapes[cfg[c].s];
         char dim[32];
@@ -394,8 +413,15 @@ int main(int argc, char **argv)
         printf("  %-15s %3d", dim, cfg[c].m);
         for (int d = 0; d < N_MODES; d++) {
             double t = median(cfg[c + d].t, rounds);
-            double gf = 2.0 * COMPUTE_M * s->n * s->k / t / 1e9;
-            printf("   %6.1f (%3.0f%%)", gf, 100 * gf / fma_peak);
+            double gf = 2.0 * COMPUTE_M * s->n * s->k / t / 1e9, of = fma_peak;
+            if (modes[d].fast)
+                of = amx ? 0 : bf16_dot ? bf16_peak : fma_peak;
+            else if (modes[d].dtype == LORA_DTYPE_I8)
+                of = i8_dot ? i8_peak : 0;
+            if (of > 0)
+                printf("   %6.1f (%3.0f%%)", gf, 100 * gf / of);
+            else
+                printf("   %6.1f (   -)", gf);
         }
         printf("\n");
     }
