@@ -1,5 +1,6 @@
 # lora-stack: one non-recursive Makefile.
-#   make                 build every program into $(BUILD)/bin
+#   make                 build every program into $(BUILD)/bin, and the tests and benchmarks
+#   make bins            the programs alone
 #   make test            build, then run unit, cli and end-to-end tests
 #   make deps            install missing Debian packages (as root) or print the command
 #   make demo            start the stack on the demo model, query it, stop it
@@ -111,10 +112,12 @@ DEB_PACKAGES := build-essential pkg-config libmsgpack-dev libzmq3-dev libjansson
 
 .DELETE_ON_ERROR:
 .SECONDARY:
-.PHONY: all deps test demo bench bench-7b bench-deps bench-peers clean format install fuzz fuzz-build
+.PHONY: all bins deps test demo bench bench-7b bench-deps bench-peers clean format install fuzz fuzz-build
 .DEFAULT_GOAL := all
 
 all: $(BINS) $(UNITS) $(BACKEND_TESTS) $(CUDA_EMU_TEST) $(BENCHES) $(TOOLS)
+# The programs alone: what the demo runs.
+bins: $(BINS)
 
 # Made afresh each time: an object whose source was moved or removed must not linger in it.
 $(BUILD)/liblora.a: $(LIB_OBJ)
@@ -211,7 +214,7 @@ test: deps
 DEMO_PORT ?= 8000
 DEMO_METRICS_PORT ?= 9100
 demo: deps
-	@$(MAKE) --no-print-directory all
+	@$(MAKE) --no-print-directory bins
 	@examples/demo.sh $(BUILD)/bin $(DEMO_PORT) $(DEMO_METRICS_PORT)
 
 bench: deps
