@@ -637,13 +637,11 @@ static void run_panel(const struct lora_cpu_isa *isa, float *y, int ldy, const f
         panel8(y, ldy, x, w, dt, m, k, n0, n1, alpha, acc);
 }
 
-/* The panels of one call over m rows of x (or of their staged form, xs), y of stride n. */
+/* Rows [n0, n1) of w in one call over m rows of x (or of their staged form, xs), y of stride n. */
 static void run_panels(const struct lora_cpu *cpu, enum path path, float *y, int n, const float *x,
-                       const char *xs, const void *w, enum lora_dtype dtype, int m, int k, int rows,
-                       int p, float alpha, bool acc)
+                       const char *xs, const void *w, enum lora_dtype dtype, int m, int k, int n0,
+                       int n1, float alpha, bool acc)
 {
-    int n0 = p * rows, n1 = n0 + rows < n ? n0 + rows : n;
-
     switch (path) {
     case PATH_I8:
         lora_cpu_i8_panel(&cpu->isa, y, n, xs, w,
@@ -725,19 +723,21 @@ void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const
                 }
                 /* The implicit barrier: every staged row is ready. */
             }
-            /* One row of x reads each panel once: a thread's panels in one run of memory keep
-             * its stream going (docs/design.md, "Streaming the weights"); several rows take
+            /* One row of x reads each row of w once: each thread takes an equal run of rows,
+             * one stream (docs/design.md, "Streaming the weights"); several rows of x take
              * panels as threads come free. */
             if (mc == 1) {
-#pragma omp for schedule(static)
-                for (int p = 0; p < n_panels; p++)
-                    run_panels(cpu, path, yc, n, xc, cpu->stage, w, dtype, mc, k, rows, p, alpha,
+                int nt = omp_get_num_threads(), t = omp_get_thread_num();
+                int per = ((n + nt - 1) / nt + unit - 1) / unit * unit;
+                int n0 = t * per < n ? t * per : n, n1 = n0 + per < n ? n0 + per : n;
+                if (n0 < n1)
+                    run_panels(cpu, path, yc, n, xc, cpu->stage, w, dtype, mc, k, n0, n1, alpha,
                                accumulate);
             } else {
 #pragma omp for schedule(dynamic, 1)
                 for (int p = 0; p < n_panels; p++)
-                    run_panels(cpu, path, yc, n, xc, cpu->stage, w, dtype, mc, k, rows, p, alpha,
-                               accumulate);
+                    run_panels(cpu, path, yc, n, xc, cpu->stage, w, dtype, mc, k, p * rows,
+                               p * rows + rows < n ? p * rows + rows : n, alpha, accumulate);
             }
         }
     }
