@@ -114,21 +114,30 @@ silu_mul16(float *gate, const float *up)
                                          _mm512_loadu_ps(up)));
 }
 
+/* n16 vectors of sixteen values. Not inlined: the OpenMP region that calls it has no AVX-512
+ * target of its own (clang refuses 512-bit vectors in an outlined region without it). */
 __attribute__((target("avx512f,avx512bw,avx512vl"))) static void
-silu_mul_avx512(float *gate, const float *up, size_t n16)
+silu_mul16_run(float *gate, const float *up, size_t n16)
 {
-#pragma omp parallel for if (n16 > 1024)
     for (size_t b = 0; b < n16; b++)
         silu_mul16(gate + 16 * b, up + 16 * b);
 }
+
+#define SILU_CHUNK16 256 /* vectors of sixteen per work item of a long SiLU */
 
 void lora_cpu_silu_mul(float *gate, const float *up, size_t n, bool avx512)
 {
     size_t done = 0;
 
     if (avx512) {
-        done = n / 16 * 16;
-        silu_mul_avx512(gate, up, n / 16);
+        size_t n16 = n / 16, chunks = (n16 + SILU_CHUNK16 - 1) / SILU_CHUNK16;
+#pragma omp parallel for if (n16 > 1024)
+        for (size_t c = 0; c < chunks; c++) {
+            size_t b = c * SILU_CHUNK16;
+            silu_mul16_run(gate + 16 * b, up + 16 * b,
+                           n16 - b < SILU_CHUNK16 ? n16 - b : SILU_CHUNK16);
+        }
+        done = 16 * n16;
     }
     size_t n8 = (n - done) / 8;
     float *g8 = gate + done;
