@@ -210,11 +210,12 @@ test: deps
 	@LORA_BUILD=$(BUILD) PYTHON=$(PYTHON) tests/run
 
 # The demo: the whole stack on the demo model, two completions, the adapters as the exporter and
-# the inspector report them, then down (examples/demo.sh; DEMO_PORT / DEMO_METRICS_PORT).
+# the inspector report them, then down (examples/demo.sh; DEMO_PORT / DEMO_METRICS_PORT). Its
+# build takes every core unless make was given a -j of its own.
 DEMO_PORT ?= 8000
 DEMO_METRICS_PORT ?= 9100
 demo: deps
-	@$(MAKE) --no-print-directory bins
+	@$(MAKE) --no-print-directory $(if $(filter -j%,$(MAKEFLAGS)),,-j$(shell nproc)) bins
 	@examples/demo.sh $(BUILD)/bin $(DEMO_PORT) $(DEMO_METRICS_PORT)
 
 bench: deps
