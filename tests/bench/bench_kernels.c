@@ -349,12 +349,11 @@ int main(int argc, char **argv)
         int reps = (int)(0.05 / (t > 1e-6 ? t : 1e-6));
         cfg[c].reps = reps < 1 ? 1 : reps > 10000 ? 10000 : reps;
     }
-    /* Fast bf16 and int8 against the peak of the instruction their tiles run on (fast bf16
-     * without the dot rounds x and runs the float tiles); none measured for AMX tiles and
-     * AVX2's int8 dot: no percentage. */
-    bool amx = strstr(be->description, "AMX") != NULL;
-    bool bf16_dot = strstr(be->description, "BF16 dot") && !amx;
-    bool i8_dot = strstr(be->description, "VNNI int8") != NULL;
+    /* Fast bf16 and int8 against the peak of the instruction their tiles run on (none measured:
+     * no percentage). */
+    enum bench_peak fast_on = bench_peak_of(be->description, true, false);
+    bool bf16_dot = fast_on == BENCH_PEAK_BF16_DOT;
+    bool i8_dot = bench_peak_of(be->description, false, true) == BENCH_PEAK_VNNI;
     double rbw[MAX_ROUNDS], peak[MAX_ROUNDS], bpeak[MAX_ROUNDS], ipeak[MAX_ROUNDS];
     size_t bw_bytes = quick ? (size_t)64 << 20 : (size_t)1 << 30;
     long peak_iters = quick ? 1000000 : 20000000;
@@ -400,9 +399,8 @@ int main(int argc, char **argv)
     }
     printf("\nm = %d: GFLOP/s (%% of the peak of the instruction: the float32 FMA; %s; %s):\n",
            COMPUTE_M,
-           amx        ? "bf16 fast, none"
-           : bf16_dot ? "bf16 fast, the bf16 dot"
-                      : "bf16 fast, the FMA",
+           (const char *[]){"bf16 fast, the FMA", "bf16 fast, the bf16 dot", "",
+                            "bf16 fast, none"}[fast_on],
            i8_dot ? "int8, VNNI" : "int8, none");
     for (int c = 0; c < n_cfg; c += N_MODES) {
         const struct shape *s = &shapes[cfg[c].s];
@@ -413,11 +411,10 @@ int main(int argc, char **argv)
         printf("  %-15s %3d", dim, cfg[c].m);
         for (int d = 0; d < N_MODES; d++) {
             double t = median(cfg[c + d].t, rounds);
-            double gf = 2.0 * COMPUTE_M * s->n * s->k / t / 1e9, of = fma_peak;
-            if (modes[d].fast)
-                of = amx ? 0 : bf16_dot ? bf16_peak : fma_peak;
-            else if (modes[d].dtype == LORA_DTYPE_I8)
-                of = i8_dot ? i8_peak : 0;
+            double gf = 2.0 * COMPUTE_M * s->n * s->k / t / 1e9;
+            enum bench_peak on =
+                bench_peak_of(be->description, modes[d].fast, modes[d].dtype == LORA_DTYPE_I8);
+            double of = (double[]){fma_peak, bf16_peak, i8_peak, 0}[on];
             if (of > 0)
                 printf("   %6.1f (%3.0f%%)", gf, 100 * gf / of);
             else

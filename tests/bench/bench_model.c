@@ -405,16 +405,11 @@ int main(int argc, char **argv)
         printf("):\n");
         for (int i = 0; i < b.n_variants; i++) {
             qsort(t[i], (size_t)b.rounds, sizeof(double), cmp_double);
-            double tok = t[i][b.rounds / 2], rate = tok * (2 * params + attn), bound = peak;
-            const char *of = "FMA";
-            if (strcmp(b.v[i].name, "bfloat16-fast") == 0) {
-                bound = strstr(paths, "AMX") ? 0 : dot_peak > 0 ? dot_peak : peak;
-                of = dot_peak > 0 ? "bf16 dot" : of;
-            } else if (strcmp(b.v[i].name, "int8") == 0) {
-                bound = i8_peak;
-                of = "VNNI";
-            }
-            /* AMX tiles and the AVX2 int8 dot have no peak measured here (bound 0) */
+            double tok = t[i][b.rounds / 2], rate = tok * (2 * params + attn);
+            enum bench_peak on = bench_peak_of(paths, strcmp(b.v[i].name, "bfloat16-fast") == 0,
+                                               strcmp(b.v[i].name, "int8") == 0);
+            double bound = (double[]){peak, dot_peak, i8_peak, 0}[on];
+            const char *of = (const char *[]){"FMA", "bf16 dot", "VNNI", ""}[on];
             if (bound > 0)
                 printf("  %-14s %8.1f tokens/s  %6.1f GFLOP/s  %3.0f%% of the %s peak\n",
                        b.v[i].name, tok, rate / 1e9, 100 * rate / bound, of);

@@ -10,7 +10,9 @@
 #include <omp.h>
 #include <stdio.h>
 #include <stdint.h>
+#include <stdbool.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/mman.h>
 
 #include "base/clock.h"
@@ -212,6 +214,23 @@ __attribute__((target("avx512f,avx512vnni"))) static inline double dot_i8_peak(l
     volatile int keep = sink;
     (void)keep;
     return 128.0 * 12 * (double)iters * omp_get_max_threads() / (lora_clock_mono() - t) / 1e9;
+}
+
+/* The instruction a precision's matmul runs on, read from the backend's description: fast bf16
+ * on the bf16 dot where it names one (else x rounded on the float32 FMA tiles), int8 on VNNI
+ * where it names it, the rest on the float32 FMA; NONE for what no probe here measures (AMX
+ * tiles, AVX2's int8 dot). */
+enum bench_peak { BENCH_PEAK_FMA, BENCH_PEAK_BF16_DOT, BENCH_PEAK_VNNI, BENCH_PEAK_NONE };
+
+static inline enum bench_peak bench_peak_of(const char *description, bool fast, bool int8)
+{
+    if (int8)
+        return strstr(description, "VNNI int8") ? BENCH_PEAK_VNNI : BENCH_PEAK_NONE;
+    if (fast)
+        return strstr(description, "AMX")        ? BENCH_PEAK_NONE
+               : strstr(description, "BF16 dot") ? BENCH_PEAK_BF16_DOT
+                                                 : BENCH_PEAK_FMA;
+    return BENCH_PEAK_FMA;
 }
 
 #endif
