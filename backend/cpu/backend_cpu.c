@@ -330,8 +330,10 @@ static void cpu_close(struct lora_backend *be)
 {
     struct lora_cpu *cpu = be->ctx;
 
-    if (cpu)
+    if (cpu) {
         free(cpu->stage);
+        free(cpu->runs);
+    }
     free(cpu);
     be->ctx = NULL;
 }
@@ -370,11 +372,14 @@ struct lora_backend *lora_cpu_backend_new(char *err, size_t err_len)
         cpu->isa = lora_cpu_isa_detect();
         cpu->n_threads = omp_get_max_threads();
         cpu->stage = aligned_alloc(64, (size_t)cpu->n_threads * LORA_CPU_STAGE_BYTES);
+        cpu->runs = aligned_alloc(64, (size_t)cpu->n_threads * sizeof(*cpu->runs));
     }
-    if (!be || !cpu || !cpu->stage) {
+    if (!be || !cpu || !cpu->stage || !cpu->runs) {
         snprintf(err, err_len, "cpu: out of memory");
-        if (cpu)
+        if (cpu) {
             free(cpu->stage);
+            free(cpu->runs);
+        }
         free(cpu);
         free(be);
         return NULL;

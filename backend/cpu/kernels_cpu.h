@@ -36,11 +36,19 @@ struct lora_cpu_isa lora_cpu_isa_detect(void);
  * matmul aborts beyond, naming the limit). */
 #define LORA_CPU_STAGE_BYTES ((size_t)8 << 20)
 
+/* A thread's share of a matmul at one row of x (matmul_cpu.c): steps of rows of w, front and
+ * back (front | back << 32), taken atomically; a cache line of its own. */
+struct lora_cpu_run {
+    uint64_t ends;
+    char pad[56];
+};
+
 /* One CPU backend's state (be->ctx). */
 struct lora_cpu {
     struct lora_cpu_isa isa;
     int n_threads; /* threads a kernel uses at most: omp_get_max_threads() when opened */
     char *stage;   /* LORA_CPU_STAGE_BYTES, 64-byte aligned */
+    struct lora_cpu_run *runs; /* n_threads */
 };
 
 /* y (m, n) = alpha · x (m, k) · w (n, k)ᵀ, or y += that when accumulate. w is a Hugging Face

@@ -663,6 +663,44 @@ static void run_panels(const struct lora_cpu *cpu, enum path path, float *y, int
     }
 }
 
+/* Bytes of w in one step of a thread's run at one row of x: small enough that the last steps
+ * even out the threads, large enough that taking one costs nothing next to reading it. */
+#define RUN_STEP_BYTES (64 * 1024)
+
+/* The next step for thread t of nt at one row of x, or -1 when every step is taken. A thread
+ * takes the steps of its own run from the front, one at a time; when its run is empty, it takes
+ * the back half of the run with the most steps left as its own (where others may take from it in
+ * turn), so the threads even out in a few exchanges and each still reads a run forward. */
+static int take_step(struct lora_cpu_run *runs, int nt, int t)
+{
+    for (;;) {
+        uint64_t e = __atomic_load_n(&runs[t].ends, __ATOMIC_RELAXED);
+        while ((uint32_t)e < (uint32_t)(e >> 32))
+            if (__atomic_compare_exchange_n(&runs[t].ends, &e, e + 1, true, __ATOMIC_RELAXED,
+                                            __ATOMIC_RELAXED))
+                return (int)(uint32_t)e;
+        int victim = -1;
+        uint32_t most = 0;
+        for (int r = 0; r < nt; r++) {
+            e = __atomic_load_n(&runs[r].ends, __ATOMIC_RELAXED);
+            uint32_t left = (uint32_t)(e >> 32) - (uint32_t)e; /* front <= back, always */
+            if (left > most) {
+                most = left;
+                victim = r;
+            }
+        }
+        if (victim < 0)
+            return -1;
+        e = __atomic_load_n(&runs[victim].ends, __ATOMIC_RELAXED);
+        uint32_t front = (uint32_t)e, back = (uint32_t)(e >> 32), half = (back - front + 1) / 2;
+        if (front < back && __atomic_compare_exchange_n(&runs[victim].ends, &e,
+                                                        front | (uint64_t)(back - half) << 32,
+                                                        false, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+            /* An empty run is never written by others: this thread alone refills its own. */
+            __atomic_store_n(&runs[t].ends, (back - half) | (uint64_t)back << 32, __ATOMIC_RELAXED);
+    }
+}
+
 void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const void *w,
                      enum lora_dtype dtype, int m, int n, int k, float alpha, bool accumulate,
                      bool fast)
@@ -703,12 +741,19 @@ void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const
     int unit = path == PATH_AMX ? 32 : isa->avx512 ? NR : NR8 * NR8_ONE_F32;
     rows = rows < unit ? unit : rows + (unit - rows % unit) % unit;
     int n_panels = (n + rows - 1) / rows;
+    int step = (int)(RUN_STEP_BYTES / w_row);
+    step = step < unit ? unit : step + (unit - step % unit) % unit;
+    int n_steps = (n + step - 1) / step;
 
     for (int i0 = 0; i0 < m; i0 += chunk) {
         int mc = m - i0 < chunk ? m - i0 : chunk;
         const float *xc = x + (size_t)i0 * k;
         float *yc = y + (size_t)i0 * n;
         long work = (long)mc * n * k;
+        if (mc == 1)
+            for (int t = 0; t < threads; t++)
+                cpu->runs[t].ends = (uint64_t)(n_steps * t / threads) |
+                                    (uint64_t)(n_steps * (t + 1) / threads) << 32;
 #pragma omp parallel num_threads(threads) if (work > 32768 && n_panels > 1)
         {
             if (row_stage) {
@@ -723,16 +768,15 @@ void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const
                 }
                 /* The implicit barrier: every staged row is ready. */
             }
-            /* One row of x reads each row of w once: each thread takes an equal run of rows,
-             * one stream (docs/design.md, "Streaming the weights"); several rows of x take
-             * panels as threads come free. */
+            /* One row of x reads each row of w once: each thread reads its own run of rows
+             * as one stream, then helps the slower ones from the back of theirs (docs/design.md,
+             * "Streaming the weights"); several rows of x take panels as threads come free.
+             * A run whose thread the team lacks is all taken from the back. */
             if (mc == 1) {
-                int nt = omp_get_num_threads(), t = omp_get_thread_num();
-                int per = ((n + nt - 1) / nt + unit - 1) / unit * unit;
-                int n0 = t * per < n ? t * per : n, n1 = n0 + per < n ? n0 + per : n;
-                if (n0 < n1)
-                    run_panels(cpu, path, yc, n, xc, cpu->stage, w, dtype, mc, k, n0, n1, alpha,
-                               accumulate);
+                int s;
+                while ((s = take_step(cpu->runs, threads, omp_get_thread_num())) >= 0)
+                    run_panels(cpu, path, yc, n, xc, cpu->stage, w, dtype, mc, k, s * step,
+                               s * step + step < n ? s * step + step : n, alpha, accumulate);
             } else {
 #pragma omp for schedule(dynamic, 1)
                 for (int p = 0; p < n_panels; p++)

@@ -321,6 +321,63 @@ static void test_matmul_batch_invariance(void)
     omp_set_num_threads(saved_threads);
 }
 
+/* At one row of x the threads take the rows of w in steps, each from its own run and then from
+ * the others' (matmul_cpu.c): more threads than cores, so that some are descheduled and others
+ * take their steps, must still take every step exactly once. y accumulates into NaN-free rows: a
+ * step skipped leaves them unchanged, a step taken twice adds twice. A small call runs on one
+ * thread, which then takes every other thread's run. */
+static void test_matmul_one_row_steps(void)
+{
+    static const int shapes[][2] = {{256, 4001}, {896, 1203}, {64, 300}}; /* {k, n} */
+    enum { MAX_T = 6 };
+    int saved_threads = omp_get_max_threads();
+    char err[256];
+
+    omp_set_num_threads(MAX_T);
+    struct lora_backend *own = lora_backend_open("cpu", err, sizeof(err));
+    CHECK(own != NULL);
+    for (size_t si = 0; own && si < sizeof(shapes) / sizeof(shapes[0]) * 5; si++) {
+        int k = shapes[si / 5][0], n = shapes[si / 5][1], bad = 0;
+        float *x = new_floats((size_t)k), *w = new_floats((size_t)n * k);
+        float *y0 = new_floats((size_t)n), *want = new_floats((size_t)n),
+              *y = new_floats((size_t)n);
+        void *host = NULL;
+        struct lora_backend *saved = be;
+
+        fill_random(x, (size_t)k, 1.0f);
+        fill_random(w, (size_t)n * k, 1.0f);
+        fill_random(y0, (size_t)n, 1.0f);
+        be = own;
+        struct lora_tensor tw = typed_tensor_of(w, n, k, bi_modes[si % 5].dtype, &host);
+        own->fast_matmul = bi_modes[si % 5].fast;
+        omp_set_num_threads(1);
+        memcpy(want, y0, (size_t)n * sizeof(float));
+        own->ops->matmul(own, want, x, &tw, 1, BI_ALPHA, true);
+        for (int t = 2; t <= MAX_T; t++)
+            for (int rep = 0; rep < 8; rep++) {
+                omp_set_num_threads(t);
+                memcpy(y, y0, (size_t)n * sizeof(float));
+                own->ops->matmul(own, y, x, &tw, 1, BI_ALPHA, true);
+                bad += memcmp(y, want, (size_t)n * sizeof(float)) != 0;
+            }
+        if (bad)
+            printf("# %s%s k=%d n=%d: %d of %d calls differ from one thread's\n",
+                   lora_dtype_name(bi_modes[si % 5].dtype), bi_modes[si % 5].fast ? " fast" : "", k,
+                   n, bad, 8 * (MAX_T - 1));
+        CHECK(bad == 0);
+        release_tensors();
+        be = saved;
+        free(host);
+        free(x);
+        free(w);
+        free(y0);
+        free(want);
+        free(y);
+    }
+    lora_backend_close(&own);
+    omp_set_num_threads(saved_threads);
+}
+
 /* ---- element-wise kernels ---- */
 
 static void test_rmsnorm(void)
@@ -852,6 +909,7 @@ int main(void)
     k_ = be->ops;
     RUN(test_matmul);
     RUN(test_matmul_batch_invariance);
+    RUN(test_matmul_one_row_steps);
     RUN(test_rmsnorm);
     RUN(test_rope);
     RUN(test_silu_mul);
