@@ -233,6 +233,9 @@ struct lora_sgmv_seg {
 /* A tensor-parallel group of ranks (the backend's own). */
 struct lora_collective;
 
+/* The most weights one matmul_shared call takes. */
+#define LORA_MATMUL_SHARED_MAX 4
+
 struct lora_backend_ops {
     /* -- memory -- */
 
@@ -277,6 +280,13 @@ struct lora_backend_ops {
      *   I8: x quantized per row and group as w is (LORA_I8_GROUP), whatever fast says. */
     void (*matmul)(struct lora_backend *be, float *y, const float *x, const struct lora_tensor *w,
                    int m, float alpha, bool accumulate);
+    /* Optional (NULL: matmul once per weight). ys[i] (m, ws[i]->rows) = x (m, cols) · ws[i]ᵀ for
+     * n_w weights of the same cols (q, k and v; gate and up), each bit for bit what matmul
+     * (alpha 1, no accumulate) gives it alone: x is read and converted once for up to
+     * LORA_MATMUL_SHARED_MAX weights of one dtype, and their rows are shared among the threads as
+     * one weight's. */
+    void (*matmul_shared)(struct lora_backend *be, int n_w, float *const *ys, const float *x,
+                          const struct lora_tensor *const *ws, int m);
     /* y (m, bias->cols) += bias broadcast over rows. */
     void (*add_bias)(struct lora_backend *be, float *y, const struct lora_tensor *bias, int m);
     /* out (m, table->cols) = rows ids[i] of table. ids are validated by the caller. */

@@ -225,8 +225,31 @@ static size_t cpu_scratch_bytes(struct lora_backend *be, enum lora_kernel op, in
 static void cpu_matmul(struct lora_backend *be, float *y, const float *x,
                        const struct lora_tensor *w, int m, float alpha, bool accumulate)
 {
-    lora_cpu_matmul(cpu_of(be), y, x, data_for(be, LORA_KERNEL_MATMUL, w, "matmul weight"),
-                    w->dtype, m, (int)w->rows, (int)w->cols, alpha, accumulate, be->fast_matmul);
+    struct lora_cpu_part part = {y, data_for(be, LORA_KERNEL_MATMUL, w, "matmul weight"),
+                                 (int)w->rows};
+
+    lora_cpu_matmul(cpu_of(be), &part, 1, x, w->dtype, m, (int)w->cols, alpha, accumulate,
+                    be->fast_matmul);
+}
+
+static void cpu_matmul_shared(struct lora_backend *be, int n_w, float *const *ys, const float *x,
+                              const struct lora_tensor *const *ws, int m)
+{
+    struct lora_cpu_part parts[LORA_MATMUL_SHARED_MAX];
+    int n = 0;
+
+    for (int i = 0; i < n_w; i++) {
+        /* A weight of another dtype than the first goes alone, as do those past the most a
+         * call takes. */
+        if (ws[i]->dtype != ws[0]->dtype || n == LORA_MATMUL_SHARED_MAX) {
+            cpu_matmul(be, ys[i], x, ws[i], m, 1.0f, false);
+            continue;
+        }
+        parts[n++] = (struct lora_cpu_part){
+            ys[i], data_for(be, LORA_KERNEL_MATMUL, ws[i], "matmul weight"), (int)ws[i]->rows};
+    }
+    lora_cpu_matmul(cpu_of(be), parts, n, x, ws[0]->dtype, m, (int)ws[0]->cols, 1.0f, false,
+                    be->fast_matmul);
 }
 
 static void cpu_add_bias(struct lora_backend *be, float *y, const struct lora_tensor *bias, int m)
@@ -348,6 +371,7 @@ static const struct lora_backend_ops cpu_ops = {
     .supports = cpu_supports,
     .scratch_bytes = cpu_scratch_bytes,
     .matmul = cpu_matmul,
+    .matmul_shared = cpu_matmul_shared,
     .add_bias = cpu_add_bias,
     .embed = cpu_embed,
     .rmsnorm = cpu_rmsnorm,

@@ -51,14 +51,23 @@ struct lora_cpu {
     struct lora_cpu_run *runs; /* n_threads */
 };
 
-/* y (m, n) = alpha · x (m, k) · w (n, k)ᵀ, or y += that when accumulate. w is a Hugging Face
- * [out, in] weight of dtype F32, BF16, F16 or I8 (backend.h's layout, its scales after the
- * n * k values). fast: BF16 rounds x to bf16 (backend.h, matmul). Batch-invariant: row i of y
- * depends only on row i of x, bit for bit, whatever m and the number of threads are, so a
- * request's results do not depend on what else is in its step. */
-void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const void *w,
-                     enum lora_dtype dtype, int m, int n, int k, float alpha, bool accumulate,
-                     bool fast);
+/* One weight of a matmul: w (n, k) and its output y (m, n). */
+struct lora_cpu_part {
+    float *y;
+    const void *w;
+    int n;
+};
+
+/* For each part: y (m, n) = alpha · x (m, k) · w (n, k)ᵀ, or y += that when accumulate. w is a
+ * Hugging Face [out, in] weight of dtype F32, BF16, F16 or I8 (backend.h's layout, its scales
+ * after the n * k values). fast: BF16 rounds x to bf16 (backend.h, matmul). Several parts share
+ * one staging of x and one thread team, their rows split among the threads as one weight's.
+ * Batch-invariant: row i of y depends only on row i of x and w, bit for bit, whatever m, the
+ * number of threads and the other parts are, so a request's results do not depend on what else
+ * is in its step. */
+void lora_cpu_matmul(const struct lora_cpu *cpu, const struct lora_cpu_part *parts, int n_parts,
+                     const float *x, enum lora_dtype dtype, int m, int k, float alpha,
+                     bool accumulate, bool fast);
 
 /* The I8 path (matmul_i8_cpu.c, called by lora_cpu_matmul). A row of x (k) quantized into its
  * staged form at row, lora_cpu_i8_row_bytes(k) bytes (a multiple of 64, at a 64-byte aligned

@@ -701,18 +701,60 @@ static int take_step(struct lora_cpu_run *runs, int nt, int t)
     }
 }
 
-void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const void *w,
-                     enum lora_dtype dtype, int m, int n, int k, float alpha, bool accumulate,
-                     bool fast)
+/* The path of a weight (n, k) of dtype: by the machine and the weight's shape, never by m. */
+static enum path path_of(const struct lora_cpu_isa *isa, enum lora_dtype dtype, bool fast, int n,
+                         int k)
+{
+    if (dtype == LORA_DTYPE_I8)
+        return PATH_I8;
+    if (dtype != LORA_DTYPE_BF16 || !fast)
+        return PATH_FLOAT;
+    return isa->amx && n % 32 == 0 && k % 32 == 0 ? PATH_AMX : isa->bf16 ? PATH_DOT : PATH_ROUND_X;
+}
+
+/* Item i of a call, a step or panel of size rows, with the parts' rows taken one after the
+ * other: its part, and its rows [*n0, *n1) there. */
+static int locate(const struct lora_cpu_part *parts, int n_parts, int size, int i, int *n0, int *n1)
+{
+    int p = 0;
+
+    for (; p < n_parts - 1; p++) {
+        int items = (parts[p].n + size - 1) / size;
+        if (i < items)
+            break;
+        i -= items;
+    }
+    *n0 = i * size;
+    *n1 = *n0 + size < parts[p].n ? *n0 + size : parts[p].n;
+    return p;
+}
+
+static int items_of(const struct lora_cpu_part *parts, int n_parts, int size)
+{
+    int items = 0;
+
+    for (int p = 0; p < n_parts; p++)
+        items += (parts[p].n + size - 1) / size;
+    return items;
+}
+
+void lora_cpu_matmul(const struct lora_cpu *cpu, const struct lora_cpu_part *parts, int n_parts,
+                     const float *x, enum lora_dtype dtype, int m, int k, float alpha,
+                     bool accumulate, bool fast)
 {
     const struct lora_cpu_isa *isa = &cpu->isa;
-    /* The path depends on the machine and the weight's shape, never on m. */
-    enum path path = dtype == LORA_DTYPE_I8 ? PATH_I8
-                     : dtype == LORA_DTYPE_BF16 && fast
-                         ? (isa->amx && n % 32 == 0 && k % 32 == 0 ? PATH_AMX
-                            : isa->bf16                            ? PATH_DOT
-                                                                   : PATH_ROUND_X)
-                         : PATH_FLOAT;
+    enum path path = path_of(isa, dtype, fast, parts[0].n, k);
+    int n = 0;
+
+    for (int p = 0; p < n_parts; p++) {
+        if (path_of(isa, dtype, fast, parts[p].n, k) != path) {
+            /* Weights of different paths stage x differently: one call each. */
+            for (int q = 0; q < n_parts; q++)
+                lora_cpu_matmul(cpu, &parts[q], 1, x, dtype, m, k, alpha, accumulate, fast);
+            return;
+        }
+        n += parts[p].n;
+    }
     size_t row_stage = stage_row_bytes(path, k);
     /* Rows of x per pass: all of them, or as many as the staging memory holds (each pass
      * streams w again; results do not depend on it, as each row is computed alone); AMX stages
@@ -740,15 +782,14 @@ void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const
      * or at one row of x 2 or 4, and int8's 2, all of which divide 12. */
     int unit = path == PATH_AMX ? 32 : isa->avx512 ? NR : NR8 * NR8_ONE_F32;
     rows = rows < unit ? unit : rows + (unit - rows % unit) % unit;
-    int n_panels = (n + rows - 1) / rows;
+    int n_panels = items_of(parts, n_parts, rows);
     int step = (int)(RUN_STEP_BYTES / w_row);
     step = step < unit ? unit : step + (unit - step % unit) % unit;
-    int n_steps = (n + step - 1) / step;
+    int n_steps = items_of(parts, n_parts, step);
 
     for (int i0 = 0; i0 < m; i0 += chunk) {
         int mc = m - i0 < chunk ? m - i0 : chunk;
         const float *xc = x + (size_t)i0 * k;
-        float *yc = y + (size_t)i0 * n;
         long work = (long)mc * n * k;
         if (mc == 1)
             for (int t = 0; t < threads; t++)
@@ -772,17 +813,22 @@ void lora_cpu_matmul(const struct lora_cpu *cpu, float *y, const float *x, const
              * as one stream, then helps the slower ones from the back of theirs (docs/design.md,
              * "Streaming the weights"); several rows of x take panels as threads come free.
              * A run whose thread the team lacks is all taken from the back. */
-            if (mc == 1) {
-                int s;
-                while ((s = take_step(cpu->runs, threads, omp_get_thread_num())) >= 0)
-                    run_panels(cpu, path, yc, n, xc, cpu->stage, w, dtype, mc, k, s * step,
-                               s * step + step < n ? s * step + step : n, alpha, accumulate);
-            } else {
+            int it, n0, n1;
+            if (mc == 1)
+                while ((it = take_step(cpu->runs, threads, omp_get_thread_num())) >= 0) {
+                    const struct lora_cpu_part *pt =
+                        &parts[locate(parts, n_parts, step, it, &n0, &n1)];
+                    run_panels(cpu, path, pt->y + (size_t)i0 * pt->n, pt->n, xc, cpu->stage, pt->w,
+                               dtype, mc, k, n0, n1, alpha, accumulate);
+                }
+            else
 #pragma omp for schedule(dynamic, 1)
-                for (int p = 0; p < n_panels; p++)
-                    run_panels(cpu, path, yc, n, xc, cpu->stage, w, dtype, mc, k, p * rows,
-                               p * rows + rows < n ? p * rows + rows : n, alpha, accumulate);
-            }
+                for (it = 0; it < n_panels; it++) {
+                    const struct lora_cpu_part *pt =
+                        &parts[locate(parts, n_parts, rows, it, &n0, &n1)];
+                    run_panels(cpu, path, pt->y + (size_t)i0 * pt->n, pt->n, xc, cpu->stage, pt->w,
+                               dtype, mc, k, n0, n1, alpha, accumulate);
+                }
         }
     }
 }

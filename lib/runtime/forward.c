@@ -424,6 +424,21 @@ static void project(struct lora_forward *f, float *y, const float *x, const stru
     apply_lora(f, y, x, l, p);
 }
 
+/* ys[i] = x · ws[i]ᵀ + LoRA deltas for projections of one input (q, k and v; gate and up): one
+ * call where the backend shares x among them, bit for bit project()'s results. */
+static void project_shared(struct lora_forward *f, int n, float *const *ys, const float *x,
+                           const struct lora_tensor *const *ws, const enum lora_proj *ps, int T,
+                           int l)
+{
+    if (f->k->matmul_shared)
+        f->k->matmul_shared(f->be, n, ys, x, ws, T);
+    for (int i = 0; i < n; i++) {
+        if (!f->k->matmul_shared)
+            f->k->matmul(f->be, ys[i], x, ws[i], T, 1.0f, false);
+        apply_lora(f, ys[i], x, l, ps[i]);
+    }
+}
+
 static int reduce(struct lora_forward *f, float *buf, size_t n)
 {
     if (!f->coll)
@@ -442,9 +457,9 @@ static int run_layer(struct lora_forward *f, int l, int T, int n_seqs)
     struct lora_tensor kc = lora_kv_cache_k(f->kv, l), vc = lora_kv_cache_v(f->kv, l);
 
     k->rmsnorm(be, f->xb, f->x, &w->attn_norm, T, c->rms_norm_eps);
-    project(f, f->q, f->xb, &w->wq, T, l, LORA_PROJ_Q);
-    project(f, f->kk, f->xb, &w->wk, T, l, LORA_PROJ_K);
-    project(f, f->v, f->xb, &w->wv, T, l, LORA_PROJ_V);
+    project_shared(f, 3, (float *const[]){f->q, f->kk, f->v}, f->xb,
+                   (const struct lora_tensor *const[]){&w->wq, &w->wk, &w->wv},
+                   (const enum lora_proj[]){LORA_PROJ_Q, LORA_PROJ_K, LORA_PROJ_V}, T, l);
     if (w->bq.buf) {
         k->add_bias(be, f->q, &w->bq, T);
         k->add_bias(be, f->kk, &w->bk, T);
@@ -461,8 +476,9 @@ static int run_layer(struct lora_forward *f, int l, int T, int n_seqs)
     k->add(be, f->x, f->out, (size_t)T * hidden);
 
     k->rmsnorm(be, f->xb, f->x, &w->mlp_norm, T, c->rms_norm_eps);
-    project(f, f->gate, f->xb, &w->w_gate, T, l, LORA_PROJ_GATE);
-    project(f, f->up, f->xb, &w->w_up, T, l, LORA_PROJ_UP);
+    project_shared(f, 2, (float *const[]){f->gate, f->up}, f->xb,
+                   (const struct lora_tensor *const[]){&w->w_gate, &w->w_up},
+                   (const enum lora_proj[]){LORA_PROJ_GATE, LORA_PROJ_UP}, T, l);
     k->silu_mul(be, f->gate, f->up, (size_t)T * m->inter);
     project(f, f->out, f->gate, &w->w_down, T, l, LORA_PROJ_DOWN);
     if (reduce(f, f->out, (size_t)T * hidden) < 0)

@@ -378,6 +378,62 @@ static void test_matmul_one_row_steps(void)
     omp_set_num_threads(saved_threads);
 }
 
+/* matmul_shared: each weight's rows bit for bit what matmul gives it alone, in every dtype and
+ * mode, at one row and several; the last weight is of another dtype (it goes alone). */
+static void test_matmul_shared(void)
+{
+    static const int ns[] = {300, 128, 7, 40};
+    static const int ms[] = {1, 2, 5, 17};
+    enum { N_W = 4, MAX_M = 17 };
+
+    CHECK(k_->matmul_shared != NULL);
+    for (size_t si = 0; k_->matmul_shared && si < 2 * 5; si++) {
+        int k = si / 5 ? 896 : 64, bad = 0;
+        enum lora_dtype dt = bi_modes[si % 5].dtype;
+        float *x = new_floats((size_t)MAX_M * k), *w[N_W], *want[N_W], *got[N_W];
+        void *host[N_W];
+        struct lora_tensor tw[N_W];
+
+        fill_random(x, (size_t)MAX_M * k, 1.0f);
+        for (int i = 0; i < N_W; i++) {
+            enum lora_dtype wdt = i < N_W - 1            ? dt
+                                  : dt == LORA_DTYPE_F32 ? LORA_DTYPE_BF16
+                                                         : LORA_DTYPE_F32;
+            w[i] = new_floats((size_t)ns[i] * k);
+            fill_random(w[i], (size_t)ns[i] * k, 1.0f);
+            tw[i] = typed_tensor_of(w[i], ns[i], k, wdt, &host[i]);
+            want[i] = new_floats((size_t)MAX_M * ns[i]);
+            got[i] = new_floats((size_t)MAX_M * ns[i]);
+        }
+        be->fast_matmul = bi_modes[si % 5].fast;
+        for (size_t mi = 0; mi < sizeof(ms) / sizeof(ms[0]); mi++) {
+            int m = ms[mi];
+            for (int i = 0; i < N_W; i++) {
+                k_->matmul(be, want[i], x, &tw[i], m, 1.0f, false);
+                fill_nan(got[i], (size_t)m * ns[i]);
+            }
+            k_->matmul_shared(be, N_W, got, x,
+                              (const struct lora_tensor *const[]){&tw[0], &tw[1], &tw[2], &tw[3]},
+                              m);
+            for (int i = 0; i < N_W; i++)
+                bad += memcmp(got[i], want[i], (size_t)m * ns[i] * sizeof(float)) != 0;
+        }
+        if (bad)
+            printf("# %s%s k=%d: %d outputs differ from matmul's\n", lora_dtype_name(dt),
+                   bi_modes[si % 5].fast ? " fast" : "", k, bad);
+        CHECK(bad == 0);
+        be->fast_matmul = false;
+        release_tensors();
+        free(x);
+        for (int i = 0; i < N_W; i++) {
+            free(host[i]);
+            free(w[i]);
+            free(want[i]);
+            free(got[i]);
+        }
+    }
+}
+
 /* ---- element-wise kernels ---- */
 
 static void test_rmsnorm(void)
@@ -910,6 +966,7 @@ int main(void)
     RUN(test_matmul);
     RUN(test_matmul_batch_invariance);
     RUN(test_matmul_one_row_steps);
+    RUN(test_matmul_shared);
     RUN(test_rmsnorm);
     RUN(test_rope);
     RUN(test_silu_mul);
