@@ -41,7 +41,7 @@
  * lost by it (docs/design.md, "Streaming the weights"). */
 #define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 
-#define NR 4 /* rows of w per AVX-512 tile (reduce_add4 sums four at once) */
+#define NR 4 /* rows of w per AVX-512 tile (lora_cpu_reduce_add4 sums four at once) */
 /* AVX2 tiles: MR8 rows of x by NR8 rows of w take 12 sums, 3 rows of w and 1 of x, all 16
  * registers. A single row of x takes NR8_ONE rows of 16-bit weights at a time, NR8_ONE_F32 of
  * float32: the shapes that read fastest at m = 1 (docs/design.md, "The AVX2 tiles"). */
@@ -265,25 +265,6 @@ T512 ALWAYS_INLINE __m512 load16_tail(const void *w, size_t i, __mmask16 tail, e
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* The sums of four vectors' lanes, one per lane of the result: the pairs of lanes
- * _mm512_reduce_add_ps adds, in its order (l + 8, then l + 4, l + 2, l + 1), for the four at
- * once, so a row's bits are the same in a tile of four rows of w and in a tile of one. */
-T512 ALWAYS_INLINE __m128 reduce_add4(__m512 a0, __m512 a1, __m512 a2, __m512 a3)
-{
-    /* Halves: lanes 0-7 of s01 are a0's l + (l + 8), lanes 8-15 a1's. */
-    __m512 s01 =
-        _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xee));
-    __m512 s23 =
-        _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xee));
-    /* Quarters: 128-bit lane c of u holds vector c's l + (l + 4). */
-    __m512 u =
-        _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xdd));
-    u = _mm512_add_ps(u, _mm512_permute_ps(u, 0x4e)); /* l + (l + 2) */
-    u = _mm512_add_ps(u, _mm512_permute_ps(u, 0xb1)); /* l + (l + 1) */
-    return _mm512_castps512_ps128(_mm512_permutexvar_ps(
-        _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), u));
-}
-
 /* y (mr x nr, stride ldy) = alpha · the lane sums of a (+ y). */
 T512 ALWAYS_INLINE void store_sums(float *y, int ldy, __m512 a[MR16][NR], int mr, int nr,
                                    float alpha, bool acc)
@@ -292,8 +273,8 @@ T512 ALWAYS_INLINE void store_sums(float *y, int ldy, __m512 a[MR16][NR], int mr
     for (int i = 0; i < mr; i++) {
         float *yi = y + (size_t)i * ldy;
         if (nr == NR) {
-            __m128 v =
-                _mm_mul_ps(_mm_set1_ps(alpha), reduce_add4(a[i][0], a[i][1], a[i][2], a[i][3]));
+            __m128 v = _mm_mul_ps(_mm_set1_ps(alpha),
+                                  lora_cpu_reduce_add4(a[i][0], a[i][1], a[i][2], a[i][3]));
             _mm_storeu_ps(yi, acc ? _mm_add_ps(_mm_loadu_ps(yi), v) : v);
             continue;
         }

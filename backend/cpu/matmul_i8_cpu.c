@@ -44,7 +44,9 @@
 #define B           LORA_I8_BLOCK
 #define UNITS       (G / 4) /* 4-byte units of a group: 64-byte loads per full block */
 #define SCALES_AHEAD 8       /* tiles: the weights' scales fetched this far ahead of their use */
-#define MR_VNNI     4
+/* 3 x 4 tiles: 12 int32 sums and 12 float sums stay in the 32 registers, where 4 x 4 kept its
+ * float sums on the stack; the prefill's int8 matmuls ran 1.15x faster for it (docs/design.md). */
+#define MR_VNNI     3
 #define NR_VNNI     4
 #define MR_AVX2     2
 #define NR_AVX2     2
@@ -206,10 +208,17 @@ TVNNI ALWAYS_INLINE void vnni_tile(float *y, int ldy, const char *xs, size_t x_s
                    nr);
 #pragma GCC unroll 4
     for (int i = 0; i < mr; i++) {
+        float *yi = y + (size_t)i * ldy;
+        if (nr == NR_VNNI) { /* the same sums, four at once */
+            __m128 v = _mm_mul_ps(_mm_set1_ps(alpha),
+                                  lora_cpu_reduce_add4(f[i][0], f[i][1], f[i][2], f[i][3]));
+            _mm_storeu_ps(yi, acc ? _mm_add_ps(_mm_loadu_ps(yi), v) : v);
+            continue;
+        }
 #pragma GCC unroll 4
         for (int j = 0; j < nr; j++) {
             float v = alpha * _mm512_reduce_add_ps(f[i][j]);
-            y[(size_t)i * ldy + j] = acc ? y[(size_t)i * ldy + j] + v : v;
+            yi[j] = acc ? yi[j] + v : v;
         }
     }
 }
@@ -237,9 +246,6 @@ TVNNI static void vnni_panel(float *y, int ldy, const char *xs, size_t stride, c
         float *yi = y + (size_t)i * ldy;
         const char *xi = xs + (size_t)i * stride;
         switch (mr) {
-        case 4:
-            TILES(vnni_tile, NR_VNNI, 4);
-            break;
         case 3:
             TILES(vnni_tile, NR_VNNI, 3);
             break;

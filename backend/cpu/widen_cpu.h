@@ -59,4 +59,24 @@ static inline __attribute__((always_inline)) float lora_cpu_hsum8(__m256 v)
     return _mm_cvtss_f32(s);
 }
 
+/* The sums of four vectors' lanes, one per lane of the result: the pairs of lanes
+ * _mm512_reduce_add_ps adds, in its order (l + 8, then l + 4, l + 2, l + 1), for the four at
+ * once, so a row's bits are the same in a tile of four rows of w and in a tile of one. */
+static inline __attribute__((always_inline, target("avx512f,avx512bw,avx512vl"))) __m128
+lora_cpu_reduce_add4(__m512 a0, __m512 a1, __m512 a2, __m512 a3)
+{
+    /* Halves: lanes 0-7 of s01 are a0's l + (l + 8), lanes 8-15 a1's. */
+    __m512 s01 =
+        _mm512_add_ps(_mm512_shuffle_f32x4(a0, a1, 0x44), _mm512_shuffle_f32x4(a0, a1, 0xee));
+    __m512 s23 =
+        _mm512_add_ps(_mm512_shuffle_f32x4(a2, a3, 0x44), _mm512_shuffle_f32x4(a2, a3, 0xee));
+    /* Quarters: 128-bit lane c of u holds vector c's l + (l + 4). */
+    __m512 u =
+        _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xdd));
+    u = _mm512_add_ps(u, _mm512_permute_ps(u, 0x4e)); /* l + (l + 2) */
+    u = _mm512_add_ps(u, _mm512_permute_ps(u, 0xb1)); /* l + (l + 1) */
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(
+        _mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), u));
+}
+
 #endif
