@@ -349,15 +349,18 @@ static void cpu_collective_close(struct lora_backend *be, struct lora_collective
     lora_allreduce_close((struct lora_allreduce **)c);
 }
 
-static void cpu_close(struct lora_backend *be)
+static void cpu_free(struct lora_cpu *cpu)
 {
-    struct lora_cpu *cpu = be->ctx;
-
     if (cpu) {
         free(cpu->stage);
         free(cpu->runs);
     }
     free(cpu);
+}
+
+static void cpu_close(struct lora_backend *be)
+{
+    cpu_free(be->ctx);
     be->ctx = NULL;
 }
 
@@ -400,11 +403,7 @@ struct lora_backend *lora_cpu_backend_new(char *err, size_t err_len)
     }
     if (!be || !cpu || !cpu->stage || !cpu->runs) {
         snprintf(err, err_len, "cpu: out of memory");
-        if (cpu) {
-            free(cpu->stage);
-            free(cpu->runs);
-        }
-        free(cpu);
+        cpu_free(cpu);
         free(be);
         return NULL;
     }

@@ -430,13 +430,14 @@ static void project_shared(struct lora_forward *f, int n, float *const *ys, cons
                            const struct lora_tensor *const *ws, const enum lora_proj *ps, int T,
                            int l)
 {
-    if (f->k->matmul_shared)
-        f->k->matmul_shared(f->be, n, ys, x, ws, T);
-    for (int i = 0; i < n; i++) {
-        if (!f->k->matmul_shared)
-            f->k->matmul(f->be, ys[i], x, ws[i], T, 1.0f, false);
-        apply_lora(f, ys[i], x, l, ps[i]);
+    if (!f->k->matmul_shared) {
+        for (int i = 0; i < n; i++)
+            project(f, ys[i], x, ws[i], T, l, ps[i]);
+        return;
     }
+    f->k->matmul_shared(f->be, n, ys, x, ws, T);
+    for (int i = 0; i < n; i++)
+        apply_lora(f, ys[i], x, l, ps[i]);
 }
 
 static int reduce(struct lora_forward *f, float *buf, size_t n)
