@@ -36,6 +36,11 @@ struct lora_cpu_isa lora_cpu_isa_detect(void);
  * matmul aborts beyond, naming the limit). */
 #define LORA_CPU_STAGE_BYTES ((size_t)8 << 20)
 
+/* At one row of x, the 16-bit and int8 tiles read rows of w shorter than this one at a time, the
+ * panel then one stream fetched this far ahead; longer rows go four side by side, fetching the
+ * next tile's rows (docs/design.md, "Streaming the weights"). */
+#define LORA_CPU_STREAM_ROW_BYTES 4096
+
 /* A thread's share of a matmul at one row of x (matmul_cpu.c): steps of rows of w, front and
  * back (front | back << 32), taken atomically; a cache line of its own. */
 struct lora_cpu_run {

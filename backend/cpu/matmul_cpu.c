@@ -42,6 +42,7 @@
 #define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 
 #define NR 4 /* rows of w per AVX-512 tile (lora_cpu_reduce_add4 sums four at once) */
+
 /* AVX2 tiles: MR8 rows of x by NR8 rows of w take 12 sums, 3 rows of w and 1 of x, all 16
  * registers. A single row of x takes NR8_ONE rows of 16-bit weights at a time, NR8_ONE_F32 of
  * float32: the shapes that read fastest at m = 1 (docs/design.md, "The AVX2 tiles"). */
@@ -330,18 +331,22 @@ T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w,
 
     start_sums(a, part, k0, mr, nr);
     /* One row of x (decode) on 16-bit weights: two steps at a time, so that each row of w is read
-     * in whole lines and the next tile's line is fetched once, marked non-temporal so that it
-     * does not push x out of L1 (docs/design.md, "Streaming the weights"). The same products into
-     * the same sums in the same order as the loop below. */
+     * in whole lines. A lone row of w fetches its stream LORA_CPU_STREAM_ROW_BYTES ahead; four
+     * fetch the next tile's line once, marked non-temporal so that it does not push x out of L1
+     * (docs/design.md, "Streaming the weights"). The same products into the same sums in the same
+     * order as the loop below. */
     if (dt != LORA_DTYPE_F32 && mr == 1)
         for (; kk + 32 <= k1; kk += 32) {
             __m512 wv[NR], wv2[NR];
 #pragma GCC unroll 8
             for (int j = 0; j < nr; j++) {
-                wv[j] = lora_cpu_widen16(w, (size_t)j * k + kk, dt);
-                wv2[j] = lora_cpu_widen16(w, (size_t)j * k + kk + 16, dt);
-                _mm_prefetch((const char *)((const uint16_t *)w + (size_t)(j + nr) * k + kk),
-                             _MM_HINT_NTA);
+                const uint16_t *p = (const uint16_t *)w + (size_t)j * k + kk;
+                wv[j] = lora_cpu_widen16(p, 0, dt);
+                wv2[j] = lora_cpu_widen16(p, 16, dt);
+                if (nr == 1)
+                    PREFETCH((const char *)p + LORA_CPU_STREAM_ROW_BYTES);
+                else
+                    _mm_prefetch((const char *)(p + (size_t)nr * k), _MM_HINT_NTA);
             }
             __m512 xv = _mm512_loadu_ps(x + kk), xv2 = _mm512_loadu_ps(x + kk + 16);
 #pragma GCC unroll 8
@@ -380,15 +385,15 @@ T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w,
     end_sums(y, ldy, a, part, k1, k, mr, nr, alpha, acc);
 }
 
-/* The rows of w in [n0, n1) against rows of x in groups of mr (a constant at each call), k in
- * blocks of kb (the last one up to 2 kb - 1). */
-#define PANEL16_ROWS(mr)                                                                           \
+/* The rows of w in [n0, n1) against rows of x in groups of mr, nr_max rows of w at a time
+ * (constants at each call), k in blocks of kb (the last one up to 2 kb - 1). */
+#define PANEL16_ROWS(mr, nr_max)                                                                   \
     do {                                                                                           \
         for (int k0 = 0; k0 < k; k0 += kb) {                                                       \
             int k1 = k - k0 < 2 * kb ? k : k0 + kb, t = 0, j = n0;                                 \
-            for (; j + NR <= n1; j += NR, t++)                                                     \
+            for (; j + (nr_max) <= n1; j += (nr_max), t++)                                         \
                 tile16(yi + j, ldy, xi, (const char *)w + (size_t)j * k * es, dt, k, k0, k1, tail, \
-                       mr, NR, alpha, acc, part ? part + t * MR16 * NR : NULL);                    \
+                       mr, nr_max, alpha, acc, part ? part + t * MR16 * NR : NULL);                \
             for (; j < n1; j++, t++)                                                               \
                 tile16(yi + j, ldy, xi, (const char *)w + (size_t)j * k * es, dt, k, k0, k1, tail, \
                        mr, 1, alpha, acc, part ? part + t * MR16 * NR : NULL);                     \
@@ -411,22 +416,25 @@ T512 ALWAYS_INLINE void panel16_body(float *y, int ldy, const float *x, const vo
         float *yi = y + (size_t)i * ldy;
         switch (mr) {
         case 6:
-            PANEL16_ROWS(6);
+            PANEL16_ROWS(6, NR);
             break;
         case 5:
-            PANEL16_ROWS(5);
+            PANEL16_ROWS(5, NR);
             break;
         case 4:
-            PANEL16_ROWS(4);
+            PANEL16_ROWS(4, NR);
             break;
         case 3:
-            PANEL16_ROWS(3);
+            PANEL16_ROWS(3, NR);
             break;
         case 2:
-            PANEL16_ROWS(2);
+            PANEL16_ROWS(2, NR);
             break;
         default:
-            PANEL16_ROWS(1);
+            if (dt != LORA_DTYPE_F32 && (size_t)k * es < LORA_CPU_STREAM_ROW_BYTES)
+                PANEL16_ROWS(1, 1);
+            else
+                PANEL16_ROWS(1, NR);
             break;
         }
         i += mr;
@@ -468,7 +476,10 @@ T512BF16 ALWAYS_INLINE void tile_dot(float *y, int ldy, const uint16_t *x, int k
 #pragma GCC unroll 8
         for (int j = 0; j < nr; j++) {
             wv[j] = _mm512_loadu_si512(w + (size_t)j * k + kk);
-            PREFETCH(w + (size_t)(j + nr) * k + kk);
+            if (mr == 1 && nr == 1) /* one stream (see tile16) */
+                PREFETCH((const char *)(w + (size_t)j * k + kk) + LORA_CPU_STREAM_ROW_BYTES);
+            else
+                PREFETCH(w + (size_t)(j + nr) * k + kk);
         }
 #pragma GCC unroll 8
         for (int i = 0; i < mr; i++) {
@@ -495,13 +506,13 @@ T512BF16 ALWAYS_INLINE void tile_dot(float *y, int ldy, const uint16_t *x, int k
 }
 
 /* As PANEL16_ROWS, on the staged bf16 rows. */
-#define PANEL_DOT_ROWS(mr)                                                                         \
+#define PANEL_DOT_ROWS(mr, nr_max)                                                                 \
     do {                                                                                           \
         for (int k0 = 0; k0 < k; k0 += kb) {                                                       \
             int k1 = k - k0 < 2 * kb ? k : k0 + kb, t = 0, j = n0;                                 \
-            for (; j + NR <= n1; j += NR, t++)                                                     \
-                tile_dot(yi + j, ldy, xs, kp, w + (size_t)j * k, k, k0, k1, tail, mr, NR, alpha,   \
-                         acc, part ? part + t * MR16 * NR : NULL);                                 \
+            for (; j + (nr_max) <= n1; j += (nr_max), t++)                                         \
+                tile_dot(yi + j, ldy, xs, kp, w + (size_t)j * k, k, k0, k1, tail, mr, nr_max,      \
+                         alpha, acc, part ? part + t * MR16 * NR : NULL);                          \
             for (; j < n1; j++, t++)                                                               \
                 tile_dot(yi + j, ldy, xs, kp, w + (size_t)j * k, k, k0, k1, tail, mr, 1, alpha,    \
                          acc, part ? part + t * MR16 * NR : NULL);                                 \
@@ -524,22 +535,25 @@ T512BF16 static void panel_dot(float *y, int ldy, const uint16_t *x_staged, cons
         const uint16_t *xs = x_staged + (size_t)i * kp;
         switch (mr) {
         case 6:
-            PANEL_DOT_ROWS(6);
+            PANEL_DOT_ROWS(6, NR);
             break;
         case 5:
-            PANEL_DOT_ROWS(5);
+            PANEL_DOT_ROWS(5, NR);
             break;
         case 4:
-            PANEL_DOT_ROWS(4);
+            PANEL_DOT_ROWS(4, NR);
             break;
         case 3:
-            PANEL_DOT_ROWS(3);
+            PANEL_DOT_ROWS(3, NR);
             break;
         case 2:
-            PANEL_DOT_ROWS(2);
+            PANEL_DOT_ROWS(2, NR);
             break;
         default:
-            PANEL_DOT_ROWS(1);
+            if ((size_t)k * sizeof(uint16_t) < LORA_CPU_STREAM_ROW_BYTES)
+                PANEL_DOT_ROWS(1, 1);
+            else
+                PANEL_DOT_ROWS(1, NR);
             break;
         }
         i += mr;

@@ -19,11 +19,11 @@
  * so a pair's sum never saturates) before vpmaddwd adds the pairs of each lane.
  *
  * A tile takes several rows of w, so that a chunk of x loaded once serves them all; a single row
- * of x takes one row of w at a time instead: the panel is then read as one stream, fetched 4 KiB
- * ahead (docs/design.md, "Streaming the weights"), which measured 0.72-0.89x float32's bandwidth
- * at one row against 0.59-0.85x for four rows side by side (bench_kernels, 2-vCPU AMD EPYC). Either
- * way each output has the same operations in the same order, so the tile's shape is free to follow
- * m.
+ * of x takes rows shorter than LORA_CPU_STREAM_ROW_BYTES one at a time instead: the panel is then
+ * read as one stream, fetched that far ahead, and longer rows four side by side, each tile
+ * fetching the next one's rows (docs/design.md, "Streaming the weights", has the measurements).
+ * Either way each output has the same operations in the same order, so the tile's shape is free
+ * to follow m and k.
  */
 #include "backend/cpu/kernels_cpu.h"
 #include "backend/cpu/widen_cpu.h"
@@ -158,8 +158,14 @@ TVNNI ALWAYS_INLINE void vnni_block(__m512 f[MR_VNNI][NR_VNNI], const char *xs, 
         for (int j = 0; j < nr; j++) {
             const signed char *p = w + (size_t)j * w_stride + at;
             __m512i v = nb == B ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(bytes, p);
-            /* one row: 4 KiB ahead in its stream; else the next tile's row (see the top) */
-            PREFETCH(nr == 1 ? p + 4096 : p + (size_t)nr * w_stride);
+            /* one row: ahead in its stream; else the next tile's row, at one row of x
+             * non-temporal, as tile16 does (see the top) */
+            if (nr == 1)
+                PREFETCH(p + LORA_CPU_STREAM_ROW_BYTES);
+            else if (mr == 1)
+                _mm_prefetch((const char *)(p + (size_t)nr * w_stride), _MM_HINT_NTA);
+            else
+                PREFETCH(p + (size_t)nr * w_stride);
             wv[j] = _mm512_xor_si512(v, flip);
         }
 #pragma GCC unroll 4
@@ -252,8 +258,11 @@ TVNNI static void vnni_panel(float *y, int ldy, const char *xs, size_t stride, c
         case 2:
             TILES(vnni_tile, NR_VNNI, 2);
             break;
-        default: /* one row of w at a time: one stream the prefetcher follows (see the top) */
-            TILES(vnni_tile, 1, 1);
+        default: /* short rows one at a time: one stream the prefetcher follows (see the top) */
+            if (w_stride >= LORA_CPU_STREAM_ROW_BYTES)
+                TILES(vnni_tile, NR_VNNI, 1);
+            else
+                TILES(vnni_tile, 1, 1);
             break;
         }
         i += mr;

@@ -160,21 +160,35 @@ static struct lora_generate_stats run(struct bench *b, struct variant *v, int ba
 }
 
 /* Decode tokens per second of every variant at batch size batch (adapters: n_adapters),
- * medians of interleaved rounds into tps[variant]. */
-static void decode_rounds(struct bench *b, int batch, int n_adapters, double *tps)
+ * medians of interleaved rounds into tps[variant]. With a probe buffer (read_probe_alloc's,
+ * PROBE_BYTES) each run follows a read-bandwidth probe of its own: bound[variant] is the median
+ * of the probes' bounds (read bandwidth / weight bytes per token) and pct[variant] the median of
+ * each run's tokens/s against the bound of the probe just before it. This machine's bandwidth
+ * moves by tens of percent within a minute, so a bound measured once, away from the runs, says
+ * more about the moment it was taken than about the kernels. */
+#define PROBE_BYTES ((size_t)512 << 20)
+static void decode_rounds(struct bench *b, int batch, int n_adapters, const float *probe,
+                          double *tps, double *bound, double *pct)
 {
-    double t[MAX_VARIANTS][16];
+    double t[MAX_VARIANTS][16], bd[MAX_VARIANTS][16], p[MAX_VARIANTS][16];
 
     for (int r = 0; r < b->rounds; r++)
         for (int k = 0; k < b->n_variants; k++) {
             int i = (k + r) % b->n_variants;
+            bd[i][r] =
+                probe ? read_bandwidth_of(probe, PROBE_BYTES, 4) / b->v[i].m->weight_bytes : 1;
             struct lora_generate_stats st =
                 run(b, &b->v[i], batch, n_adapters, b->n_prompt, b->max_tokens);
             t[i][r] = st.n_decode_tokens / st.decode_seconds;
+            p[i][r] = 100 * t[i][r] / bd[i][r];
         }
     for (int i = 0; i < b->n_variants; i++) {
-        qsort(t[i], (size_t)b->rounds, sizeof(double), cmp_double);
-        tps[i] = t[i][b->rounds / 2];
+        double *of[] = {t[i], bd[i], p[i]}, *to[] = {tps, bound, pct};
+        for (int j = 0; j < 3; j++) {
+            qsort(of[j], (size_t)b->rounds, sizeof(double), cmp_double);
+            if (to[j])
+                to[j][i] = of[j][b->rounds / 2];
+        }
     }
 }
 
@@ -316,16 +330,20 @@ int main(int argc, char **argv)
 #define SECTION(name) (!only || strcmp(only, name) == 0)
     double tps[MAX_VARIANTS];
     if (SECTION("decode")) {
-        double rbw = read_bandwidth((size_t)1 << 30);
-        printf("\nsingle-sequence decode (streaming read %.2f GB/s; bound = read bandwidth / "
-               "weight bytes per token):\n",
-               rbw / 1e9);
-        decode_rounds(&b, 1, 0, tps);
-        for (int i = 0; i < b.n_variants; i++) {
-            double bound = rbw / b.v[i].m->weight_bytes;
-            printf("  %-14s %7.2f tokens/s  bound %7.2f  %3.0f%% of it  %.2fx %s\n", b.v[i].name,
-                   tps[i], bound, 100 * tps[i] / bound, tps[i] / tps[0], b.v[0].name);
-        }
+        float *probe = read_probe_alloc(PROBE_BYTES);
+        double bound[MAX_VARIANTS], pct[MAX_VARIANTS];
+        b.max_tokens = 32;
+        decode_rounds(&b, 1, 0, probe, tps, bound, pct);
+        b.max_tokens = 16;
+        free(probe);
+        printf("\nsingle-sequence decode, %d new tokens (bound = read bandwidth / weight bytes per "
+               "token, from a probe just before each run; medians of the bounds and of each run's "
+               "share of its own):\n",
+               32);
+        for (int i = 0; i < b.n_variants; i++)
+            printf("  %-14s %7.2f tokens/s  bound %7.2f (%.2f GB/s)  %3.0f%% of it  %.2fx %s\n",
+                   b.v[i].name, tps[i], bound[i], bound[i] * b.v[i].m->weight_bytes / 1e9, pct[i],
+                   tps[i] / tps[0], b.v[0].name);
     }
     if (SECTION("batch")) {
         int batches[] = {8, 32, 64};
@@ -337,7 +355,7 @@ int main(int argc, char **argv)
         printf("\n");
         double all[3][MAX_VARIANTS];
         for (int k = 0; k < 3; k++)
-            decode_rounds(&b, batches[k], 0, all[k]);
+            decode_rounds(&b, batches[k], 0, NULL, all[k], NULL, NULL);
         for (int i = 0; i < b.n_variants; i++) {
             printf("  %-14s", b.v[i].name);
             for (int k = 0; k < 3; k++)
@@ -352,7 +370,7 @@ int main(int argc, char **argv)
         double per[4][MAX_VARIANTS];
         b.max_tokens = 24;
         for (int k = 0; k < 4; k++) {
-            decode_rounds(&b, 32, counts[k], per[k]);
+            decode_rounds(&b, 32, counts[k], NULL, per[k], NULL, NULL);
             for (int i = 0; i < b.n_variants; i++)
                 per[k][i] = 1 / per[k][i];
         }

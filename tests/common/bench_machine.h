@@ -76,17 +76,26 @@ static inline double copy_bandwidth(size_t bytes)
  * loads, not the adds, the limit. */
 #define BENCH_READ_STREAMS 4
 
-static inline double read_bandwidth(size_t bytes)
+/* A buffer of bytes for read_bandwidth_of, filled (touched once, so no read faults its pages). */
+static inline float *read_probe_alloc(size_t bytes)
 {
-    size_t n = bytes / sizeof(float) / 1024 * 1024;
+    size_t n = bytes / sizeof(float);
     float *a = bench_alloc(bytes);
-    double best = 0;
-    float total = 0;
 
 #pragma omp parallel for
     for (size_t i = 0; i < n; i++)
         a[i] = (float)(i & 7);
-    for (int r = 0; r < 10; r++) {
+    return a;
+}
+
+/* Bytes read per second from the bytes at a (read_probe_alloc's), best of reads rounds. */
+static inline double read_bandwidth_of(const float *a, size_t bytes, int reads)
+{
+    size_t n = bytes / sizeof(float) / 1024 * 1024;
+    double best = 0;
+    float total = 0;
+
+    for (int r = 0; r < reads; r++) {
         int streams = r % 2 ? BENCH_READ_STREAMS : 1;
         double t = lora_clock_mono();
         float sum = 0;
@@ -116,6 +125,14 @@ static inline double read_bandwidth(size_t bytes)
     }
     volatile float sink = total;
     (void)sink;
+    return best;
+}
+
+static inline double read_bandwidth(size_t bytes)
+{
+    float *a = read_probe_alloc(bytes);
+    double best = read_bandwidth_of(a, bytes, 10);
+
     free(a);
     return best;
 }

@@ -258,10 +258,11 @@ static struct lora_tensor typed_tensor_of(const float *w, int64_t n, int64_t k,
 
 /* With 2 threads the rows of w are split between threads (for k = 896: two panels), which must
  * not change a bit either; only some sizes, as a thread team is slow on a loaded machine. Every
- * dtype and mode of the matmul. */
+ * dtype and mode of the matmul. k = 4500 makes rows longer than LORA_CPU_STREAM_ROW_BYTES in
+ * every dtype, which one row of x reads four at a time, the shorter ones one at a time. */
 static void test_matmul_batch_invariance(void)
 {
-    static const int shapes[][2] = {{64, 300}, {896, 128}, {100, 7}}; /* {k, n} */
+    static const int shapes[][2] = {{64, 300}, {896, 128}, {100, 7}, {4500, 37}}; /* {k, n} */
     static const int ms_2_threads[] = {2, 3, 7, 16, 17, 33, 64, 69, 70};
     int saved_threads = omp_get_max_threads();
 
