@@ -24,6 +24,7 @@
 #include "runtime/generate.h"
 #include "runtime/model.h"
 #include "runtime/synthetic.h"
+#include "tests/common/median.h"
 
 #define N_ADAPTERS 8
 #define MAX_ROUNDS 9
@@ -35,18 +36,6 @@ static int fail(const char *what, const char *err)
 {
     fprintf(stderr, "bench_cuda: fatal: %s: %s\n", what, err);
     return 111;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return v[n / 2];
 }
 
 /* Waits for the device: a download of one float from buf. */

@@ -150,13 +150,6 @@ static double time_call(struct shape *s, int d, int m, float *y, const float *x,
     return (lora_clock_mono() - t0) / reps;
 }
 
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(double), cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-
 /* ---- int8 accuracy ---- */
 
 static uint64_t acc_rng = 12345;

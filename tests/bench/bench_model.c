@@ -75,10 +75,9 @@ static void matmul_compare(struct lora_backend *be, int m, int n, int k)
                         n);
         t_blas[r] = (lora_clock_mono() - t) / reps;
     }
-    qsort(t_ours, REPEATS, sizeof(double), cmp_double);
-    qsort(t_blas, REPEATS, sizeof(double), cmp_double);
+    double ours = median(t_ours, REPEATS), blas = median(t_blas, REPEATS);
     printf("  matmul m=%-4d n=%-6d k=%-5d ours %8.3f ms  openblas %8.3f ms  ours/openblas %.2f\n",
-           m, n, k, t_ours[1] * 1e3, t_blas[1] * 1e3, t_ours[1] / t_blas[1]);
+           m, n, k, ours * 1e3, blas * 1e3, ours / blas);
     be->ops->buffer_free(be, wb);
     free(x);
     free(w);
@@ -161,11 +160,12 @@ static struct lora_generate_stats run(struct bench *b, struct variant *v, int ba
 
 /* Decode tokens per second of every variant at batch size batch (adapters: n_adapters),
  * medians of interleaved rounds into tps[variant]. With a probe buffer (read_probe_alloc's,
- * PROBE_BYTES) each run follows a read-bandwidth probe of its own: bound[variant] is the median
- * of the probes' bounds (read bandwidth / weight bytes per token) and pct[variant] the median of
- * each run's tokens/s against the bound of the probe just before it. This machine's bandwidth
- * moves by tens of percent within a minute, so a bound measured once, away from the runs, says
- * more about the moment it was taken than about the kernels. */
+ * PROBE_BYTES) each run sits between two read-bandwidth probes of its own: a run's bound is the
+ * mean of its two probes' bandwidths over the weight bytes per token, bound[variant] the median
+ * of those bounds and pct[variant] the median of each run's tokens/s against its own bound.
+ * This machine's bandwidth moves by tens of percent within a minute, so a bound measured once,
+ * away from the runs, says more about the moment it was taken than about the kernels; a run of
+ * the 7B shape lasts seconds, and one probe before it would miss a move during it. */
 #define PROBE_BYTES ((size_t)512 << 20)
 static void decode_rounds(struct bench *b, int batch, int n_adapters, const float *probe,
                           double *tps, double *bound, double *pct)
@@ -175,19 +175,20 @@ static void decode_rounds(struct bench *b, int batch, int n_adapters, const floa
     for (int r = 0; r < b->rounds; r++)
         for (int k = 0; k < b->n_variants; k++) {
             int i = (k + r) % b->n_variants;
-            bd[i][r] =
-                probe ? read_bandwidth_of(probe, PROBE_BYTES, 4) / b->v[i].m->weight_bytes : 1;
+            double before = probe ? read_bandwidth_of(probe, PROBE_BYTES, 4) : 0;
             struct lora_generate_stats st =
                 run(b, &b->v[i], batch, n_adapters, b->n_prompt, b->max_tokens);
+            double after = probe ? read_bandwidth_of(probe, PROBE_BYTES, 4) : 0;
             t[i][r] = st.n_decode_tokens / st.decode_seconds;
+            bd[i][r] = probe ? (before + after) / 2 / b->v[i].m->weight_bytes : 1;
             p[i][r] = 100 * t[i][r] / bd[i][r];
         }
     for (int i = 0; i < b->n_variants; i++) {
         double *of[] = {t[i], bd[i], p[i]}, *to[] = {tps, bound, pct};
         for (int j = 0; j < 3; j++) {
-            qsort(of[j], (size_t)b->rounds, sizeof(double), cmp_double);
+            double m = median(of[j], b->rounds);
             if (to[j])
-                to[j][i] = of[j][b->rounds / 2];
+                to[j][i] = m;
         }
     }
 }
@@ -336,10 +337,11 @@ int main(int argc, char **argv)
         decode_rounds(&b, 1, 0, probe, tps, bound, pct);
         b.max_tokens = 16;
         free(probe);
-        printf("\nsingle-sequence decode, %d new tokens (bound = read bandwidth / weight bytes per "
-               "token, from a probe just before each run; medians of the bounds and of each run's "
-               "share of its own):\n",
-               32);
+        printf(
+            "\nsingle-sequence decode, %d new tokens (bound = read bandwidth / weight bytes per "
+            "token, from the mean of a probe just before and one just after each run; medians of "
+            "the bounds and of each run's share of its own):\n",
+            32);
         for (int i = 0; i < b.n_variants; i++)
             printf("  %-14s %7.2f tokens/s  bound %7.2f (%.2f GB/s)  %3.0f%% of it  %.2fx %s\n",
                    b.v[i].name, tps[i], bound[i], bound[i] * b.v[i].m->weight_bytes / 1e9, pct[i],
@@ -422,8 +424,7 @@ int main(int argc, char **argv)
             printf(", VNNI %.1f GOP/s", i8_peak / 1e9);
         printf("):\n");
         for (int i = 0; i < b.n_variants; i++) {
-            qsort(t[i], (size_t)b.rounds, sizeof(double), cmp_double);
-            double tok = t[i][b.rounds / 2], rate = tok * (2 * params + attn);
+            double tok = median(t[i], b.rounds), rate = tok * (2 * params + attn);
             enum bench_peak on = bench_peak_of(paths, strcmp(b.v[i].name, "bfloat16-fast") == 0,
                                                strcmp(b.v[i].name, "int8") == 0);
             double bound = (double[]){peak, dot_peak, i8_peak, 0}[on];

@@ -24,6 +24,7 @@
 
 #include "base/clock.h"
 #include "text/tokenizer.h"
+#include "tests/common/median.h"
 
 #define PROG      "bench_tokenizer"
 #define DOC_BYTES 4096
@@ -40,20 +41,6 @@ struct docs {
     struct doc *v;
     size_t n, cap, bytes;
 };
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-
-    return (x > y) - (x < y);
-}
-
-/* Sorts v; its median. */
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof(*v), cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 static void *xrealloc(void *p, size_t n)
 {

@@ -16,12 +16,7 @@
 #include <sys/mman.h>
 
 #include "base/clock.h"
-
-static inline int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
+#include "tests/common/median.h"
 
 /* A buffer in 2 MiB pages, as the CPU backend allocates its weights (docs/design.md, "Mapped
  * pages"): measured over 4 KiB pages, the bound would be the page walks', not the memory's. */
