@@ -37,6 +37,8 @@
 #define MAX_VARIANTS 5
 
 #define REPEATS 3
+/* New tokens of a single-sequence decode run: enough that a run outlasts the probes around it. */
+#define DECODE_TOKENS 32
 
 static int fail(const char *what, const char *err)
 {
@@ -333,7 +335,7 @@ int main(int argc, char **argv)
     if (SECTION("decode")) {
         float *probe = read_probe_alloc(PROBE_BYTES);
         double bound[MAX_VARIANTS], pct[MAX_VARIANTS];
-        b.max_tokens = 32;
+        b.max_tokens = DECODE_TOKENS;
         decode_rounds(&b, 1, 0, probe, tps, bound, pct);
         b.max_tokens = 16;
         free(probe);
@@ -341,7 +343,7 @@ int main(int argc, char **argv)
             "\nsingle-sequence decode, %d new tokens (bound = read bandwidth / weight bytes per "
             "token, from the mean of a probe just before and one just after each run; medians of "
             "the bounds and of each run's share of its own):\n",
-            32);
+            DECODE_TOKENS);
         for (int i = 0; i < b.n_variants; i++)
             printf("  %-14s %7.2f tokens/s  bound %7.2f (%.2f GB/s)  %3.0f%% of it  %.2fx %s\n",
                    b.v[i].name, tps[i], bound[i], bound[i] * b.v[i].m->weight_bytes / 1e9, pct[i],
