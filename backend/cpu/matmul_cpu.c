@@ -42,6 +42,7 @@
 #define PREFETCH(p) _mm_prefetch((const char *)(p), _MM_HINT_T0)
 
 #define NR 4 /* rows of w per AVX-512 tile (lora_cpu_reduce_add4 sums four at once) */
+
 /* AVX2 tiles: MR8 rows of x by NR8 rows of w take 12 sums, 3 rows of w and 1 of x, all 16
  * registers. A single row of x takes NR8_ONE rows of 16-bit weights at a time, NR8_ONE_F32 of
  * float32: the shapes that read fastest at m = 1 (docs/design.md, "The AVX2 tiles"). */

@@ -29,6 +29,7 @@
 #include "backend/backend.h"
 #include "base/clock.h"
 #include "tests/common/bench_machine.h"
+#include "tests/common/median.h"
 
 #define MAX_ROUNDS 15
 

@@ -32,6 +32,7 @@
 #include "runtime/precision.h"
 #include "runtime/synthetic.h"
 #include "tests/common/bench_machine.h"
+#include "tests/common/median.h"
 
 #define N_ADAPTERS 8
 #define MAX_VARIANTS 5

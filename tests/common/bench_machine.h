@@ -16,7 +16,6 @@
 #include <sys/mman.h>
 
 #include "base/clock.h"
-#include "tests/common/median.h"
 
 /* A buffer in 2 MiB pages, as the CPU backend allocates its weights (docs/design.md, "Mapped
  * pages"): measured over 4 KiB pages, the bound would be the page walks', not the memory's. */
