@@ -213,30 +213,93 @@ T512 static void softmax16(float *scores, int n)
                           _mm512_div_ps(_mm512_maskz_loadu_ps(tail, scores + p16), div));
 }
 
-/* The 16-lane path reads each position's k and v once for up to PASS_VALUES16 / head_dim query
- * heads of one KV head (grouped-query attention: the heads that share it), their sums of v in 16
- * registers. */
+/* The 16-lane path takes all the query heads of one KV head, up to LORA_CPU_ATTN_HEADS, in one
+ * pass, so that each position's k and v are read once for all of them; the sums of v of
+ * PASS_VALUES16 / head_dim heads at a time stay in 16 registers while a block's rows of v, in L1,
+ * pass under them. */
 #define PASS_VALUES16 256
+/* Positions ahead of the loops that fetch a head's rows of k and v: its slice of a cache row is
+ * a few lines among the other KV heads', too broken a pattern for the hardware to fetch ahead,
+ * and the loops waited on memory (docs/design.md, "Attention in 16 lanes"). */
+#define AHEAD_POSITIONS16 32
+
+/* Fetches into L1 the head's slice (len bytes at kv_off) of the first n rows of block b. */
+ALWAYS_INLINE void prefetch_block(const void *cache, const int *block_table, int b, int n,
+                                  int block_size, int kv_dim, int kv_off, size_t es, size_t len)
+{
+    const char *r = block_rows(cache, block_table, b, block_size, kv_dim, kv_off, es);
+
+    for (int i = 0; i < n; i++, r += (size_t)kv_dim * es)
+        for (size_t c = 0; c < len; c += 64)
+            _mm_prefetch(r + c, _MM_HINT_T0);
+}
+
+/* Block b's rows a blocks ahead of position p0 (none past n_ctx), fetched. */
+ALWAYS_INLINE void prefetch_ahead(const void *cache, const int *block_table, int b, int p0, int a,
+                                  int n_ctx, int block_size, int kv_dim, int kv_off, size_t es,
+                                  size_t len)
+{
+    int left = n_ctx - (p0 + a * block_size);
+
+    if (left > 0)
+        prefetch_block(cache, block_table, b + a, left < block_size ? left : block_size, block_size,
+                       kv_dim, kv_off, es, len);
+}
+
+/* sums (g heads of nc vectors each, head_dim apart) += the n rows of v at v (row bytes apart)
+ * weighted by each head's scores (max_ctx apart), position by position in order. */
+T512 ALWAYS_INLINE void add_values16(float *sums, const float *scores, int max_ctx, const char *v,
+                                     size_t row, int n, int g, int nc, enum lora_dtype dtype)
+{
+    __m512 acc[PASS_VALUES16 / 16];
+
+#pragma GCC unroll 4
+    for (int j = 0; j < g; j++)
+#pragma GCC unroll 8
+        for (int c = 0; c < nc; c++)
+            acc[j * nc + c] = _mm512_load_ps(sums + (size_t)(j * nc + c) * 16);
+    for (int i = 0; i < n; i++, v += row) {
+        __m512 vv[MAX_CHUNKS16];
+#pragma GCC unroll 8
+        for (int c = 0; c < nc; c++)
+            vv[c] = lora_cpu_widen16(v, 16 * c, dtype);
+#pragma GCC unroll 4
+        for (int j = 0; j < g; j++) {
+            __m512 sv = _mm512_set1_ps(scores[(size_t)j * max_ctx + i]);
+#pragma GCC unroll 8
+            for (int c = 0; c < nc; c++)
+                acc[j * nc + c] = _mm512_fmadd_ps(sv, vv[c], acc[j * nc + c]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < g; j++)
+#pragma GCC unroll 8
+        for (int c = 0; c < nc; c++)
+            _mm512_store_ps(sums + (size_t)(j * nc + c) * 16, acc[j * nc + c]);
+}
 
 /* attend_one with 16 lanes for nh consecutive query heads of one KV head (q and out at the first
- * head's values; the scores of head j at scores + j * max_ctx), head_dim a multiple of 16 up to
- * 16 * MAX_CHUNKS16. Each head's scores come 16 positions of a block at a time out of one
- * sum_lanes16, each q · k a chain of fused multiply-adds over the head's vectors; its weighted
- * sum of v runs over the positions in order. What a head computes depends on its row, context
- * and block size only: neither on the batch nor on the heads that share its pass. */
+ * head's values; the scores of head j at scores + j * max_ctx), head_dim 64 or 128. Each head's
+ * scores come 16 positions of a block at a time out of one sum_lanes16, each q · k a chain of
+ * fused multiply-adds over the head's vectors; its weighted sum of v runs over the positions in
+ * order. What a head computes depends on its row, context and block size only: neither on the
+ * batch nor on the heads that share its pass. */
 T512 ALWAYS_INLINE void attend_heads16(float *out, const float *q, const void *k_cache,
                                        const void *v_cache, enum lora_dtype dtype,
                                        const int *block_table, int n_ctx, int kv_off, int kv_dim,
                                        int head_dim, int nh, int block_size, float *scores,
                                        int max_ctx)
 {
-    const int nc = head_dim / 16;
+    const int nc = head_dim / 16, per = PASS_VALUES16 / head_dim;
     const __m512 scale = _mm512_set1_ps(1.0f / sqrtf((float)head_dim));
-    size_t es = lora_dtype_size(dtype), row = (size_t)kv_dim * es;
+    size_t es = lora_dtype_size(dtype), row = (size_t)kv_dim * es, len = (size_t)head_dim * es;
+    int ahead = (AHEAD_POSITIONS16 + block_size - 1) / block_size;
 
     for (int p0 = 0, b = 0; p0 < n_ctx; p0 += block_size, b++) {
         const char *k = block_rows(k_cache, block_table, b, block_size, kv_dim, kv_off, es);
         int n = n_ctx - p0 < block_size ? n_ctx - p0 : block_size;
+        prefetch_ahead(k_cache, block_table, b, p0, ahead, n_ctx, block_size, kv_dim, kv_off, es,
+                       len);
         for (int i0 = 0; i0 < n; i0 += 16) {
             int g = n - i0 < 16 ? n - i0 : 16;
             for (int j = 0; j < nh; j++) { /* the 16 rows of k stay in L1 across the heads */
@@ -266,57 +329,47 @@ T512 ALWAYS_INLINE void attend_heads16(float *out, const float *q, const void *k
     }
     for (int j = 0; j < nh; j++)
         softmax16(scores + (size_t)j * max_ctx, n_ctx);
-    __m512 acc[PASS_VALUES16 / 16];
-#pragma GCC unroll 16
-    for (int a = 0; a < PASS_VALUES16 / 16; a++)
-        acc[a] = _mm512_setzero_ps();
+    float sums[LORA_CPU_ATTN_HEADS * 16 * MAX_CHUNKS16] __attribute__((aligned(64)));
+    memset(sums, 0, (size_t)nh * head_dim * sizeof(float));
     for (int p0 = 0, b = 0; p0 < n_ctx; p0 += block_size, b++) {
         const char *v = block_rows(v_cache, block_table, b, block_size, kv_dim, kv_off, es);
         int n = n_ctx - p0 < block_size ? n_ctx - p0 : block_size;
-        for (int i = 0; i < n; i++, v += row) {
-            __m512 vv[MAX_CHUNKS16];
-#pragma GCC unroll 8
-            for (int c = 0; c < MAX_CHUNKS16; c++)
-                if (c < nc)
-                    vv[c] = lora_cpu_widen16(v, 16 * c, dtype);
-#pragma GCC unroll 4
-            for (int j = 0; j < nh; j++) {
-                __m512 sv = _mm512_set1_ps(scores[(size_t)j * max_ctx + p0 + i]);
-#pragma GCC unroll 8
-                for (int c = 0; c < MAX_CHUNKS16; c++)
-                    if (c < nc)
-                        acc[j * nc + c] = _mm512_fmadd_ps(sv, vv[c], acc[j * nc + c]);
-            }
+        prefetch_ahead(v_cache, block_table, b, p0, ahead, n_ctx, block_size, kv_dim, kv_off, es,
+                       len);
+        for (int j = 0; j < nh; j += per) {
+            float *sj = sums + (size_t)j * head_dim;
+            const float *scj = scores + (size_t)j * max_ctx + p0;
+            int g = nh - j < per ? nh - j : per; /* heads whose sums share the registers */
+            if (g == per)
+                add_values16(sj, scj, max_ctx, v, row, n, per, nc, dtype);
+            else if (g == 3 && per > 3)
+                add_values16(sj, scj, max_ctx, v, row, n, 3, nc, dtype);
+            else if (g == 2)
+                add_values16(sj, scj, max_ctx, v, row, n, 2, nc, dtype);
+            else
+                add_values16(sj, scj, max_ctx, v, row, n, 1, nc, dtype);
         }
     }
-#pragma GCC unroll 4
-    for (int j = 0; j < nh; j++)
-#pragma GCC unroll 8
-        for (int c = 0; c < MAX_CHUNKS16; c++)
-            if (c < nc)
-                _mm512_storeu_ps(out + (size_t)j * head_dim + 16 * c, acc[j * nc + c]);
+    memcpy(out, sums, (size_t)nh * head_dim * sizeof(float));
 }
 
-/* attend_heads16 with the dtype, the head's size (64 or 128 values: the heads of the Qwen2 and
- * Llama families) and the heads of the pass constants in each branch, so that no loop tests
- * them and the sums stay in registers. */
+/* attend_heads16 with the dtype and the head's size (64 or 128 values: the heads of the Qwen2
+ * and Llama families) constants in each branch, so that the loops over a head's vectors unroll
+ * and the sums stay in registers. */
 T512 static void attend16(float *out, const float *q, const void *k_cache, const void *v_cache,
                           enum lora_dtype dtype, const int *block_table, int n_ctx, int kv_off,
                           int kv_dim, int head_dim, int nh, int block_size, float *scores,
                           int max_ctx)
 {
-#define HEADS16(dt, hd, n)                                                                         \
-    attend_heads16(out, q, k_cache, v_cache, dt, block_table, n_ctx, kv_off, kv_dim, hd, n,        \
+#define HEADS16(dt, hd)                                                                            \
+    attend_heads16(out, q, k_cache, v_cache, dt, block_table, n_ctx, kv_off, kv_dim, hd, nh,       \
                    block_size, scores, max_ctx)
 #define SIZES16(dt)                                                                                \
     do {                                                                                           \
         if (head_dim == 128)                                                                       \
-            nh == 2 ? HEADS16(dt, 128, 2) : HEADS16(dt, 128, 1);                                   \
+            HEADS16(dt, 128);                                                                      \
         else                                                                                       \
-            nh == 4   ? HEADS16(dt, 64, 4)                                                         \
-            : nh == 3 ? HEADS16(dt, 64, 3)                                                         \
-            : nh == 2 ? HEADS16(dt, 64, 2)                                                         \
-                      : HEADS16(dt, 64, 1);                                                        \
+            HEADS16(dt, 64);                                                                       \
     } while (0)
     switch (dtype) {
     case LORA_DTYPE_F32:
@@ -346,7 +399,7 @@ void lora_cpu_attention(float *out, const float *q, const void *k_cache, const v
 
     /* The path depends on the machine and the head's size, never on the batch. */
     if (avx512 && (head_dim == 64 || head_dim == 128)) {
-        int per_pass = PASS_VALUES16 / head_dim, passes = (group + per_pass - 1) / per_pass;
+        int per_pass = LORA_CPU_ATTN_HEADS, passes = (group + per_pass - 1) / per_pass;
         int max_rows = 0;
         for (int s = 0; s < n_seqs; s++)
             max_rows = seqs[s].n_rows > max_rows ? seqs[s].n_rows : max_rows;

@@ -129,7 +129,7 @@ void lora_cpu_kv_write(void *k_cache, void *v_cache, enum lora_dtype dtype, cons
  * max_ctx >= the longest context in the batch. avx512 (the backend's isa): 16-lane vectors for
  * heads of 64 or 128 values, several query heads of a KV head per pass; else 8 lanes, one head
  * at a time. Batch-invariant: a row's output depends on its own query and context only. */
-#define LORA_CPU_ATTN_HEADS 4 /* query heads of one pass at most: the scores each keeps */
+#define LORA_CPU_ATTN_HEADS 8 /* query heads of one pass at most: the scores each keeps */
 void lora_cpu_attention(float *out, const float *q, const void *k_cache, const void *v_cache,
                         enum lora_dtype dtype, const struct lora_attn_seq *seqs, int n_seqs,
                         int n_heads, int n_kv_heads, int head_dim, int block_size, float *scratch,

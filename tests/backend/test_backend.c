@@ -693,7 +693,9 @@ static void case_kv_write(void)
  * over the same keys and values, contiguous. */
 static void attention_case(int block_size, int n_heads, int n_kv_heads, int head_dim)
 {
-    static const int specs[][2] = {{0, 9}, {7, 5}, {20, 1}, {0, 1}, {16, 16}, {33, 1}};
+    /* (context before, rows): prefill chunks and decodes, one long enough that the kernels fetch
+     * rows ahead of their loops */
+    static const int specs[][2] = {{0, 9}, {7, 5}, {20, 1}, {0, 1}, {16, 16}, {33, 1}, {150, 2}};
     enum { N_SEQS = sizeof(specs) / sizeof(specs[0]) };
     int kv_dim = n_kv_heads * head_dim, q_dim = n_heads * head_dim, group = n_heads / n_kv_heads;
     int n_rows = 0, max_ctx = 0, n_blocks = 0, first_block[N_SEQS], first_row[N_SEQS];
@@ -798,10 +800,14 @@ static void case_attention(void)
     attention_case(16, 4, 2, 16);
     attention_case(5, 4, 1, 6);
     attention_case(1, 3, 3, 8);
-    /* The heads AVX-512 takes 16 lanes at a time, several query heads per pass: 14 over 2 KV
-     * heads (the 0.5B model's: passes of 4 and 3), 4 over 1 (passes of 2), 2 over 2 (1). */
+    /* The heads AVX-512 takes 16 lanes at a time, all the query heads of a KV head (up to 8) in
+     * one pass, their sums of v 256 values at a time: 14 over 2 KV heads (the 0.5B model's: 7,
+     * summed 4 and 3 at a time), 16 over 1 (passes of 8), 4 over 1 and 3 over 1 of 128 values
+     * (summed 2 and 2, 2 and 1), 2 over 2 (1). */
     attention_case(16, 14, 2, 64);
+    attention_case(4, 16, 1, 64);
     attention_case(20, 4, 1, 128); /* blocks of 20: a block's second group of positions is 4 */
+    attention_case(7, 3, 1, 128);
     attention_case(3, 2, 2, 128);
 }
 

@@ -8,11 +8,13 @@
  *   build/main/tests/bench/bench_model [--model DIR] [--quick] [--only SECTION]
  *                                      [--precisions LIST] [--rounds N]
  *
- * SECTION is one of decode, batch, adapters, prefill, matmul (default: all of them). LIST is
- * comma-separated from float32, bfloat16, bfloat16-fast, float16, int8 (default float32,
+ * SECTION is one of decode, batch, adapters, prefill, context, matmul (default: all of them).
+ * LIST is comma-separated from float32, bfloat16, bfloat16-fast, float16, int8 (default float32,
  * bfloat16, bfloat16-fast, int8). Without --model it generates the model (bfloat16, tied
  * embeddings) and eight rank-16 adapters over all seven projections into a temporary directory,
- * and removes them afterwards; with --model the adapters are generated for that model.
+ * and removes them afterwards; with --model the adapters are generated for that model. The
+ * context section decodes after a prompt of 4,064 tokens with the KV cache in float32 and in
+ * bfloat16: each of its runs prefills that prompt first, so it takes minutes.
  * --quick uses a small model, to check that the benchmark runs.
  */
 #include <cblas.h>
@@ -40,6 +42,9 @@
 #define REPEATS 3
 /* New tokens of a single-sequence decode run: enough that a run outlasts the probes around it. */
 #define DECODE_TOKENS 32
+/* The longest prompt: the context section's, which decodes DECODE_TOKENS more up to the
+ * generated model's 4096 positions. */
+#define MAX_PROMPT (4096 - DECODE_TOKENS)
 
 static int fail(const char *what, const char *err)
 {
@@ -103,7 +108,7 @@ struct bench {
     struct variant v[MAX_VARIANTS];
     int n_variants;
     int rounds;
-    int prompt[256];
+    int prompt[MAX_PROMPT];
     int n_prompt;
     int max_tokens;
 };
@@ -305,7 +310,7 @@ int main(int argc, char **argv)
     }
     for (int i = 0; i < b.n_prompt; i++)
         b.prompt[i] = 1 + i * 7;
-    for (int i = b.n_prompt; i < 256; i++)
+    for (int i = b.n_prompt; i < MAX_PROMPT; i++)
         b.prompt[i] = 1 + (i * 37) % 250;
     b.be = lora_backend_open("cpu", err, sizeof(err));
     if (!b.be)
@@ -437,6 +442,33 @@ int main(int argc, char **argv)
                        b.v[i].name, tok, rate / 1e9, 100 * rate / bound, of);
             else
                 printf("  %-14s %8.1f tokens/s  %6.1f GFLOP/s\n", b.v[i].name, tok, rate / 1e9);
+        }
+    }
+    if (SECTION("context")) {
+        /* The KV cache's dtype where it weighs: a long context, whose keys and values every
+         * decoded token reads in each layer next to the weights. */
+        int n = quick ? 64 : MAX_PROMPT, kv_row = 2 * c->n_layers * c->n_kv_heads * c->head_dim;
+        enum lora_dtype kvs[] = {LORA_DTYPE_F32, LORA_DTYPE_BF16};
+        double t[MAX_VARIANTS][2][16];
+        b.max_tokens = DECODE_TOKENS;
+        for (int r = 0; r < b.rounds; r++)
+            for (int k = 0; k < 2 * b.n_variants; k++) {
+                int i = (k / 2 + r) % b.n_variants, d = (k + r) % 2;
+                enum lora_dtype own = b.v[i].kv;
+                b.v[i].kv = kvs[d];
+                struct lora_generate_stats st = run(&b, &b.v[i], 1, 0, n, b.max_tokens);
+                b.v[i].kv = own;
+                t[i][d][r] = st.n_decode_tokens / st.decode_seconds;
+            }
+        b.max_tokens = 16;
+        printf("\nsingle-sequence decode after a %d-token prompt, %d new tokens, KV cache float32 "
+               "against bfloat16 (keys and values read per token: %.1f MB and %.1f MB):\n",
+               n, DECODE_TOKENS, (double)kv_row * n * 4 / 1e6, (double)kv_row * n * 2 / 1e6);
+        for (int i = 0; i < b.n_variants; i++) {
+            double f32 = median(t[i][0], b.rounds), bf16 = median(t[i][1], b.rounds);
+            printf("  %-14s KV float32 %7.2f tokens/s  KV bfloat16 %7.2f tokens/s  %.3fx  (weights "
+                   "%.3f GB a token)\n",
+                   b.v[i].name, f32, bf16, bf16 / f32, b.v[i].m->weight_bytes / 1e9);
         }
     }
     if (SECTION("matmul")) {
