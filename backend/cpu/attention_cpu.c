@@ -1,8 +1,10 @@
-/* attention_cpu: the CPU backend's attention over the paged KV cache (see kernels_cpu.h), one
- * query row of a head at a time in 8 lanes, or, where the CPU has AVX-512 and a head has 64 or
- * 128 values, several query heads of one KV head per pass in 16 lanes (docs/design.md,
- * "Attention in 16 lanes"). A 16-bit cache is widened to float32 as it is read (exactly); every
- * row's output depends on its own query and context only, whatever the batch. */
+/* attention_cpu: the CPU backend's attention over the paged KV cache (see kernels_cpu.h). A
+ * pass takes one query row and the query heads of one KV head (up to LORA_CPU_ATTN_HEADS), block
+ * by block, so that each position's k and v are read from memory once for all of them: in 8
+ * lanes, or, where the CPU has AVX-512 and a head has 64 or 128 values, in 16 (docs/design.md,
+ * "Attention in 16 lanes" and "Fetching k and v ahead"). A 16-bit cache is widened to float32 as
+ * it is read (exactly); every row's output depends on its own query and context only, whatever
+ * the batch. */
 #include "backend/cpu/exp_cpu.h"
 #include "backend/cpu/kernels_cpu.h"
 #include "backend/cpu/widen_cpu.h"
@@ -38,6 +40,34 @@ ALWAYS_INLINE const char *block_rows(const void *cache, const int *block_table, 
     return (const char *)cache + ((size_t)block_table[b] * block_size * kv_dim + kv_off) * es;
 }
 
+/* Positions ahead of the loops that fetch a head's rows of k and v: its slice of a cache row is
+ * a few lines among the other KV heads', too broken a pattern for the hardware to fetch ahead,
+ * and the loops waited on memory (docs/design.md, "Attention in 16 lanes"). */
+#define AHEAD_POSITIONS 32
+
+/* Fetches into L1 the head's slice (len bytes at kv_off) of the first n rows of block b. */
+ALWAYS_INLINE void prefetch_block(const void *cache, const int *block_table, int b, int n,
+                                  int block_size, int kv_dim, int kv_off, size_t es, size_t len)
+{
+    const char *r = block_rows(cache, block_table, b, block_size, kv_dim, kv_off, es);
+
+    for (int i = 0; i < n; i++, r += (size_t)kv_dim * es)
+        for (size_t c = 0; c < len; c += 64)
+            _mm_prefetch(r + c, _MM_HINT_T0);
+}
+
+/* Block b's rows a blocks ahead of position p0 (none past n_ctx), fetched. */
+ALWAYS_INLINE void prefetch_ahead(const void *cache, const int *block_table, int b, int p0, int a,
+                                  int n_ctx, int block_size, int kv_dim, int kv_off, size_t es,
+                                  size_t len)
+{
+    int left = n_ctx - (p0 + a * block_size);
+
+    if (left > 0)
+        prefetch_block(cache, block_table, b + a, left < block_size ? left : block_size, block_size,
+                       kv_dim, kv_off, es, len);
+}
+
 /* scores[0, n) replaced by their softmax: the maximum subtracted, exp8 in vectors of 8 (the tail
  * through a padded vector, as lora_cpu_silu_mul's), then divided by their sum taken in order. */
 static void softmax(float *scores, int n)
@@ -63,92 +93,116 @@ static void softmax(float *scores, int n)
         scores[p] /= sum;
 }
 
-/* One query row of one head against positions [0, n_ctx) of its sequence. The scores take four
- * positions at a time (four independent chains of the same order as dot_kv); the weighted sum of
- * v runs over the positions in order for each group of 8 (or 1) output values, held in
- * registers: every value adds the same products in the same order as one position at a time. */
-ALWAYS_INLINE void attend_one(float *out, const float *q, const void *k_cache, const void *v_cache,
-                              enum lora_dtype dtype, const int *block_table, int n_ctx, int kv_off,
-                              int kv_dim, int head_dim, int block_size, float *scores)
+/* head_dim output values (sums) += the n rows of v at v (row bytes apart) weighted by scores,
+ * position by position in order, for each group of 8 (or 1) values. */
+ALWAYS_INLINE void add_values8(float *sums, const float *scores, const char *v, size_t row, int n,
+                               int head_dim, enum lora_dtype dtype)
 {
-    float scale = 1.0f / sqrtf((float)head_dim);
-    size_t es = lora_dtype_size(dtype), row = (size_t)kv_dim * es;
-
-    for (int p0 = 0, b = 0; p0 < n_ctx; p0 += block_size, b++) {
-        const char *k = block_rows(k_cache, block_table, b, block_size, kv_dim, kv_off, es);
-        int n = n_ctx - p0 < block_size ? n_ctx - p0 : block_size, i = 0;
-        for (; i + 4 <= n; i += 4) {
-            float s0 = dot_kv(q, k + (size_t)i * row, head_dim, dtype);
-            float s1 = dot_kv(q, k + (size_t)(i + 1) * row, head_dim, dtype);
-            float s2 = dot_kv(q, k + (size_t)(i + 2) * row, head_dim, dtype);
-            float s3 = dot_kv(q, k + (size_t)(i + 3) * row, head_dim, dtype);
-            scores[p0 + i] = s0 * scale;
-            scores[p0 + i + 1] = s1 * scale;
-            scores[p0 + i + 2] = s2 * scale;
-            scores[p0 + i + 3] = s3 * scale;
-        }
-        for (; i < n; i++)
-            scores[p0 + i] = dot_kv(q, k + (size_t)i * row, head_dim, dtype) * scale;
-    }
-    softmax(scores, n_ctx);
     int d = 0;
+
     for (; d + 32 <= head_dim; d += 32) {
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-        for (int p0 = 0, b = 0; p0 < n_ctx; p0 += block_size, b++) {
-            const char *v = block_rows(v_cache, block_table, b, block_size, kv_dim, kv_off, es);
-            int n = n_ctx - p0 < block_size ? n_ctx - p0 : block_size;
-            for (int i = 0; i < n; i++, v += row) {
-                __m256 wv = _mm256_set1_ps(scores[p0 + i]);
-                a0 = _mm256_add_ps(a0, _mm256_mul_ps(wv, lora_cpu_widen8(v, d, dtype)));
-                a1 = _mm256_add_ps(a1, _mm256_mul_ps(wv, lora_cpu_widen8(v, d + 8, dtype)));
-                a2 = _mm256_add_ps(a2, _mm256_mul_ps(wv, lora_cpu_widen8(v, d + 16, dtype)));
-                a3 = _mm256_add_ps(a3, _mm256_mul_ps(wv, lora_cpu_widen8(v, d + 24, dtype)));
-            }
+        __m256 a0 = _mm256_loadu_ps(sums + d), a1 = _mm256_loadu_ps(sums + d + 8);
+        __m256 a2 = _mm256_loadu_ps(sums + d + 16), a3 = _mm256_loadu_ps(sums + d + 24);
+        const char *vi = v;
+        for (int i = 0; i < n; i++, vi += row) {
+            __m256 wv = _mm256_set1_ps(scores[i]);
+            a0 = _mm256_add_ps(a0, _mm256_mul_ps(wv, lora_cpu_widen8(vi, d, dtype)));
+            a1 = _mm256_add_ps(a1, _mm256_mul_ps(wv, lora_cpu_widen8(vi, d + 8, dtype)));
+            a2 = _mm256_add_ps(a2, _mm256_mul_ps(wv, lora_cpu_widen8(vi, d + 16, dtype)));
+            a3 = _mm256_add_ps(a3, _mm256_mul_ps(wv, lora_cpu_widen8(vi, d + 24, dtype)));
         }
-        _mm256_storeu_ps(out + d, a0);
-        _mm256_storeu_ps(out + d + 8, a1);
-        _mm256_storeu_ps(out + d + 16, a2);
-        _mm256_storeu_ps(out + d + 24, a3);
+        _mm256_storeu_ps(sums + d, a0);
+        _mm256_storeu_ps(sums + d + 8, a1);
+        _mm256_storeu_ps(sums + d + 16, a2);
+        _mm256_storeu_ps(sums + d + 24, a3);
     }
-    for (; d < head_dim; d += d + 8 <= head_dim ? 8 : 1) {
-        bool vec = d + 8 <= head_dim;
-        __m256 a = _mm256_setzero_ps();
-        float s = 0;
-        for (int p0 = 0, b = 0; p0 < n_ctx; p0 += block_size, b++) {
-            const char *v = block_rows(v_cache, block_table, b, block_size, kv_dim, kv_off, es);
-            int n = n_ctx - p0 < block_size ? n_ctx - p0 : block_size;
-            for (int i = 0; i < n; i++, v += row) {
-                if (vec)
-                    a = _mm256_add_ps(a, _mm256_mul_ps(_mm256_set1_ps(scores[p0 + i]),
-                                                       lora_cpu_widen8(v, d, dtype)));
-                else
-                    s += scores[p0 + i] * lora_cpu_widen(v, d, dtype);
-            }
-        }
-        if (vec)
-            _mm256_storeu_ps(out + d, a);
-        else
-            out[d] = s;
+    for (; d + 8 <= head_dim; d += 8) {
+        __m256 a = _mm256_loadu_ps(sums + d);
+        const char *vi = v;
+        for (int i = 0; i < n; i++, vi += row)
+            a = _mm256_add_ps(
+                a, _mm256_mul_ps(_mm256_set1_ps(scores[i]), lora_cpu_widen8(vi, d, dtype)));
+        _mm256_storeu_ps(sums + d, a);
+    }
+    for (; d < head_dim; d++) {
+        float a = sums[d];
+        const char *vi = v;
+        for (int i = 0; i < n; i++, vi += row)
+            a += scores[i] * lora_cpu_widen(vi, d, dtype);
+        sums[d] = a;
     }
 }
 
-/* attend_one with dtype a constant in each branch, so each loop reads its type directly. */
-static void attend(float *out, const float *q, const void *k_cache, const void *v_cache,
-                   enum lora_dtype dtype, const int *block_table, int n_ctx, int kv_off, int kv_dim,
-                   int head_dim, int block_size, float *scores)
+/* nh consecutive query heads of one KV head (q and out at the first head's values, head_dim
+ * apart; head j's scores at scores + j * max_ctx) against positions [0, n_ctx) of their
+ * sequence, block by block, so that a block's rows of k and v, read from memory once, serve
+ * every head from L1. The scores take four positions at a time (four independent chains of the
+ * same order as dot_kv); the weighted sum of v runs over the positions in order for each group
+ * of 8 (or 1) output values, carried in out from one block to the next: every value adds the
+ * same products in the same order whichever heads share the pass. */
+ALWAYS_INLINE void attend_heads8(float *out, const float *q, const void *k_cache,
+                                 const void *v_cache, enum lora_dtype dtype, const int *block_table,
+                                 int n_ctx, int kv_off, int kv_dim, int head_dim, int nh,
+                                 int block_size, float *scores, int max_ctx)
+{
+    float scale = 1.0f / sqrtf((float)head_dim);
+    size_t es = lora_dtype_size(dtype), row = (size_t)kv_dim * es, len = (size_t)head_dim * es;
+    int ahead = (AHEAD_POSITIONS + block_size - 1) / block_size;
+
+    for (int p0 = 0, b = 0; p0 < n_ctx; p0 += block_size, b++) {
+        const char *k = block_rows(k_cache, block_table, b, block_size, kv_dim, kv_off, es);
+        int n = n_ctx - p0 < block_size ? n_ctx - p0 : block_size;
+        prefetch_ahead(k_cache, block_table, b, p0, ahead, n_ctx, block_size, kv_dim, kv_off, es,
+                       len);
+        for (int j = 0; j < nh; j++) {
+            const float *qj = q + (size_t)j * head_dim;
+            float *sj = scores + (size_t)j * max_ctx + p0;
+            int i = 0;
+            for (; i + 4 <= n; i += 4) {
+                float s0 = dot_kv(qj, k + (size_t)i * row, head_dim, dtype);
+                float s1 = dot_kv(qj, k + (size_t)(i + 1) * row, head_dim, dtype);
+                float s2 = dot_kv(qj, k + (size_t)(i + 2) * row, head_dim, dtype);
+                float s3 = dot_kv(qj, k + (size_t)(i + 3) * row, head_dim, dtype);
+                sj[i] = s0 * scale;
+                sj[i + 1] = s1 * scale;
+                sj[i + 2] = s2 * scale;
+                sj[i + 3] = s3 * scale;
+            }
+            for (; i < n; i++)
+                sj[i] = dot_kv(qj, k + (size_t)i * row, head_dim, dtype) * scale;
+        }
+    }
+    for (int j = 0; j < nh; j++)
+        softmax(scores + (size_t)j * max_ctx, n_ctx);
+    memset(out, 0, (size_t)nh * head_dim * sizeof(float));
+    for (int p0 = 0, b = 0; p0 < n_ctx; p0 += block_size, b++) {
+        const char *v = block_rows(v_cache, block_table, b, block_size, kv_dim, kv_off, es);
+        int n = n_ctx - p0 < block_size ? n_ctx - p0 : block_size;
+        prefetch_ahead(v_cache, block_table, b, p0, ahead, n_ctx, block_size, kv_dim, kv_off, es,
+                       len);
+        for (int j = 0; j < nh; j++)
+            add_values8(out + (size_t)j * head_dim, scores + (size_t)j * max_ctx + p0, v, row, n,
+                        head_dim, dtype);
+    }
+}
+
+/* attend_heads8 with dtype a constant in each branch, so each loop reads its type directly. */
+static void attend8(float *out, const float *q, const void *k_cache, const void *v_cache,
+                    enum lora_dtype dtype, const int *block_table, int n_ctx, int kv_off,
+                    int kv_dim, int head_dim, int nh, int block_size, float *scores, int max_ctx)
 {
     switch (dtype) {
     case LORA_DTYPE_F32:
-        attend_one(out, q, k_cache, v_cache, LORA_DTYPE_F32, block_table, n_ctx, kv_off, kv_dim,
-                   head_dim, block_size, scores);
+        attend_heads8(out, q, k_cache, v_cache, LORA_DTYPE_F32, block_table, n_ctx, kv_off, kv_dim,
+                      head_dim, nh, block_size, scores, max_ctx);
         break;
     case LORA_DTYPE_BF16:
-        attend_one(out, q, k_cache, v_cache, LORA_DTYPE_BF16, block_table, n_ctx, kv_off, kv_dim,
-                   head_dim, block_size, scores);
+        attend_heads8(out, q, k_cache, v_cache, LORA_DTYPE_BF16, block_table, n_ctx, kv_off, kv_dim,
+                      head_dim, nh, block_size, scores, max_ctx);
         break;
     default:
-        attend_one(out, q, k_cache, v_cache, LORA_DTYPE_F16, block_table, n_ctx, kv_off, kv_dim,
-                   head_dim, block_size, scores);
+        attend_heads8(out, q, k_cache, v_cache, LORA_DTYPE_F16, block_table, n_ctx, kv_off, kv_dim,
+                      head_dim, nh, block_size, scores, max_ctx);
         break;
     }
 }
@@ -218,34 +272,6 @@ T512 static void softmax16(float *scores, int n)
  * PASS_VALUES16 / head_dim heads at a time stay in 16 registers while a block's rows of v, in L1,
  * pass under them. */
 #define PASS_VALUES16 256
-/* Positions ahead of the loops that fetch a head's rows of k and v: its slice of a cache row is
- * a few lines among the other KV heads', too broken a pattern for the hardware to fetch ahead,
- * and the loops waited on memory (docs/design.md, "Attention in 16 lanes"). */
-#define AHEAD_POSITIONS16 32
-
-/* Fetches into L1 the head's slice (len bytes at kv_off) of the first n rows of block b. */
-ALWAYS_INLINE void prefetch_block(const void *cache, const int *block_table, int b, int n,
-                                  int block_size, int kv_dim, int kv_off, size_t es, size_t len)
-{
-    const char *r = block_rows(cache, block_table, b, block_size, kv_dim, kv_off, es);
-
-    for (int i = 0; i < n; i++, r += (size_t)kv_dim * es)
-        for (size_t c = 0; c < len; c += 64)
-            _mm_prefetch(r + c, _MM_HINT_T0);
-}
-
-/* Block b's rows a blocks ahead of position p0 (none past n_ctx), fetched. */
-ALWAYS_INLINE void prefetch_ahead(const void *cache, const int *block_table, int b, int p0, int a,
-                                  int n_ctx, int block_size, int kv_dim, int kv_off, size_t es,
-                                  size_t len)
-{
-    int left = n_ctx - (p0 + a * block_size);
-
-    if (left > 0)
-        prefetch_block(cache, block_table, b + a, left < block_size ? left : block_size, block_size,
-                       kv_dim, kv_off, es, len);
-}
-
 /* sums (g heads of nc vectors each, head_dim apart) += the n rows of v at v (row bytes apart)
  * weighted by each head's scores (max_ctx apart), position by position in order. */
 T512 ALWAYS_INLINE void add_values16(float *sums, const float *scores, int max_ctx, const char *v,
@@ -293,7 +319,7 @@ T512 ALWAYS_INLINE void attend_heads16(float *out, const float *q, const void *k
     const int nc = head_dim / 16, per = PASS_VALUES16 / head_dim;
     const __m512 scale = _mm512_set1_ps(1.0f / sqrtf((float)head_dim));
     size_t es = lora_dtype_size(dtype), row = (size_t)kv_dim * es, len = (size_t)head_dim * es;
-    int ahead = (AHEAD_POSITIONS16 + block_size - 1) / block_size;
+    int ahead = (AHEAD_POSITIONS + block_size - 1) / block_size;
 
     for (int p0 = 0, b = 0; p0 < n_ctx; p0 += block_size, b++) {
         const char *k = block_rows(k_cache, block_table, b, block_size, kv_dim, kv_off, es);
@@ -398,47 +424,32 @@ void lora_cpu_attention(float *out, const float *q, const void *k_cache, const v
     int group = n_heads / n_kv_heads;
 
     /* The path depends on the machine and the head's size, never on the batch. */
-    if (avx512 && (head_dim == 64 || head_dim == 128)) {
-        int per_pass = LORA_CPU_ATTN_HEADS, passes = (group + per_pass - 1) / per_pass;
-        int max_rows = 0;
-        for (int s = 0; s < n_seqs; s++)
-            max_rows = seqs[s].n_rows > max_rows ? seqs[s].n_rows : max_rows;
-        int chunks = (max_rows + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM;
-        /* Work items: (sequence, KV head, pass over its query heads, chunk of rows). */
+    bool wide = avx512 && (head_dim == 64 || head_dim == 128);
+    int per_pass = LORA_CPU_ATTN_HEADS, passes = (group + per_pass - 1) / per_pass;
+    int max_rows = 0;
+    for (int s = 0; s < n_seqs; s++)
+        max_rows = seqs[s].n_rows > max_rows ? seqs[s].n_rows : max_rows;
+    int chunks = (max_rows + ROWS_PER_ITEM - 1) / ROWS_PER_ITEM;
+    /* Work items: (sequence, KV head, pass over its query heads, chunk of rows). */
 #pragma omp parallel for collapse(4) schedule(dynamic, 1)
-        for (int s = 0; s < n_seqs; s++)
-            for (int kvh = 0; kvh < n_kv_heads; kvh++)
-                for (int pass = 0; pass < passes; pass++)
-                    for (int ch = 0; ch < chunks; ch++) {
-                        const struct lora_attn_seq *sq = &seqs[s];
-                        int h = kvh * group + pass * per_pass;
-                        int nh =
-                            group - pass * per_pass < per_pass ? group - pass * per_pass : per_pass;
-                        float *scores =
-                            scratch + (size_t)omp_get_thread_num() * LORA_CPU_ATTN_HEADS * max_ctx;
-                        int r1 = (ch + 1) * ROWS_PER_ITEM;
-                        r1 = r1 < sq->n_rows ? r1 : sq->n_rows;
-                        for (int r = ch * ROWS_PER_ITEM; r < r1; r++) {
-                            size_t off = (size_t)(sq->row + r) * q_dim + (size_t)h * head_dim;
-                            attend16(out + off, q + off, k_cache, v_cache, dtype, sq->block_table,
-                                     sq->pos + r + 1, kvh * head_dim, kv_dim, head_dim, nh,
-                                     block_size, scores, max_ctx);
-                        }
+    for (int s = 0; s < n_seqs; s++)
+        for (int kvh = 0; kvh < n_kv_heads; kvh++)
+            for (int pass = 0; pass < passes; pass++)
+                for (int ch = 0; ch < chunks; ch++) {
+                    const struct lora_attn_seq *sq = &seqs[s];
+                    int h = kvh * group + pass * per_pass;
+                    int nh =
+                        group - pass * per_pass < per_pass ? group - pass * per_pass : per_pass;
+                    float *scores =
+                        scratch + (size_t)omp_get_thread_num() * LORA_CPU_ATTN_HEADS * max_ctx;
+                    int r1 = (ch + 1) * ROWS_PER_ITEM;
+                    r1 = r1 < sq->n_rows ? r1 : sq->n_rows;
+                    for (int r = ch * ROWS_PER_ITEM; r < r1; r++) {
+                        size_t off = (size_t)(sq->row + r) * q_dim + (size_t)h * head_dim;
+                        (wide ? attend16 : attend8)(out + off, q + off, k_cache, v_cache, dtype,
+                                                    sq->block_table, sq->pos + r + 1,
+                                                    kvh * head_dim, kv_dim, head_dim, nh,
+                                                    block_size, scores, max_ctx);
                     }
-        return;
-    }
-    /* Work items are (sequence, head) pairs; a prefill's rows share their head's cache reads. */
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
-    for (int s = 0; s < n_seqs; s++) {
-        for (int h = 0; h < n_heads; h++) {
-            const struct lora_attn_seq *sq = &seqs[s];
-            float *scores = scratch + (size_t)omp_get_thread_num() * LORA_CPU_ATTN_HEADS * max_ctx;
-            for (int r = 0; r < sq->n_rows; r++) {
-                size_t off = (size_t)(sq->row + r) * q_dim + (size_t)h * head_dim;
-                attend(out + off, q + off, k_cache, v_cache, dtype, sq->block_table,
-                       sq->pos + r + 1, (h / group) * head_dim, kv_dim, head_dim, block_size,
-                       scores);
-            }
-        }
-    }
+                }
 }
