@@ -42,7 +42,7 @@ ALWAYS_INLINE const char *block_rows(const void *cache, const int *block_table, 
 
 /* Positions ahead of the loops that fetch a head's rows of k and v: its slice of a cache row is
  * a few lines among the other KV heads', too broken a pattern for the hardware to fetch ahead,
- * and the loops waited on memory (docs/design.md, "Attention in 16 lanes"). */
+ * and the loops waited on memory (docs/design.md, "Fetching k and v ahead"). */
 #define AHEAD_POSITIONS 32
 
 /* Fetches into L1 the head's slice (len bytes at kv_off) of the first n rows of block b. */
@@ -272,6 +272,7 @@ T512 static void softmax16(float *scores, int n)
  * PASS_VALUES16 / head_dim heads at a time stay in 16 registers while a block's rows of v, in L1,
  * pass under them. */
 #define PASS_VALUES16 256
+
 /* sums (g heads of nc vectors each, head_dim apart) += the n rows of v at v (row bytes apart)
  * weighted by each head's scores (max_ctx apart), position by position in order. */
 T512 ALWAYS_INLINE void add_values16(float *sums, const float *scores, int max_ctx, const char *v,
