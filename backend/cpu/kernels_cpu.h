@@ -126,9 +126,9 @@ void lora_cpu_kv_write(void *k_cache, void *v_cache, enum lora_dtype dtype, cons
 /* out (rows, n_heads * head_dim) = softmax(q · kᵀ / sqrt(head_dim)) · v over the paged cache
  * (dtype F32, BF16 or F16, widened to float32), grouped-query: query head h reads KV head
  * h / (n_heads / n_kv_heads). scratch holds n_threads * LORA_CPU_ATTN_HEADS * max_ctx floats,
- * max_ctx >= the longest context in the batch. avx512 (the backend's isa): 16-lane vectors for
- * heads of 64 or 128 values, several query heads of a KV head per pass; else 8 lanes, one head
- * at a time. Batch-invariant: a row's output depends on its own query and context only. */
+ * max_ctx >= the longest context in the batch. A pass takes the query heads of one KV head,
+ * in 16-lane vectors where avx512 (the backend's isa) and heads of 64 or 128 values, else in 8
+ * lanes. Batch-invariant: a row's output depends on its own query and context only. */
 #define LORA_CPU_ATTN_HEADS 8 /* query heads of one pass at most: the scores each keeps */
 void lora_cpu_attention(float *out, const float *q, const void *k_cache, const void *v_cache,
                         enum lora_dtype dtype, const struct lora_attn_seq *seqs, int n_seqs,
