@@ -284,7 +284,7 @@ T512 ALWAYS_INLINE void add_values16(float *sums, const float *scores, int max_c
     for (int j = 0; j < g; j++)
 #pragma GCC unroll 8
         for (int c = 0; c < nc; c++)
-            acc[j * nc + c] = _mm512_load_ps(sums + (size_t)(j * nc + c) * 16);
+            acc[j * nc + c] = _mm512_loadu_ps(sums + (size_t)(j * nc + c) * 16);
     for (int i = 0; i < n; i++, v += row) {
         __m512 vv[MAX_CHUNKS16];
 #pragma GCC unroll 8
@@ -302,15 +302,14 @@ T512 ALWAYS_INLINE void add_values16(float *sums, const float *scores, int max_c
     for (int j = 0; j < g; j++)
 #pragma GCC unroll 8
         for (int c = 0; c < nc; c++)
-            _mm512_store_ps(sums + (size_t)(j * nc + c) * 16, acc[j * nc + c]);
+            _mm512_storeu_ps(sums + (size_t)(j * nc + c) * 16, acc[j * nc + c]);
 }
 
-/* attend_one with 16 lanes for nh consecutive query heads of one KV head (q and out at the first
- * head's values; the scores of head j at scores + j * max_ctx), head_dim 64 or 128. Each head's
- * scores come 16 positions of a block at a time out of one sum_lanes16, each q · k a chain of
- * fused multiply-adds over the head's vectors; its weighted sum of v runs over the positions in
- * order. What a head computes depends on its row, context and block size only: neither on the
- * batch nor on the heads that share its pass. */
+/* attend_heads8 in 16 lanes, head_dim 64 or 128. Each head's scores come 16 positions of a block
+ * at a time out of one sum_lanes16, each q · k a chain of fused multiply-adds over the head's
+ * vectors; its weighted sum of v runs over the positions in order, carried in out from one block
+ * to the next. What a head computes depends on its row, context and block size only: neither on
+ * the batch nor on the heads that share its pass. */
 T512 ALWAYS_INLINE void attend_heads16(float *out, const float *q, const void *k_cache,
                                        const void *v_cache, enum lora_dtype dtype,
                                        const int *block_table, int n_ctx, int kv_off, int kv_dim,
@@ -356,15 +355,14 @@ T512 ALWAYS_INLINE void attend_heads16(float *out, const float *q, const void *k
     }
     for (int j = 0; j < nh; j++)
         softmax16(scores + (size_t)j * max_ctx, n_ctx);
-    float sums[LORA_CPU_ATTN_HEADS * 16 * MAX_CHUNKS16] __attribute__((aligned(64)));
-    memset(sums, 0, (size_t)nh * head_dim * sizeof(float));
+    memset(out, 0, (size_t)nh * head_dim * sizeof(float));
     for (int p0 = 0, b = 0; p0 < n_ctx; p0 += block_size, b++) {
         const char *v = block_rows(v_cache, block_table, b, block_size, kv_dim, kv_off, es);
         int n = n_ctx - p0 < block_size ? n_ctx - p0 : block_size;
         prefetch_ahead(v_cache, block_table, b, p0, ahead, n_ctx, block_size, kv_dim, kv_off, es,
                        len);
         for (int j = 0; j < nh; j += per) {
-            float *sj = sums + (size_t)j * head_dim;
+            float *sj = out + (size_t)j * head_dim;
             const float *scj = scores + (size_t)j * max_ctx + p0;
             int g = nh - j < per ? nh - j : per; /* heads whose sums share the registers */
             if (g == per)
@@ -377,7 +375,6 @@ T512 ALWAYS_INLINE void attend_heads16(float *out, const float *q, const void *k
                 add_values16(sj, scj, max_ctx, v, row, n, 1, nc, dtype);
         }
     }
-    memcpy(out, sums, (size_t)nh * head_dim * sizeof(float));
 }
 
 /* attend_heads16 with the dtype and the head's size (64 or 128 values: the heads of the Qwen2
