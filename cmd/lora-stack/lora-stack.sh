@@ -332,7 +332,10 @@ alive() {
 wait_ready() {
     local line="" part="" deadline=$((SECONDS + READY_TIMEOUT)) n fd rc=1
     NOT_READY=$1
-    exec {fd}< "$RUN_DIR/ready/$1"
+    # Read-write: opening a FIFO only for reading blocks until a writer opens it, and a program
+    # that dies at once takes its reader (the writer) with it before this opens; the loop below
+    # sees its exit instead.
+    exec {fd}<> "$RUN_DIR/ready/$1"
     while :; do
         # A read that times out keeps what it had read of the line (bash reads a pipe a byte at
         # a time, and a busy machine can stop it mid-line): the next read completes it.
@@ -719,8 +722,12 @@ cmd_up() {
         MODULES UNHEALTHY_TIMEOUT ENGINE_ARGS WORKER_ARGS FRONTEND_ARGS METRICS_ARGS) \
         setsid "$SELF" _supervise "$RUN_DIR" < /dev/null >> "$RUN_DIR/supervisor.log" 2>&1 &
     echo $! > "$RUN_DIR/supervisor.pid"
-    local answer=""
-    read -r -t "$((READY_TIMEOUT * 3))" answer < "$RUN_DIR/up.fifo" || true
+    local answer="" fd
+    # Read-write, as wait_ready: the timeout bounds the read, and it could not bound the open of a
+    # FIFO no supervisor ever opened for writing.
+    exec {fd}<> "$RUN_DIR/up.fifo"
+    read -r -t "$((READY_TIMEOUT * 3))" -u "$fd" answer || true
+    exec {fd}<&-
     rm -f "$RUN_DIR/up.fifo"
     case $answer in
     ready*)
