@@ -99,6 +99,8 @@ EMU_CXXFLAGS := -O2 -g -std=c++20 -D_GNU_SOURCE -DLORA_CUDA=1 -DLORA_CUDA_EMU=1 
 EMU_OBJ  := $(patsubst backend/cuda/%.cu,$(EMU_DIR)/backend/cuda/%.o,$(wildcard backend/cuda/*.cu)) \
             $(EMU_DIR)/backend/cuda/emu/cuda_emu.o $(EMU_DIR)/backend/backend.o
 CUDA_EMU_TEST := $(BUILD)/tests/backend/test_cuda_emu
+# lora-worker on that emulation: the end-to-end tests run `--device cuda` ranks with it.
+CUDA_EMU_WORKER := $(BUILD)/tests/bin/lora-worker-emu
 BENCH_SRC := $(wildcard tests/bench/bench_*.c)
 BENCHES  := $(BENCH_SRC:%.c=$(BUILD)/%)
 TOOL_SRC := $(wildcard tests/tools/*.c)
@@ -115,7 +117,7 @@ DEB_PACKAGES := build-essential pkg-config libmsgpack-dev libzmq3-dev libjansson
 .PHONY: all bins deps test demo bench bench-7b bench-deps bench-peers clean format install fuzz fuzz-build
 .DEFAULT_GOAL := all
 
-all: $(BINS) $(UNITS) $(BACKEND_TESTS) $(CUDA_EMU_TEST) $(BENCHES) $(TOOLS)
+all: $(BINS) $(UNITS) $(BACKEND_TESTS) $(CUDA_EMU_TEST) $(CUDA_EMU_WORKER) $(BENCHES) $(TOOLS)
 # The programs alone: what the demo runs.
 bins: $(BINS)
 
@@ -180,6 +182,10 @@ prog_objs = $(patsubst %.c,$(BUILD)/%.o,$(wildcard cmd/$(1)/*.c))
 $(BUILD)/bin/%: $$(call prog_objs,$$*) $(BUILD)/liblora.a
 	@mkdir -p $(@D)
 	$(CC) $(LDFLAGS) $^ $(LDLIBS) -o $@
+
+$(CUDA_EMU_WORKER): $(call prog_objs,lora-worker) $(EMU_OBJ) $(BUILD)/liblora.a
+	@mkdir -p $(@D)
+	$(CC) $(LDFLAGS) $^ $(LDLIBS) -lstdc++ -o $@
 
 # lora-bench: libcurl for its client, libdl to open NVML at run time when it is there.
 $(BUILD)/cmd/lora-bench/%.o: CFLAGS += $(CURL_CFLAGS)

@@ -371,6 +371,8 @@ struct lora_backend {
                               "cpu (AVX-512, BF16 dot, VNNI int8, 16 threads)" */
     void *ctx;             /* the backend's own */
     bool fast_matmul;      /* the BF16 matmul's fast mode (see matmul); false when opened */
+    size_t held_bytes;     /* device memory the backend took for itself when opened (work
+                              buffers, library workspaces), outside every buffer; 0 on the CPU */
 };
 
 /* Opens device: "cpu", "cuda" (device 0) or "cuda:N". Returns NULL with one line in err: an

@@ -933,10 +933,14 @@ extern "C" struct lora_backend *lora_cuda_backend_new(int index, char *err, size
     snprintf(be->device, sizeof(be->device), "cuda:%d", index);
     snprintf(be->description, sizeof(be->description), "cuda:%d (%.100s, sm_%d%d, %.1f GB)", index,
              prop.name, prop.major, prop.minor, prop.totalGlobalMem / 1e9);
+    size_t free0 = 0, free1 = 0, total = 0;
+    cudaMemGetInfo(&free0, &total);
     if (setup(cb, err, err_len) < 0) {
         cuda_close(be);
         free(be);
         return NULL;
     }
+    if (cudaMemGetInfo(&free1, &total) == cudaSuccess && free1 < free0)
+        be->held_bytes = free0 - free1;
     return be;
 }

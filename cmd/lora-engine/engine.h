@@ -148,11 +148,13 @@ struct engine {
     int world;
     int max_loras, max_cpu_loras, max_lora_rank;
     int block_size;
-    /* The KV budget of each rank (--kv-cache-bytes, or --kv-cache-fraction when above 0) and the
+    /* The KV budget of each rank (--kv-cache-bytes, or --kv-cache-fraction or
+     * --gpu-memory-utilization when above 0) and the
      * cap on its blocks (--num-kv-blocks, 0: none); num_kv_blocks is the smallest count the ranks
      * reported in setup_done (workers.c), the size of the scheduler's block manager. */
     uint64_t kv_cache_bytes;
     double kv_cache_fraction;
+    double gpu_memory_utilization;
     int kv_blocks_cap;
     int num_kv_blocks;
     int max_num_batched_tokens, max_num_seqs, max_model_len;

@@ -283,11 +283,11 @@ int main(int argc, char **argv)
     struct lora_registry file = {0};
     struct lora_cli_opt_list mods = {0};
     long tp = 1, idx = 0, max_loras = 4, max_cpu = 0, max_rank = 64, bs = 16, blocks = 0;
-    long kv_bytes = 256L << 20, mbt = 512, mns = 64, mml = 0, idle = 100, startup = 120000;
+    long kv_bytes = 0, mbt = 512, mns = 64, mml = 0, idle = 100, startup = 120000;
     long maxreq = 1024;
     long publish_ms = 1000, seed = 0;
     const char *gen_source = "auto";
-    double kv_fraction = 0;
+    double kv_fraction = 0, gpu_util = 0;
     bool help = false, version = false;
     const struct lora_cli_opt options[] = {
         {"model", LORA_OPT_STRING, &e.model, "DIR", "Hugging Face model directory"},
@@ -309,6 +309,10 @@ int main(int argc, char **argv)
         {"registry-file", LORA_OPT_STRING, &registry, "PATH",
          "keep the adapter registry here (default RUN_DIR/adapters.json; '' for none)"},
         {"block-size", LORA_OPT_INT, &bs, "N", "KV cache block size (default 16)", 1, 1024},
+        {"gpu-memory-utilization", LORA_OPT_FLOAT, &gpu_util, "F",
+         "as vLLM's: each GPU rank may use this share of its device's memory, and its KV cache "
+         "gets what the weights, adapter slots and activations leave of it",
+         0, 1},
         {"kv-cache-fraction", LORA_OPT_FLOAT, &kv_fraction, "F",
          "each rank sizes its KV cache as this fraction of the memory available to it", 0, 0.95},
         {"num-kv-blocks", LORA_OPT_INT, &blocks, "N",
@@ -391,8 +395,16 @@ int main(int argc, char **argv)
     e.max_model_len =
         mml ? (int)mml : (cfg.max_position_embeddings < 4096 ? cfg.max_position_embeddings : 4096);
     /* The budget each rank sizes its KV cache from (workers.c sends it in setup). */
+    if (gpu_util > 0 && (kv_fraction > 0 || kv_bytes > 0)) {
+        fprintf(stderr, "lora-engine: fatal: --gpu-memory-utilization is a KV cache budget of its "
+                        "own: give it without --kv-cache-fraction and --kv-cache-bytes\n");
+        return EXIT_USAGE;
+    }
+    e.gpu_memory_utilization = gpu_util;
     e.kv_cache_fraction = kv_fraction;
-    e.kv_cache_bytes = kv_fraction > 0 ? 0 : (uint64_t)kv_bytes;
+    e.kv_cache_bytes = gpu_util > 0 || kv_fraction > 0 ? 0
+                       : kv_bytes > 0                  ? (uint64_t)kv_bytes
+                                                       : 256u << 20;
     e.kv_blocks_cap = (int)blocks;
     if (check_options(&e, &cfg, run_dir, eps, err, sizeof(err)) < 0 ||
         check_modules(&mods, err, sizeof(err)) < 0 ||

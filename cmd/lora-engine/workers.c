@@ -318,6 +318,7 @@ static int send_setup(struct engine *e, int r, int cap, char *err, size_t err_le
         .shm = {e->shm, strlen(e->shm)},
         .kv_cache_bytes = e->kv_cache_bytes,
         .kv_cache_fraction = e->kv_cache_fraction,
+        .gpu_memory_utilization = e->gpu_memory_utilization,
     };
     publish_limits(e, &s.limits);
     s.limits.num_kv_blocks = cap;
@@ -365,6 +366,11 @@ static int gather_setup_done(struct engine *e, int cap, int *blocks, char *err, 
         } else if ((blocks[r] = d.kv_blocks > 0 ? d.kv_blocks : cap) < 1) {
             snprintf(err, err_len, "rank %d: its setup_done says no KV blocks", r);
             rc = -1;
+        } else if (d.memory_total > 0) {
+            fprintf(stderr,
+                    "lora-engine: rank %d: %d KV blocks; %.2f GiB of its device's %.2f GiB free "
+                    "after setup\n",
+                    r, blocks[r], d.memory_free / 1073741824.0, d.memory_total / 1073741824.0);
         }
     }
     workers_release(e, replies);

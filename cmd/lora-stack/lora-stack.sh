@@ -66,6 +66,10 @@ usage: lora-stack up [MODEL] [--run-dir DIR] [--model DIR] [--tp N] [--device DE
                          tensor-parallel ranks: worker processes (default 1)
   --device DEVICE        every worker's compute device: cpu, cuda or cuda:N (default cpu;
                          environment LORA_STACK_DEVICE); checked before anything starts
+  --gpu-memory-utilization F
+                         as vLLM's, for the engine: each GPU rank may hold F of its device,
+                         the KV cache what is left (default 0.9 with --device cuda unless
+                         --kv-cache-bytes or --kv-cache-fraction is given); refused on cpu
   --frontends N          HTTP frontends (default 1), on ports PORT, PORT+1, ...
   --port N               the first frontend's port (default 8000)
   --metrics-port N       lora-metrics' port (default 9100)
@@ -681,6 +685,25 @@ check_device() {
     DEVICE_DESC=${line%%: *}
 }
 
+# kv_budget: as vLLM, a GPU rank's KV cache takes what --gpu-memory-utilization (default 0.9)
+# of its device leaves after weights, adapter slots and activations, unless the engine is given
+# another budget; on the CPU the flag is refused (100): there it is --kv-cache-bytes or
+# --kv-cache-fraction.
+kv_budget() {
+    local a has_util=0 has_other=0
+    for a in "${ENGINE_ARGS[@]}"; do
+        case $a in
+        --gpu-memory-utilization) has_util=1 ;;
+        --kv-cache-bytes | --kv-cache-fraction) has_other=1 ;;
+        esac
+    done
+    if [[ $DEVICE == cpu ]]; then
+        [ "$has_util" = 0 ] || die 100 "--gpu-memory-utilization sizes a GPU's KV cache and the workers compute on the CPU: give --kv-cache-bytes or --kv-cache-fraction instead"
+    elif [ "$has_util" = 0 ] && [ "$has_other" = 0 ]; then
+        ENGINE_ARGS+=(--gpu-memory-utilization 0.9)
+    fi
+}
+
 cmd_up() {
     # vLLM's `vllm serve MODEL`: the model as the first argument.
     local positional=""
@@ -696,6 +719,7 @@ cmd_up() {
     fi
     route_options
     check_device
+    kv_budget
     # Made with mode 0700 by this call, or there before: either way checked before any use, so
     # a directory someone else made first (say /tmp/lora-stack-UID) is refused.
     if [ ! -e "$RUN_DIR" ]; then

@@ -113,18 +113,37 @@ static int set_slot(void *ctx, int slot, const struct lora_adapter *a, char *err
     return lora_forward_set_slot(w->fwd, slot, a, err, err_len);
 }
 
-/* The KV blocks this rank gives the engine: as many as the setup's budget holds (its bytes, or
- * its fraction of the memory the backend says is available, shared by the ranks of the host on
- * the CPU), at most the setup's cap; without a budget, the cap itself. Returns the count, or -1
- * with err. */
+/* Bytes of one KV block of this rank. */
+static size_t kv_block_bytes(const struct worker *w)
+{
+    const struct lora_model_config *c = &w->model->cfg;
+    return lora_kv_cache_block_bytes(w->kv_dtype, c->n_layers, w->model->n_kv_heads * c->head_dim,
+                                     w->lim.block_size);
+}
+
+/* n blocks of a budget, at most the setup's cap; -1 with err when not even one fits. */
+static int kv_blocks_of(const struct lora_msg_setup *s, double budget, size_t block_bytes,
+                        char *err, size_t err_len)
+{
+    double n = budget / (double)block_bytes;
+
+    if (s->limits.num_kv_blocks > 0 && n > s->limits.num_kv_blocks)
+        n = s->limits.num_kv_blocks;
+    if (n < 1) {
+        snprintf(err, err_len, "the KV cache budget of %.0f bytes holds no block of %zu bytes",
+                 budget, block_bytes);
+        return -1;
+    }
+    return n > INT_MAX ? INT_MAX : (int)n;
+}
+
+/* The KV blocks this rank gives the engine under a budget of bytes or of a fraction of the
+ * memory the backend says is available (shared by the ranks of the host on the CPU), at most the
+ * setup's cap; without a budget, the cap itself. Returns the count, or -1 with err. */
 static int kv_blocks_fit(const struct worker *w, const struct lora_msg_setup *s, char *err,
                          size_t err_len)
 {
     const struct lora_msg_limits *l = &s->limits;
-    const struct lora_model_config *c = &w->model->cfg;
-    size_t block_bytes = lora_kv_cache_block_bytes(w->kv_dtype, c->n_layers,
-                                                   w->model->n_kv_heads * c->head_dim,
-                                                   l->block_size);
     double budget = (double)s->kv_cache_bytes;
 
     if (s->kv_cache_bytes == 0 && s->kv_cache_fraction <= 0) {
@@ -141,15 +160,64 @@ static int kv_blocks_fit(const struct worker *w, const struct lora_msg_setup *s,
         budget = (double)avail * s->kv_cache_fraction /
                  (strcmp(w->be->kind, "cpu") == 0 ? l->world_size : 1);
     }
-    double n = budget / (double)block_bytes;
-    if (l->num_kv_blocks > 0 && n > l->num_kv_blocks)
-        n = l->num_kv_blocks;
-    if (n < 1) {
-        snprintf(err, err_len, "the KV cache budget of %.0f bytes holds no block of %zu bytes",
-                 budget, block_bytes);
+    return kv_blocks_of(s, budget, kv_block_bytes(w), err, err_len);
+}
+
+/* --gpu-memory-utilization, before setup allocates anything: the device's total bytes, and the
+ * free ones as they were before the backend took its own (which count as the rank's), after
+ * checking, as vLLM does, that the share asked for is free. */
+static int device_share_check(struct worker *w, const struct lora_msg_setup *s, size_t *total,
+                              size_t *free0, char *err, size_t err_len)
+{
+    double util = s->gpu_memory_utilization;
+
+    if (strcmp(w->be->kind, "cpu") == 0) {
+        snprintf(err, err_len,
+                 "--gpu-memory-utilization sizes a GPU's KV cache and rank %d computes on the "
+                 "CPU: give --kv-cache-bytes or --kv-cache-fraction instead",
+                 w->rank);
         return -1;
     }
-    return n > INT_MAX ? INT_MAX : (int)n;
+    if (w->be->ops->memory(w->be, total, free0) < 0) {
+        snprintf(err, err_len, "unable to read the memory of %s", w->be->device);
+        return -1;
+    }
+    *free0 += w->be->held_bytes;
+    if ((double)*free0 < util * (double)*total) {
+        snprintf(err, err_len,
+                 "%s has %.2f GiB free of %.2f GiB, less than --gpu-memory-utilization %g asks "
+                 "for (%.2f GiB): lower it or free the device",
+                 w->be->device, *free0 / 1073741824.0, *total / 1073741824.0, util,
+                 util * (double)*total / 1073741824.0);
+        return -1;
+    }
+    return 0;
+}
+
+/* --gpu-memory-utilization, once everything but the KV cache is allocated (with one block of it
+ * in place): the blocks that the device's share holds beside what this rank took since free0.
+ * Returns the count, or -1 with err. */
+static int kv_blocks_of_share(const struct worker *w, const struct lora_msg_setup *s, size_t total,
+                              size_t free0, char *err, size_t err_len)
+{
+    size_t t, free1;
+
+    if (w->be->ops->memory(w->be, &t, &free1) < 0) {
+        snprintf(err, err_len, "unable to read the memory of %s", w->be->device);
+        return -1;
+    }
+    size_t block_bytes = kv_block_bytes(w);
+    double used = free1 < free0 ? (double)(free0 - free1) : 0;
+    double budget = s->gpu_memory_utilization * (double)total - used + (double)block_bytes;
+    if (budget < (double)block_bytes) {
+        snprintf(err, err_len,
+                 "--gpu-memory-utilization %g of %s leaves no room for the KV cache: the weights, "
+                 "adapter slots and activations take %.2f GiB of its %.2f GiB",
+                 s->gpu_memory_utilization, w->be->device, used / 1073741824.0,
+                 s->gpu_memory_utilization * (double)total / 1073741824.0);
+        return -1;
+    }
+    return kv_blocks_of(s, budget, block_bytes, err, err_len);
 }
 
 /* The KV cache of n_blocks blocks (the engine's figure), replacing any there was: a forward pass
@@ -181,6 +249,10 @@ static int setup(struct worker *w, const struct lora_msg_setup *s, char *err, si
         return -1;
     }
     w->lim = *l;
+    size_t mem_total = 0, mem_free0 = 0;
+    if (s->gpu_memory_utilization > 0 &&
+        device_share_check(w, s, &mem_total, &mem_free0, err, err_len) < 0)
+        return -1;
     w->model = lora_model_load(w->be, s->model.s, w->rank, l->world_size, &w->precision, err,
                                err_len);
     if (!w->model ||
@@ -190,9 +262,6 @@ static int setup(struct worker *w, const struct lora_msg_setup *s, char *err, si
         return -1;
     const struct lora_model_config *c = &w->model->cfg;
     w->lim.vocab_size = c->vocab_size;
-    w->lim.num_kv_blocks = kv_blocks_fit(w, s, err, err_len);
-    if (w->lim.num_kv_blocks < 1 || make_kv_cache(w, w->lim.num_kv_blocks, err, err_len) < 0)
-        return -1;
     struct lora_forward_limits fl = {
         .max_tokens = l->max_num_batched_tokens,
         .max_seqs = l->max_num_seqs,
@@ -202,6 +271,18 @@ static int setup(struct worker *w, const struct lora_msg_setup *s, char *err, si
         .max_rank = l->max_lora_rank,
         .slot_dtype = w->lora_dtype,
     };
+    if (s->gpu_memory_utilization > 0) {
+        /* The forward pass's buffers are made once on a one-block cache to measure them. */
+        if (make_kv_cache(w, 1, err, err_len) < 0 ||
+            !(w->fwd = lora_forward_new(w->model, w->kv, &fl, err, err_len)))
+            return -1;
+        w->lim.num_kv_blocks = kv_blocks_of_share(w, s, mem_total, mem_free0, err, err_len);
+        lora_forward_destroy(&w->fwd);
+    } else {
+        w->lim.num_kv_blocks = kv_blocks_fit(w, s, err, err_len);
+    }
+    if (w->lim.num_kv_blocks < 1 || make_kv_cache(w, w->lim.num_kv_blocks, err, err_len) < 0)
+        return -1;
     w->fwd = lora_forward_new(w->model, w->kv, &fl, err, err_len);
     if (!w->fwd || lora_forward_warm(w->fwd, err, err_len) < 0)
         return -1;
@@ -230,12 +311,13 @@ static int setup(struct worker *w, const struct lora_msg_setup *s, char *err, si
     size_t slot_bytes, fwd_bytes = lora_forward_bytes(w->fwd, &slot_bytes);
     fprintf(stderr,
             "lora-worker: rank %d: set up on %s: %.1f MB of %s weights, %.1f MB of %s KV cache, "
-            "%.1f MB of activations and %d %s adapter slots (%.1f MB)\n",
+            "%.1f MB of activations and %d %s adapter slots (%.1f MB); the backend's own %.1f "
+            "MB\n",
             w->rank, w->be->description, w->model->weight_bytes / 1e6,
             lora_precision_name(w->model->weight_dtype),
-            2.0 * (double)w->kv->layer_bytes * c->n_layers / 1e6,
-            lora_precision_name(w->kv_dtype), (fwd_bytes - slot_bytes) / 1e6, l->max_loras,
-            lora_precision_name(w->lora_dtype), slot_bytes / 1e6);
+            2.0 * (double)w->kv->layer_bytes * c->n_layers / 1e6, lora_precision_name(w->kv_dtype),
+            (fwd_bytes - slot_bytes) / 1e6, l->max_loras, lora_precision_name(w->lora_dtype),
+            slot_bytes / 1e6, w->be->held_bytes / 1e6);
     w->set_up = true;
     worker_notify(w); /* the first state: nothing loaded */
     return 0;
@@ -262,6 +344,11 @@ static int handle_setup(struct worker *w, const struct lora_msg_frames *f)
         .weight_bytes = w->model ? w->model->weight_bytes : 0,
         .kv_blocks = rc == 0 ? w->lim.num_kv_blocks : 0,
     };
+    size_t total, avail;
+    if (rc == 0 && w->be->ops->memory(w->be, &total, &avail) == 0) {
+        d.memory_total = total;
+        d.memory_free = avail < total ? avail : total;
+    }
     if (rc < 0)
         d.error = (struct lora_str){err, strlen(err)};
     lora_buf_reset(&w->out);

@@ -485,6 +485,16 @@ int lora_msg_get_u64(struct lora_msg_dec *d, const msgpack_object_map *m, const 
     return lora_msg_need(d, m, key, &v) < 0 ? -1 : lora_msg_as_u64(d, key, v, out);
 }
 
+int lora_msg_opt_u64(struct lora_msg_dec *d, const msgpack_object_map *m, const char *key,
+                     uint64_t *out)
+{
+    const msgpack_object *v;
+
+    if (lora_msg_find(d, m, key, &v) < 0)
+        return -1;
+    return v ? lora_msg_as_u64(d, key, v, out) : 0;
+}
+
 int lora_msg_get_bool(struct lora_msg_dec *d, const msgpack_object_map *m, const char *key,
                       bool *out)
 {

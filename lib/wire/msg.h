@@ -29,8 +29,10 @@
  *                                                  num_kv_blocks: the cap, 0 none)
  *                                                  shm? kv_cache_bytes?
  *                                                  kv_cache_fraction?
+ *                                                  gpu_memory_utilization?
  *  setup_done           worker -> engine           ok error? rank weight_bytes     -
- *                                                  kv_blocks?
+ *                                                  kv_blocks? memory_total?
+ *                                                  memory_free?
  *  step                 engine -> worker           step_id seqs[]                  tokens,
  *                                                                                  block_tables
  *  step_reply           worker -> engine           step_id rank ok error? doorbell -
@@ -232,10 +234,12 @@ struct lora_msg_ready {
 };
 
 /* The KV cache is sized by each rank, which alone knows its memory: setup carries the budget,
- * and setup_done the blocks the rank allocated; the engine uses the smallest count of all ranks.
- * The budget is kv_cache_fraction of the memory available to the rank when it is above 0, else
- * kv_cache_bytes bytes, and limits.num_kv_blocks caps the blocks (0: no cap). Without either
- * (both 0, absent on the wire) limits.num_kv_blocks is the count itself. */
+ * and setup_done the blocks the rank allocated and its device's memory; the engine uses the
+ * smallest count of all ranks. The budget is one of: gpu_memory_utilization, vLLM's share of the
+ * device's total memory the rank may use for everything it holds (a GPU rank only: the KV cache
+ * gets what the weights, adapter slots and activations leave of it); kv_cache_fraction of the
+ * memory available to the rank; kv_cache_bytes bytes. limits.num_kv_blocks caps the blocks (0: no
+ * cap). Without a budget (all 0, absent on the wire) limits.num_kv_blocks is the count itself. */
 struct lora_msg_setup {
     struct lora_str model; /* model directory */
     int rank;
@@ -243,6 +247,7 @@ struct lora_msg_setup {
     struct lora_str shm;       /* shared-memory name of the all-reduce, when world_size > 1 */
     uint64_t kv_cache_bytes;   /* KV cache bytes of the rank, or 0 */
     double kv_cache_fraction;  /* of the memory available to the rank, in [0, 1]; 0: none */
+    double gpu_memory_utilization; /* of the device's total memory, in [0, 1]; 0: none */
 };
 
 struct lora_msg_setup_done {
@@ -251,6 +256,8 @@ struct lora_msg_setup_done {
     int rank;
     uint64_t weight_bytes;
     int kv_blocks; /* the KV blocks the rank allocated (ok only); 0 and absent: not said */
+    uint64_t memory_total; /* bytes of the rank's device (host memory on the CPU); 0: not said */
+    uint64_t memory_free;  /* of which free once the rank is set up */
 };
 
 /* One sequence of a step: its tokens are the next n_tokens values of the tokens frame, its

@@ -133,6 +133,9 @@ int lora_msg_opt_int(struct lora_msg_dec *d, const msgpack_object_map *m, const 
                      int hi, int *out, bool *present);
 int lora_msg_get_u64(struct lora_msg_dec *d, const msgpack_object_map *m, const char *key,
                      uint64_t *out);
+/* An optional unsigned integer: *out is left as it is when the key is absent. */
+int lora_msg_opt_u64(struct lora_msg_dec *d, const msgpack_object_map *m, const char *key,
+                     uint64_t *out);
 int lora_msg_get_bool(struct lora_msg_dec *d, const msgpack_object_map *m, const char *key,
                       bool *out);
 int lora_msg_get_f64(struct lora_msg_dec *d, const msgpack_object_map *m, const char *key,

@@ -21,11 +21,13 @@ int lora_msg_encode_setup(struct lora_buf *b, const struct lora_msg_setup *m,
 {
     struct lora_msg_enc e;
     bool has_bytes = m->kv_cache_bytes > 0, has_fraction = m->kv_cache_fraction > 0;
+    bool has_util = m->gpu_memory_utilization > 0;
 
     if (n_bins)
         *n_bins = 0;
-    lora_msg_enc_begin(&e, b, LORA_MSG_SETUP, 3 + HAS(m->shm) + has_bytes + has_fraction);
-    if (!fraction_ok(m->kv_cache_fraction))
+    lora_msg_enc_begin(&e, b, LORA_MSG_SETUP,
+                       3 + HAS(m->shm) + has_bytes + has_fraction + has_util);
+    if (!fraction_ok(m->kv_cache_fraction) || !fraction_ok(m->gpu_memory_utilization))
         lora_msg_enc_invalid(&e);
     lora_msg_kv_str(&e, "model", m->model);
     lora_msg_kv_int(&e, "rank", m->rank);
@@ -35,24 +37,28 @@ int lora_msg_encode_setup(struct lora_buf *b, const struct lora_msg_setup *m,
         lora_msg_kv_u64(&e, "kv_cache_bytes", m->kv_cache_bytes);
     if (has_fraction)
         lora_msg_kv_f64(&e, "kv_cache_fraction", m->kv_cache_fraction);
+    if (has_util)
+        lora_msg_kv_f64(&e, "gpu_memory_utilization", m->gpu_memory_utilization);
     return lora_msg_enc_end(&e);
 }
 
 static int setup_fields(struct lora_msg_dec *d, const msgpack_object_map *m, void *p)
 {
     struct lora_msg_setup *o = p;
-    const msgpack_object *bytes;
 
     if (lora_msg_get_str(d, m, "model", &o->model) < 0 ||
         lora_msg_get_int(d, m, "rank", 0, INT_MAX, &o->rank) < 0 ||
         lora_msg_limits_fields(d, m, &o->limits) < 0 ||
         lora_msg_opt_str(d, m, "shm", &o->shm) < 0 ||
-        lora_msg_find(d, m, "kv_cache_bytes", &bytes) < 0 ||
-        (bytes && lora_msg_as_u64(d, "kv_cache_bytes", bytes, &o->kv_cache_bytes) < 0) ||
-        lora_msg_opt_f64(d, m, "kv_cache_fraction", &o->kv_cache_fraction) < 0)
+        lora_msg_opt_u64(d, m, "kv_cache_bytes", &o->kv_cache_bytes) < 0 ||
+        lora_msg_opt_f64(d, m, "kv_cache_fraction", &o->kv_cache_fraction) < 0 ||
+        lora_msg_opt_f64(d, m, "gpu_memory_utilization", &o->gpu_memory_utilization) < 0)
         return -1;
     if (!fraction_ok(o->kv_cache_fraction))
         return FAIL(d, "kv_cache_fraction", -1, "%g is out of range [0, 1]", o->kv_cache_fraction);
+    if (!fraction_ok(o->gpu_memory_utilization))
+        return FAIL(d, "gpu_memory_utilization", -1, "%g is out of range [0, 1]",
+                    o->gpu_memory_utilization);
     return 0;
 }
 DEFINE_DECODER(setup, LORA_MSG_SETUP)
@@ -61,11 +67,13 @@ int lora_msg_encode_setup_done(struct lora_buf *b, const struct lora_msg_setup_d
                                struct lora_msg_bin *bins, int *n_bins)
 {
     struct lora_msg_enc e;
-    bool has_blocks = m->kv_blocks > 0;
+    bool has_blocks = m->kv_blocks > 0, has_memory = m->memory_total > 0;
 
     if (n_bins)
         *n_bins = 0;
-    lora_msg_enc_begin(&e, b, LORA_MSG_SETUP_DONE, 3 + HAS(m->error) + has_blocks);
+    lora_msg_enc_begin(&e, b, LORA_MSG_SETUP_DONE, 3 + HAS(m->error) + has_blocks + 2 * has_memory);
+    if (m->memory_free > m->memory_total)
+        lora_msg_enc_invalid(&e);
     if (m->kv_blocks < 0)
         lora_msg_enc_invalid(&e);
     lora_msg_kv_bool(&e, "ok", m->ok);
@@ -74,6 +82,10 @@ int lora_msg_encode_setup_done(struct lora_buf *b, const struct lora_msg_setup_d
     lora_msg_kv_u64(&e, "weight_bytes", m->weight_bytes);
     if (has_blocks)
         lora_msg_kv_int(&e, "kv_blocks", m->kv_blocks);
+    if (has_memory) {
+        lora_msg_kv_u64(&e, "memory_total", m->memory_total);
+        lora_msg_kv_u64(&e, "memory_free", m->memory_free);
+    }
     return lora_msg_enc_end(&e);
 }
 
@@ -86,8 +98,15 @@ static int setup_done_fields(struct lora_msg_dec *d, const msgpack_object_map *m
         lora_msg_opt_str(d, m, "error", &o->error) < 0 ||
         lora_msg_get_int(d, m, "rank", 0, INT_MAX, &o->rank) < 0 ||
         lora_msg_get_u64(d, m, "weight_bytes", &o->weight_bytes) < 0 ||
-        lora_msg_opt_int(d, m, "kv_blocks", 0, INT_MAX, &o->kv_blocks, &present) < 0)
+        lora_msg_opt_int(d, m, "kv_blocks", 0, INT_MAX, &o->kv_blocks, &present) < 0 ||
+        lora_msg_opt_u64(d, m, "memory_total", &o->memory_total) < 0 ||
+        lora_msg_opt_u64(d, m, "memory_free", &o->memory_free) < 0)
         return -1;
+    if (o->memory_total == 0)
+        o->memory_free = 0; /* free of an unknown total says nothing */
+    if (o->memory_free > o->memory_total)
+        return FAIL(d, "memory_free", -1, "%" PRIu64 " bytes is more than memory_total",
+                    o->memory_free);
     return 0;
 }
 DEFINE_DECODER(setup_done, LORA_MSG_SETUP_DONE)

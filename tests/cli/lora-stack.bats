@@ -99,6 +99,9 @@ wait_serving() { # PORT MODEL: waits up to 30 s for a 200
     run --separate-stderr "$STACK" up "$r/one" --model "$r/two" --run-dir "$r"
     expect_status 100
     [[ "$stderr" == *"the model is given twice"* ]]
+    run --separate-stderr "$STACK" up --run-dir "$r" --gpu-memory-utilization 0.8
+    expect_status 100
+    [[ "$stderr" == *"--gpu-memory-utilization sizes a GPU's KV cache and the workers compute on the CPU: give --kv-cache-bytes or --kv-cache-fraction instead"* ]]
     [ ! -e "$r/supervisor.pid" ]
 }
 

@@ -93,19 +93,22 @@ static const struct lora_msg_ready ready_full = {
     .version = 1, .engine_index = 2, .model = STR("/models/llama"), .limits = limits};
 
 static const struct lora_msg_setup setup_full = {.model = STR("/models/llama"),
-                                                  .rank = 1,
-                                                  .limits = limits,
-                                                  .shm = STR("/lora-shm-1"),
-                                                  .kv_cache_bytes = 268435456,
-                                                  .kv_cache_fraction = 0.5};
+                                                 .rank = 1,
+                                                 .limits = limits,
+                                                 .shm = STR("/lora-shm-1"),
+                                                 .kv_cache_bytes = 268435456,
+                                                 .kv_cache_fraction = 0.5,
+                                                 .gpu_memory_utilization = 0.9};
 static const struct lora_msg_setup setup_min = {
     .model = STR("/models/llama"), .rank = 0, .limits = limits};
 
 static const struct lora_msg_setup_done setup_done_full = {.ok = false,
-                                                            .error = STR("out of memory"),
-                                                            .rank = 1,
-                                                            .weight_bytes = 123456789012u,
-                                                            .kv_blocks = 4096};
+                                                           .error = STR("out of memory"),
+                                                           .rank = 1,
+                                                           .weight_bytes = 123456789012u,
+                                                           .kv_blocks = 4096,
+                                                           .memory_total = 85899345920u,
+                                                           .memory_free = 1073741824u};
 static const struct lora_msg_setup_done setup_done_min = {.ok = true, .rank = 0};
 
 static const int32_t step_banned[] = {257, 2};
@@ -505,6 +508,7 @@ static json_t *dump_setup(const void *p)
     set(o, "shm", j_str(m->shm));
     set(o, "kv_cache_bytes", j_u64(m->kv_cache_bytes));
     set(o, "kv_cache_fraction", json_real(m->kv_cache_fraction));
+    set(o, "gpu_memory_utilization", json_real(m->gpu_memory_utilization));
     return o;
 }
 
@@ -517,6 +521,8 @@ static json_t *dump_setup_done(const void *p)
     set(o, "rank", json_integer(m->rank));
     set(o, "weight_bytes", j_u64(m->weight_bytes));
     set(o, "kv_blocks", json_integer(m->kv_blocks));
+    set(o, "memory_total", j_u64(m->memory_total));
+    set(o, "memory_free", j_u64(m->memory_free));
     return o;
 }
 
@@ -890,30 +896,32 @@ struct codec {
 static const struct codec codecs[LORA_MSG_TYPE_COUNT] = {
     [LORA_MSG_HELLO] = ROW(hello, &hello_min, {"rank", "world_size", "name"}),
     [LORA_MSG_READY] = ROW(ready, NULL, {NULL}),
-    [LORA_MSG_SETUP] = ROW(setup, &setup_min, {"shm", "kv_cache_bytes", "kv_cache_fraction"}),
-    [LORA_MSG_SETUP_DONE] = ROW(setup_done, &setup_done_min, {"error", "kv_blocks"}),
+    [LORA_MSG_SETUP] =
+        ROW(setup, &setup_min,
+            {"shm", "kv_cache_bytes", "kv_cache_fraction", "gpu_memory_utilization"}),
+    [LORA_MSG_SETUP_DONE] =
+        ROW(setup_done, &setup_done_min, {"error", "kv_blocks", "memory_total", "memory_free"}),
     [LORA_MSG_STEP] = ROW(step, &step_min, {"banned", "allowed", "prompt_top_n"}),
     [LORA_MSG_STEP_REPLY] = ROW(step_reply, &step_reply_min, {"error", "prompt_ranks"}),
     [LORA_MSG_ADAPTER_OP] = ROW(adapter_op, &adapter_op_min, {"slot"}),
     [LORA_MSG_ADAPTER_OP_REPLY] = ROW(adapter_op_reply, &adapter_op_reply_min, {"error"}),
     [LORA_MSG_NOTIFICATIONS] = ROW(notifications, &notifications_min, {"engine"}),
     [LORA_MSG_RESIDENCY_REPLY] = ROW(residency_reply, &residency_reply_min, {"engine"}),
-    [LORA_MSG_REQUEST] = ROW(request, &request_min,
-                             {"lora", "seed", "allowed_token_ids", "prompt_top_n"}),
+    [LORA_MSG_REQUEST] =
+        ROW(request, &request_min, {"lora", "seed", "allowed_token_ids", "prompt_top_n"}),
     [LORA_MSG_ABORT] = ROW(abort, NULL, {NULL}),
     [LORA_MSG_OUTPUT] = ROW(output, &output_min,
-                                 {"prompt_ranks", "finish_reason", "error", "error_code",
-                                  "queued_time", "scheduled_time", "first_token_time",
-                                  "finished_time"}),
+                            {"prompt_ranks", "finish_reason", "error", "error_code", "queued_time",
+                             "scheduled_time", "first_token_time", "finished_time"}),
     [LORA_MSG_EVENT] = ROW(event, &event_min, {"lora", "finish_reason"}),
     [LORA_MSG_STATS] = ROW(stats, &stats_min, {"model_seconds", NULL}),
     [LORA_MSG_CONTROL] = ROW(control, &control_min, {NULL}),
     [LORA_MSG_CONTROL_REPLY] = ROW(control_reply, &control_reply_min, {"error", "data"}),
     [LORA_MSG_REGISTRY] = ROW(registry, &registry_min, {NULL}),
-    [LORA_MSG_REQUEST_STATS] = ROW(request_stats, &request_stats_min,
-                                   {"lora", "first_token_time", "queued_time", "scheduled_time",
-                                    "engine_first_token_time", "engine_finished_time",
-                                    "submit_seconds", "output_seconds"}),
+    [LORA_MSG_REQUEST_STATS] =
+        ROW(request_stats, &request_stats_min,
+            {"lora", "first_token_time", "queued_time", "scheduled_time", "engine_first_token_time",
+             "engine_finished_time", "submit_seconds", "output_seconds"}),
 };
 
 static bool is_optional(const struct codec *c, const char *key)
@@ -1578,6 +1586,15 @@ static void test_kv_budget(void)
     CHECK(decode_edited(LORA_MSG_SETUP, &setup_full, "kv_cache_fraction", mp_f64(NAN),
                         EDIT_REPLACE, &o, err, sizeof(err)) == -1);
     CHECK_CONTAINS(err, "setup: kv_cache_fraction:");
+    CHECK(decode_edited(LORA_MSG_SETUP, &setup_full, "gpu_memory_utilization", mp_f64(1.01),
+                        EDIT_REPLACE, &o, err, sizeof(err)) == -1);
+    CHECK_CONTAINS(err, "setup: gpu_memory_utilization: 1.01 is out of range [0, 1]");
+    CHECK(decode_edited(LORA_MSG_SETUP, &setup_full, "gpu_memory_utilization", mp_int(1),
+                        EDIT_REPLACE, &o, err, sizeof(err)) == 0);
+    CHECK(o.setup.gpu_memory_utilization == 1.0);
+    CHECK(decode_edited(LORA_MSG_SETUP_DONE, &setup_done_full, "memory_free", mp_int(85899345921),
+                        EDIT_REPLACE, &o, err, sizeof(err)) == -1);
+    CHECK_CONTAINS(err, "setup_done: memory_free: 85899345921 bytes is more than memory_total");
     CHECK(decode_edited(LORA_MSG_SETUP, &setup_full, "kv_cache_bytes", mp_int(-1), EDIT_REPLACE,
                         &o, err, sizeof(err)) == -1);
     CHECK_CONTAINS(err, "setup: kv_cache_bytes: -1 is negative");

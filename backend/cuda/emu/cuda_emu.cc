@@ -107,7 +107,27 @@ static int n_devices(void)
 
 static int cur_device;
 static cudaError_t last_error = cudaSuccess;
-static const size_t total_memory = (size_t)8 << 30;
+
+/* Bytes of each device: LORA_CUDA_EMU_MEMORY_MB, default 8 GiB. */
+static size_t total_memory_bytes(void)
+{
+    static size_t bytes;
+    if (!bytes) {
+        const char *s = getenv("LORA_CUDA_EMU_MEMORY_MB");
+        long mb = s && *s ? atol(s) : 0;
+        bytes = mb > 0 ? (size_t)mb << 20 : (size_t)8 << 30;
+    }
+    return bytes;
+}
+
+/* Bytes other processes hold on the device: LORA_CUDA_EMU_OTHERS_MB, default none. */
+static size_t others_bytes(void)
+{
+    const char *s = getenv("LORA_CUDA_EMU_OTHERS_MB");
+    long mb = s && *s ? atol(s) : 0;
+    size_t b = mb > 0 ? (size_t)mb << 20 : 0;
+    return b < total_memory_bytes() ? b : total_memory_bytes();
+}
 
 const char *cudaGetErrorString(cudaError_t e)
 {
@@ -165,7 +185,7 @@ cudaError_t cudaGetDeviceProperties(cudaDeviceProp *p, int d)
         return cudaErrorInvalidDevice;
     memset(p, 0, sizeof(*p));
     snprintf(p->name, sizeof(p->name), "CUDA emulated on the CPU");
-    p->totalGlobalMem = total_memory;
+    p->totalGlobalMem = total_memory_bytes();
     p->sharedMemPerBlock = 48 * 1024;
     p->major = 9;
     p->minor = 0;
@@ -263,7 +283,7 @@ cudaError_t cudaMalloc(void **p, size_t bytes)
     *p = NULL;
     if (!n_devices())
         return cudaErrorNoDevice;
-    if (allocated + bytes > total_memory)
+    if (others_bytes() + allocated + bytes > total_memory_bytes())
         return cudaErrorMemoryAllocation;
     dev_alloc a;
     a.map_len = data_len + 2 * page;
@@ -310,8 +330,8 @@ cudaError_t cudaFree(void *p)
 
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes)
 {
-    *total_bytes = total_memory;
-    *free_bytes = total_memory - allocated;
+    *total_bytes = total_memory_bytes();
+    *free_bytes = total_memory_bytes() - others_bytes() - allocated;
     return cudaSuccess;
 }
 

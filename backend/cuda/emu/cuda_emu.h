@@ -29,7 +29,9 @@
  * What it cannot show: speed, coalescing, the real cuBLAS and NCCL (collectives are refused), and
  * races between threads that the barrier-to-barrier order does not expose.
  *
- * Devices: LORA_CUDA_EMU_DEVICES (default 1) emulated devices of 8 GB each; 0 emulates a machine
+ * Devices: LORA_CUDA_EMU_DEVICES (default 1) emulated devices of LORA_CUDA_EMU_MEMORY_MB (default
+ * 8 GiB) each, whose cudaMemGetInfo counts what cudaMalloc holds and LORA_CUDA_EMU_OTHERS_MB that
+ * other processes hold (default 0); 0 devices emulates a machine
  * without one (cudaErrorNoDevice).
  */
 #ifndef LORA_CUDA_EMU_H
