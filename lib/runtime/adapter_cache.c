@@ -102,7 +102,8 @@ static void record(struct lora_adapter_cache *c, const char *name, enum lora_tra
     c->n_timings++;
 }
 
-/* Calls set_slot; err gets "adapter 'X' into slot N: reason" (or "slot N: ..." for NULL). */
+/* Calls set_slot and returns what it does; err gets "adapter 'X' into slot N: reason" (or
+ * "slot N: ..." for NULL). */
 static int call_set_slot(struct lora_adapter_cache *c, int slot,
                          const struct lora_adapter_cache_entry *e, char *err, size_t err_len)
 {
@@ -110,8 +111,9 @@ static int call_set_slot(struct lora_adapter_cache *c, int slot,
 
     if (!c->set_slot)
         return 0;
-    if (c->set_slot(c->set_slot_ctx, slot, e ? e->adapter : NULL, why, sizeof(why)) == 0)
-        return 0;
+    int rc = c->set_slot(c->set_slot_ctx, slot, e ? e->adapter : NULL, why, sizeof(why));
+    if (rc >= 0)
+        return rc;
     if (!why[0])
         snprintf(why, sizeof(why), "refused");
     if (err && err_len && e)
@@ -288,8 +290,9 @@ static int activate_index(struct lora_adapter_cache *c, int i, int slot, uint64_
         return -1;
     }
     double t0 = lora_clock_mono();
+    int copying = call_set_slot(c, slot, e, err, err_len);
 
-    if (call_set_slot(c, slot, e, err, err_len) < 0)
+    if (copying < 0)
         return -1;
     double seconds = lora_clock_mono() - t0;
 
@@ -310,7 +313,17 @@ static int activate_index(struct lora_adapter_cache *c, int i, int slot, uint64_
     c->slot_entry[slot] = i;
     e->slot = slot;
     e->last_used = now;
-    record(c, e->name, LORA_TRANSITION_ACTIVATE, seconds);
+    if (!copying)
+        record(c, e->name, LORA_TRANSITION_ACTIVATE, seconds);
+    return 0;
+}
+
+int lora_adapter_cache_record_activate(struct lora_adapter_cache *c, const char *name,
+                                       double seconds, char *err, size_t err_len)
+{
+    if (find_or_err(c, name, err, err_len) < 0)
+        return -1;
+    record(c, name, LORA_TRANSITION_ACTIVATE, seconds);
     return 0;
 }
 

@@ -40,9 +40,11 @@
 #define LORA_ADAPTER_CACHE_MAX_TIMINGS 256
 
 /* Called with a (borrowed for the call; NULL empties the slot) whenever slot's content changes:
- * the callee copies what it needs. Returns 0,
- * or -1 with a reason in err; the cache then undoes its change. Setting NULL should not fail:
- * when it does, the operation fails and the cache tries to restore what the slots held. */
+ * the callee copies what it needs. Returns 0; 1 when the copy goes on after the call (the cache
+ * then records no ACTIVATE timing: the caller records it with
+ * lora_adapter_cache_record_activate once the copy is done); or -1 with a reason in err, and
+ * the cache undoes its change. Setting NULL should not fail: when it does, the operation fails
+ * and the cache tries to restore what the slots held. */
 typedef int (*lora_adapter_cache_set_slot_fn)(void *ctx, int slot, const struct lora_adapter *a,
                                               char *err, size_t err_len);
 
@@ -85,9 +87,14 @@ int lora_adapter_cache_insert(struct lora_adapter_cache *c, const char *name,
 /* Puts cached adapter name into slot and sets its last_used to now. The slot's previous
  * occupant goes back to CPU level (EVICT timing), unless it is pinned: then it fails. An adapter
  * already in another slot moves (its old slot is emptied). Records an ACTIVATE timing whose
- * seconds are the set_slot call's wall time. Already in that slot: only last_used changes. */
+ * seconds are the set_slot call's wall time (none when it says the copy goes on). Already in
+ * that slot: only last_used changes. */
 int lora_adapter_cache_activate(struct lora_adapter_cache *c, const char *name, int slot,
                                 uint64_t now, char *err, size_t err_len);
+
+/* Records an ACTIVATE timing of seconds for cached adapter name (see set_slot's 1). */
+int lora_adapter_cache_record_activate(struct lora_adapter_cache *c, const char *name,
+                                       double seconds, char *err, size_t err_len);
 
 /* Puts name into a slot of the cache's choosing and returns it in *slot: the one it already
  * occupies, else the lowest free slot, else the slot of the least recently used occupant that

@@ -2,6 +2,7 @@
  * see forward.h. */
 #include "runtime/forward.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,6 +13,7 @@ struct slot {
     bool used;
     int rank;
     float scale;
+    uint64_t ticket; /* the slot's asynchronous copy, until it is seen complete; 0: none */
 };
 
 struct lora_forward {
@@ -43,11 +45,16 @@ struct lora_forward {
     float *logits_host; /* the logits as host memory: in act, or a copy (logits_copy) */
     bool logits_copy;
 
-    /* Adapter slots: slot s's copy of A (max_rank, in) and B transposed (max_rank, out) of
-     * projection p of layer l sit at s * slot_bytes + l * layer_bytes + proj_off[p], A first. */
+    /* Adapter slots: slot s holds its adapter's A (rank, in) and B transposed (rank, out) of
+     * each targeted projection of each layer, packed from s * slot_bytes on in that order, each
+     * matrix 64-byte aligned; slot_bytes has room for every projection at max_rank. mat_off
+     * says where each one is, so that one copy moves an adapter's bytes and no more. */
     struct lora_buffer *slot_buf;
-    size_t slot_bytes, layer_bytes, proj_off[LORA_PROJ_COUNT];
+    size_t slot_bytes;
+    size_t *mat_off;    /* (max_loras, n_layers * LORA_PROJ_COUNT, 2) A's and B's offsets */
     void *slot_staging; /* host memory: one A or B converted to the slots' dtype on its way */
+    void **pinned;      /* (max_loras) page-locked images of the slots, on a backend with
+                           asynchronous uploads; NULL: copies are synchronous */
     struct slot *slots;      /* (max_loras) */
     unsigned char *present;  /* (max_loras, n_layers * LORA_PROJ_COUNT): the slot's adapter
                                 targets that projection of that layer */
@@ -65,6 +72,11 @@ struct lora_forward {
     int *group_row;  /* (max_loras + 1) first row of each group, then the end */
     int n_groups;
 };
+
+static size_t aligned(size_t bytes)
+{
+    return (bytes + ALIGN - 1) / ALIGN * ALIGN;
+}
 
 /* Reserves bytes at *end (aligned) and returns their offset. */
 static size_t carve(size_t *end, size_t bytes)
@@ -127,11 +139,10 @@ static int alloc_buffers(struct lora_forward *f, char *err, size_t err_len)
 
     /* Every targetable projection of every layer, at max_rank, in the slots' dtype. */
     size_t r = (size_t)lim->max_rank, es = lora_dtype_size(lim->slot_dtype), widest = 0;
-    f->layer_bytes = 0;
+    f->slot_bytes = 0;
     for (int p = 0; p < LORA_PROJ_COUNT; p++) {
         size_t in = (size_t)lora_model_proj_in(m, p), out = (size_t)lora_model_proj_out(m, p);
-        f->proj_off[p] = f->layer_bytes;
-        f->layer_bytes += r * (in + out) * es;
+        f->slot_bytes += (aligned(r * in * es) + aligned(r * out * es)) * (size_t)c->n_layers;
         widest = in > widest ? in : widest;
         widest = out > widest ? out : widest;
     }
@@ -140,9 +151,20 @@ static int alloc_buffers(struct lora_forward *f, char *err, size_t err_len)
         snprintf(err, err_len, "forward: out of memory");
         return -1;
     }
-    f->slot_bytes = f->layer_bytes * (size_t)c->n_layers;
     f->slot_buf = f->k->buffer_alloc(be, f->slot_bytes * (size_t)lim->max_loras, err, err_len);
-    return f->slot_buf ? 0 : -1;
+    if (!f->slot_buf)
+        return -1;
+    if (!f->k->upload_async || !f->k->host_alloc_pinned)
+        return 0;
+    f->pinned = calloc((size_t)lim->max_loras + 1, sizeof(void *));
+    if (!f->pinned) {
+        snprintf(err, err_len, "forward: out of memory");
+        return -1;
+    }
+    for (int s = 0; s < lim->max_loras; s++)
+        if (!(f->pinned[s] = f->k->host_alloc_pinned(be, f->slot_bytes, err, err_len)))
+            return -1;
+    return 0;
 }
 
 struct lora_forward *lora_forward_new(const struct lora_model *m, struct lora_kv_cache *kv,
@@ -195,10 +217,12 @@ struct lora_forward *lora_forward_new(const struct lora_model *m, struct lora_kv
     f->segs = calloc((size_t)lim->max_loras + 1, sizeof(*f->segs));
     f->slots = calloc((size_t)lim->max_loras + 1, sizeof(*f->slots));
     f->present = calloc(((size_t)lim->max_loras + 1) * n_lp, 1);
+    f->mat_off = calloc(((size_t)lim->max_loras + 1) * n_lp * 2, sizeof(size_t));
     f->group_slot = calloc((size_t)lim->max_loras + 2, sizeof(int));
     f->group_row = calloc((size_t)lim->max_loras + 3, sizeof(int));
     if (!f->ids || !f->pos || !f->kv_slot || !f->order || !f->seq_row || !f->logit_src ||
-        !f->attn || !f->segs || !f->slots || !f->present || !f->group_slot || !f->group_row) {
+        !f->attn || !f->segs || !f->slots || !f->present || !f->mat_off || !f->group_slot ||
+        !f->group_row) {
         snprintf(err, err_len, "forward: out of memory for %d tokens and %d logit rows",
                  lim->max_tokens, lim->max_logit_rows);
         lora_forward_destroy(&f);
@@ -211,6 +235,10 @@ void lora_forward_destroy(struct lora_forward **fp)
     struct lora_forward *f = fp ? *fp : NULL;
     if (!f)
         return;
+    /* Freeing the pinned images waits for the copies still reading them. */
+    for (int s = 0; f->pinned && s < f->lim.max_loras; s++)
+        f->k->host_free_pinned(f->be, f->pinned[s]);
+    free(f->pinned);
     f->k->buffer_free(f->be, f->act);
     f->k->buffer_free(f->be, f->slot_buf);
     if (f->logits_copy)
@@ -226,6 +254,7 @@ void lora_forward_destroy(struct lora_forward **fp)
     free(f->segs);
     free(f->slots);
     free(f->present);
+    free(f->mat_off);
     free(f->group_slot);
     free(f->group_row);
     free(f);
@@ -239,28 +268,45 @@ size_t lora_forward_bytes(const struct lora_forward *f, size_t *slot_bytes)
     return f->act->bytes + f->slot_buf->bytes;
 }
 
-/* Where slot s keeps A (or B, transposed) of projection p of layer l. */
+/* Where slot s keeps A (or B, transposed) of projection p of layer l: an offset in slot_buf. */
 static size_t slot_off(const struct lora_forward *f, int s, int l, enum lora_proj p, bool b)
 {
-    size_t off = (size_t)s * f->slot_bytes + (size_t)l * f->layer_bytes + f->proj_off[p];
-    return b ? off + (size_t)f->lim.max_rank * lora_model_proj_in(f->m, p) *
-                         lora_dtype_size(f->lim.slot_dtype)
-             : off;
+    size_t n_lp = (size_t)f->m->cfg.n_layers * LORA_PROJ_COUNT;
+    return f->mat_off[((size_t)s * n_lp + (size_t)(l * LORA_PROJ_COUNT + p)) * 2 + b];
+}
+
+/* Converts n float32 elements of an adapter matrix to the slots' dtype at dst (host memory). */
+static void put_image(const struct lora_forward *f, void *dst, const float *src, size_t n)
+{
+    if (f->lim.slot_dtype == LORA_DTYPE_F32)
+        memcpy(dst, src, n * sizeof(float));
+    else
+        lora_dtype_convert(LORA_DTYPE_F32, src, f->lim.slot_dtype, dst, n);
 }
 
 /* Uploads n float32 elements of an adapter matrix to offset off of the slots, converted to their
- * dtype. */
+ * dtype, and returns once they are there. */
 static int put_slot_matrix(struct lora_forward *f, size_t off, const float *src, size_t n,
                            char *err, size_t err_len)
 {
     const void *data = src;
 
     if (f->lim.slot_dtype != LORA_DTYPE_F32) {
-        lora_dtype_convert(LORA_DTYPE_F32, src, f->lim.slot_dtype, f->slot_staging, n);
+        put_image(f, f->slot_staging, src, n);
         data = f->slot_staging;
     }
     return f->k->upload(f->be, f->slot_buf, off, data, n * lora_dtype_size(f->lim.slot_dtype), err,
                         err_len);
+}
+
+/* Waits for slot's copy, if one is running (an asynchronous copy takes milliseconds). */
+static void wait_copy(struct lora_forward *f, int slot)
+{
+    struct slot *sl = &f->slots[slot];
+
+    while (sl->ticket && !f->k->upload_done(f->be, sl->ticket))
+        sched_yield();
+    sl->ticket = 0;
 }
 
 int lora_forward_set_slot(struct lora_forward *f, int slot, const struct lora_adapter *a,
@@ -281,27 +327,59 @@ int lora_forward_set_slot(struct lora_forward *f, int slot, const struct lora_ad
     }
     int n_lp = f->m->cfg.n_layers * LORA_PROJ_COUNT;
     unsigned char *present = f->present + (size_t)slot * n_lp;
+    size_t *mat_off = f->mat_off + (size_t)slot * n_lp * 2;
+    /* The slot's image may still be read by its last copy. */
+    wait_copy(f, slot);
     f->slots[slot] = (struct slot){0};
     memset(present, 0, (size_t)n_lp);
     if (!a)
         return 0;
+    size_t es = lora_dtype_size(f->lim.slot_dtype), r = (size_t)a->rank;
+    size_t base = (size_t)slot * f->slot_bytes;
+    size_t at = 0;
     for (int i = 0; i < n_lp; i++) {
         if (!a->a[i])
             continue;
-        int l = i / LORA_PROJ_COUNT;
         enum lora_proj p = i % LORA_PROJ_COUNT;
-        size_t r = (size_t)a->rank;
-        if (put_slot_matrix(f, slot_off(f, slot, l, p, false), a->a[i],
-                            r * lora_model_proj_in(f->m, p), err, err_len) < 0 ||
-            put_slot_matrix(f, slot_off(f, slot, l, p, true), a->b[i],
-                            r * lora_model_proj_out(f->m, p), err, err_len) < 0) {
+        size_t n_a = r * lora_model_proj_in(f->m, p), n_b = r * lora_model_proj_out(f->m, p);
+        mat_off[2 * i] = base + at;
+        mat_off[2 * i + 1] = base + at + aligned(n_a * es);
+        if (f->pinned) {
+            put_image(f, (char *)f->pinned[slot] + at, a->a[i], n_a);
+            put_image(f, (char *)f->pinned[slot] + at + aligned(n_a * es), a->b[i], n_b);
+        } else if (put_slot_matrix(f, mat_off[2 * i], a->a[i], n_a, err, err_len) < 0 ||
+                   put_slot_matrix(f, mat_off[2 * i + 1], a->b[i], n_b, err, err_len) < 0) {
             memset(present, 0, (size_t)n_lp);
             return -1;
         }
+        at += aligned(n_a * es) + aligned(n_b * es);
         present[i] = 1;
     }
-    f->slots[slot] = (struct slot){.used = true, .rank = a->rank, .scale = a->scale};
+    uint64_t ticket = 0;
+    if (f->pinned && f->k->upload_async(f->be, f->slot_buf, base, f->pinned[slot], at, &ticket,
+                                        err, err_len) < 0) {
+        memset(present, 0, (size_t)n_lp);
+        return -1;
+    }
+    f->slots[slot] = (struct slot){.used = true, .rank = a->rank, .scale = a->scale,
+                                   .ticket = ticket};
     return 0;
+}
+
+bool lora_forward_slot_ready(struct lora_forward *f, int slot)
+{
+    if (slot < 0 || slot >= f->lim.max_loras)
+        return false;
+    struct slot *sl = &f->slots[slot];
+    if (sl->ticket && f->k->upload_done(f->be, sl->ticket))
+        sl->ticket = 0;
+    return sl->ticket == 0;
+}
+
+void lora_forward_slot_wait(struct lora_forward *f, int slot)
+{
+    if (slot >= 0 && slot < f->lim.max_loras)
+        wait_copy(f, slot);
 }
 
 void lora_forward_set_collective(struct lora_forward *f, struct lora_collective *c)
@@ -406,9 +484,9 @@ static void apply_lora(struct lora_forward *f, float *y, const float *x, int l, 
             .n_rows = f->group_row[g + 1] - f->group_row[g],
             .rank = f->slots[s].rank,
             .scale = f->slots[s].scale,
-            .a = {f->slot_buf, slot_off(f, s, l, p, false), f->lim.slot_dtype, f->lim.max_rank,
+            .a = {f->slot_buf, slot_off(f, s, l, p, false), f->lim.slot_dtype, f->slots[s].rank,
                   in},
-            .b_t = {f->slot_buf, slot_off(f, s, l, p, true), f->lim.slot_dtype, f->lim.max_rank,
+            .b_t = {f->slot_buf, slot_off(f, s, l, p, true), f->lim.slot_dtype, f->slots[s].rank,
                     out},
         };
     }
@@ -515,6 +593,10 @@ int lora_forward_step(struct lora_forward *f, const struct lora_seq_step *seqs, 
 
     if (validate(f, seqs, n_seqs, err, err_len) < 0)
         return -1;
+    /* A caller that runs a step before its adapter's copy is done gets it late, not wrong. */
+    for (int i = 0; i < n_seqs; i++)
+        if (seqs[i].adapter_slot >= 0)
+            wait_copy(f, seqs[i].adapter_slot);
     f->n_groups = 0;
     int n_rows = plan(f, seqs, n_seqs, first_row);
     int T = f->group_row[f->n_groups];

@@ -4,9 +4,10 @@
  * Owns (docs/design.md, "Backend"): the activations and scratch of a step, and the adapter slots.
  * Both are backend buffers allocated once by lora_forward_new() from the limits, so a step
  * allocates nothing. The slots are max_loras regions, each with room for every targetable
- * projection's A and B of every layer at max_rank; putting an adapter into a slot copies (uploads)
- * its weights there, so the compute side never points into an adapter the caller may free
- * (lib/runtime/adapter_cache decides which adapter sits where; this file holds the copies).
+ * projection's A and B of every layer at max_rank, an adapter packed at the start of its slot at
+ * its own rank; putting an adapter into a slot copies (uploads) its weights there, so the
+ * compute side never points into an adapter the caller may free (lib/runtime/adapter_cache
+ * decides which adapter sits where; this file holds the copies).
  * Borrowed: the model (weights) and the KV cache, which must live on the model's backend.
  *
  * The caller owns the KV cache's blocks and block tables; the step writes this step's keys and
@@ -62,10 +63,19 @@ void lora_forward_destroy(struct lora_forward **f);
 int lora_forward_warm(struct lora_forward *f, char *err, size_t err_len);
 
 /* Copies adapter a's weights into slot (NULL empties it); a is not referenced afterwards. Its
- * rank must fit max_rank and it must have been loaded for the same model shard. Returns 0, or -1
- * with err and the slot empty. */
+ * rank must fit max_rank and it must have been loaded for the same model shard. On a backend with
+ * asynchronous uploads the copy (one, of the adapter's bytes only) runs on alongside the steps
+ * that follow, from a page-locked image of the slot, after those already issued: the slot is
+ * ready once lora_forward_slot_ready says so, and a step that uses it earlier waits for it.
+ * Elsewhere it is ready on return. Returns 0, or -1 with err and the slot empty. */
 int lora_forward_set_slot(struct lora_forward *f, int slot, const struct lora_adapter *a,
                           char *err, size_t err_len);
+
+/* Whether slot's copy is complete (an empty slot is ready); never blocks. */
+bool lora_forward_slot_ready(struct lora_forward *f, int slot);
+
+/* Returns once slot's copy is complete. */
+void lora_forward_slot_wait(struct lora_forward *f, int slot);
 
 /* Sums the partial outputs of o and down across the tensor-parallel ranks of c (a collective
  * of the model's backend, borrowed) after each; NULL: one rank, no sum. */

@@ -508,6 +508,20 @@ int lora_msg_get_bool(struct lora_msg_dec *d, const msgpack_object_map *m, const
     return 0;
 }
 
+int lora_msg_opt_bool(struct lora_msg_dec *d, const msgpack_object_map *m, const char *key,
+                      bool *out)
+{
+    const msgpack_object *v;
+
+    if (lora_msg_find(d, m, key, &v) < 0)
+        return -1;
+    if (v && v->type != MSGPACK_OBJECT_BOOLEAN)
+        return FAIL(d, key, -1, "expected a boolean");
+    if (v)
+        *out = v->via.boolean;
+    return 0;
+}
+
 int lora_msg_get_f64(struct lora_msg_dec *d, const msgpack_object_map *m, const char *key,
                      double *out)
 {

@@ -32,13 +32,15 @@
  *                                                  gpu_memory_utilization?
  *  setup_done           worker -> engine           ok error? rank weight_bytes     -
  *                                                  kv_blocks? memory_total?
- *                                                  memory_free?
+ *                                                  memory_free? async_activate?
  *  step                 engine -> worker           step_id seqs[]                  tokens,
  *                                                                                  block_tables
  *  step_reply           worker -> engine           step_id rank ok error? doorbell -
  *                                                  outs[]
  *  adapter_op           engine -> worker           op_id op name path? slot?       -
+ *                                                  async?
  *  adapter_op_reply     worker -> engine           op_id rank ok error? seconds    -
+ *                                                  pending?
  *  take_notifications   engine -> worker           -                               -
  *  notifications        worker -> engine,          engine? rank dropped items[]    -
  *                       engine -> frontend, PUB
@@ -258,6 +260,7 @@ struct lora_msg_setup_done {
     int kv_blocks; /* the KV blocks the rank allocated (ok only); 0 and absent: not said */
     uint64_t memory_total; /* bytes of the rank's device (host memory on the CPU); 0: not said */
     uint64_t memory_free;  /* of which free once the rank is set up */
+    bool async_activate;   /* an adapter's copy into a slot runs alongside steps (adapter_op) */
 };
 
 /* One sequence of a step: its tokens are the next n_tokens values of the tokens frame, its
@@ -349,6 +352,7 @@ struct lora_msg_adapter_op {
     struct lora_str name;
     struct lora_str path; /* ADD */
     int slot;             /* ACTIVATE */
+    bool async; /* ACTIVATE: answer once the copy into the slot has begun, not once it is done */
 };
 
 struct lora_msg_adapter_op_reply {
@@ -357,6 +361,7 @@ struct lora_msg_adapter_op_reply {
     bool ok;
     struct lora_str error;
     double seconds;
+    bool pending; /* ACTIVATE: the adapter's copy into its slot goes on */
 };
 
 /* A rank's loaded state: adapters in slots (slot i holds slots[i], empty string = free), in the

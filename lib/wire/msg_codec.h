@@ -138,6 +138,9 @@ int lora_msg_opt_u64(struct lora_msg_dec *d, const msgpack_object_map *m, const 
                      uint64_t *out);
 int lora_msg_get_bool(struct lora_msg_dec *d, const msgpack_object_map *m, const char *key,
                       bool *out);
+/* An optional boolean: *out is left as it is when the key is absent. */
+int lora_msg_opt_bool(struct lora_msg_dec *d, const msgpack_object_map *m, const char *key,
+                      bool *out);
 int lora_msg_get_f64(struct lora_msg_dec *d, const msgpack_object_map *m, const char *key,
                      double *out);
 /* An optional float: *out is left as it is when the key is absent. */

@@ -71,7 +71,7 @@ int lora_msg_encode_setup_done(struct lora_buf *b, const struct lora_msg_setup_d
 
     if (n_bins)
         *n_bins = 0;
-    lora_msg_enc_begin(&e, b, LORA_MSG_SETUP_DONE, 3 + HAS(m->error) + has_blocks + 2 * has_memory);
+    lora_msg_enc_begin(&e, b, LORA_MSG_SETUP_DONE, 3 + HAS(m->error) + has_blocks + 2 * has_memory + m->async_activate);
     if (m->memory_free > m->memory_total)
         lora_msg_enc_invalid(&e);
     if (m->kv_blocks < 0)
@@ -86,6 +86,8 @@ int lora_msg_encode_setup_done(struct lora_buf *b, const struct lora_msg_setup_d
         lora_msg_kv_u64(&e, "memory_total", m->memory_total);
         lora_msg_kv_u64(&e, "memory_free", m->memory_free);
     }
+    if (m->async_activate)
+        lora_msg_kv_bool(&e, "async_activate", true);
     return lora_msg_enc_end(&e);
 }
 
@@ -100,7 +102,8 @@ static int setup_done_fields(struct lora_msg_dec *d, const msgpack_object_map *m
         lora_msg_get_u64(d, m, "weight_bytes", &o->weight_bytes) < 0 ||
         lora_msg_opt_int(d, m, "kv_blocks", 0, INT_MAX, &o->kv_blocks, &present) < 0 ||
         lora_msg_opt_u64(d, m, "memory_total", &o->memory_total) < 0 ||
-        lora_msg_opt_u64(d, m, "memory_free", &o->memory_free) < 0)
+        lora_msg_opt_u64(d, m, "memory_free", &o->memory_free) < 0 ||
+        lora_msg_opt_bool(d, m, "async_activate", &o->async_activate) < 0)
         return -1;
     if (o->memory_total == 0)
         o->memory_free = 0; /* free of an unknown total says nothing */
@@ -340,8 +343,9 @@ int lora_msg_encode_adapter_op(struct lora_buf *b, const struct lora_msg_adapter
 
     if (n_bins)
         *n_bins = 0;
-    lora_msg_enc_begin(&e, b, LORA_MSG_ADAPTER_OP, 3 + HAS(m->path) + has_slot);
-    if ((m->op == LORA_OP_ADD && !m->path.s) || (m->op == LORA_OP_ACTIVATE && !has_slot))
+    lora_msg_enc_begin(&e, b, LORA_MSG_ADAPTER_OP, 3 + HAS(m->path) + has_slot + m->async);
+    if ((m->op == LORA_OP_ADD && !m->path.s) || (m->op == LORA_OP_ACTIVATE && !has_slot) ||
+        (m->async && m->op != LORA_OP_ACTIVATE))
         lora_msg_enc_invalid(&e);
     lora_msg_kv_u64(&e, "op_id", m->op_id);
     lora_msg_kv_enum(&e, "op", op_names, N_NAMES(op_names), (int)m->op);
@@ -349,6 +353,8 @@ int lora_msg_encode_adapter_op(struct lora_buf *b, const struct lora_msg_adapter
     lora_msg_kv_ostr(&e, "path", m->path);
     if (has_slot)
         lora_msg_kv_int(&e, "slot", m->slot);
+    if (m->async)
+        lora_msg_kv_bool(&e, "async", true);
     return lora_msg_enc_end(&e);
 }
 
@@ -363,9 +369,12 @@ static int adapter_op_fields(struct lora_msg_dec *d, const msgpack_object_map *m
         lora_msg_get_enum(d, m, "op", op_names, N_NAMES(op_names), &op) < 0 ||
         lora_msg_get_str(d, m, "name", &o->name) < 0 ||
         lora_msg_opt_str(d, m, "path", &o->path) < 0 ||
-        lora_msg_opt_int(d, m, "slot", 0, INT_MAX, &o->slot, &has_slot) < 0)
+        lora_msg_opt_int(d, m, "slot", 0, INT_MAX, &o->slot, &has_slot) < 0 ||
+        lora_msg_opt_bool(d, m, "async", &o->async) < 0)
         return -1;
     o->op = (enum lora_adapter_op)op;
+    if (o->async && o->op != LORA_OP_ACTIVATE)
+        return FAIL(d, "async", -1, "only op activate takes it");
     if (o->op == LORA_OP_ADD && !o->path.s)
         return FAIL(d, "path", -1, "missing (op add needs it)");
     if (o->op == LORA_OP_ACTIVATE && !has_slot)
@@ -381,12 +390,14 @@ int lora_msg_encode_adapter_op_reply(struct lora_buf *b, const struct lora_msg_a
 
     if (n_bins)
         *n_bins = 0;
-    lora_msg_enc_begin(&e, b, LORA_MSG_ADAPTER_OP_REPLY, 4 + HAS(m->error));
+    lora_msg_enc_begin(&e, b, LORA_MSG_ADAPTER_OP_REPLY, 4 + HAS(m->error) + m->pending);
     lora_msg_kv_u64(&e, "op_id", m->op_id);
     lora_msg_kv_int(&e, "rank", m->rank);
     lora_msg_kv_bool(&e, "ok", m->ok);
     lora_msg_kv_ostr(&e, "error", m->error);
     lora_msg_kv_f64(&e, "seconds", m->seconds);
+    if (m->pending)
+        lora_msg_kv_bool(&e, "pending", true);
     return lora_msg_enc_end(&e);
 }
 
@@ -398,7 +409,8 @@ static int adapter_op_reply_fields(struct lora_msg_dec *d, const msgpack_object_
         lora_msg_get_int(d, m, "rank", 0, INT_MAX, &o->rank) < 0 ||
         lora_msg_get_bool(d, m, "ok", &o->ok) < 0 ||
         lora_msg_opt_str(d, m, "error", &o->error) < 0 ||
-        lora_msg_get_f64(d, m, "seconds", &o->seconds) < 0)
+        lora_msg_get_f64(d, m, "seconds", &o->seconds) < 0 ||
+        lora_msg_opt_bool(d, m, "pending", &o->pending) < 0)
         return -1;
     return 0;
 }

@@ -31,6 +31,7 @@ struct fake_slots {
     int n_null_calls;
     int last_slot;
     int fail_in; /* > 0: the fail_in-th call from now fails; 0: none fails */
+    bool copying; /* an adapter's copy goes on after the call (set_slot returns 1) */
 };
 
 static int fake_set_slot(void *ctx, int slot, const struct lora_adapter *a, char *err,
@@ -46,7 +47,7 @@ static int fake_set_slot(void *ctx, int slot, const struct lora_adapter *a, char
     f->n_null_calls += a == NULL;
     f->last_slot = slot;
     f->slot[slot] = a;
-    return 0;
+    return a && f->copying ? 1 : 0;
 }
 
 /* A destroyable adapter with one small weight buffer, so a leak shows under ASan. */
@@ -638,6 +639,30 @@ static void test_timings_bounded(void)
     lora_adapter_cache_destroy(&c);
 }
 
+/* A copy that goes on after set_slot: no ACTIVATE timing until the caller records one. */
+static void test_copy_goes_on(void)
+{
+    struct fake_slots f;
+    struct lora_adapter_cache *c = new_cache(2, 2, &f);
+    struct lora_adapter_cache_snapshot s = {0};
+    char err[ERR_BYTES] = "";
+
+    CHECK(ins(c, "a", 1, err) == 0);
+    f.copying = true;
+    CHECK(lora_adapter_cache_activate(c, "a", 1, 2, err, sizeof(err)) == 0);
+    CHECK(f.slot[1] != NULL && lora_adapter_cache_find(c, "a")->slot == 1);
+    CHECK(lora_adapter_cache_snapshot(c, &s, true, err, sizeof(err)) == 0);
+    CHECK(s.n_timings == 1 && s.timings[0].transition == LORA_TRANSITION_LOAD);
+    CHECK(lora_adapter_cache_record_activate(c, "a", 0.25, err, sizeof(err)) == 0);
+    CHECK(lora_adapter_cache_record_activate(c, "b", 0.25, err, sizeof(err)) == -1);
+    CHECK(strstr(err, "adapter 'b' is not loaded") != NULL);
+    CHECK(lora_adapter_cache_snapshot(c, &s, true, err, sizeof(err)) == 0);
+    CHECK(s.n_timings == 1 && s.timings[0].transition == LORA_TRANSITION_ACTIVATE &&
+          s.timings[0].seconds == 0.25 && strcmp(s.timings[0].name.s, "a") == 0);
+    lora_adapter_cache_snapshot_release(&s);
+    lora_adapter_cache_destroy(&c);
+}
+
 /* ---- set_slot failures ---------------------------------------------------------------------- */
 
 static void test_set_slot_failure(void)
@@ -1018,6 +1043,7 @@ int main(void)
     RUN(test_pin_unpin);
     RUN(test_snapshot_order);
     RUN(test_timings_bounded);
+    RUN(test_copy_goes_on);
     RUN(test_set_slot_failure);
     RUN(test_random_ops);
     RUN(test_real_adapters);

@@ -108,7 +108,8 @@ static const struct lora_msg_setup_done setup_done_full = {.ok = false,
                                                            .weight_bytes = 123456789012u,
                                                            .kv_blocks = 4096,
                                                            .memory_total = 85899345920u,
-                                                           .memory_free = 1073741824u};
+                                                           .memory_free = 1073741824u,
+                                                           .async_activate = true};
 static const struct lora_msg_setup_done setup_done_min = {.ok = true, .rank = 0};
 
 static const int32_t step_banned[] = {257, 2};
@@ -198,7 +199,8 @@ static const struct lora_msg_adapter_op adapter_op_min = {
     .op_id = 101, .op = LORA_OP_REMOVE, .name = STR("sql"), .slot = -1};
 
 static const struct lora_msg_adapter_op_reply adapter_op_reply_full = {
-    .op_id = 100, .rank = 1, .ok = false, .error = STR("no such file"), .seconds = 0.25};
+    .op_id = 100, .rank = 1, .ok = false, .error = STR("no such file"), .seconds = 0.25,
+    .pending = true};
 static const struct lora_msg_adapter_op_reply adapter_op_reply_min = {
     .op_id = 101, .rank = 0, .ok = true, .seconds = 0.0};
 
@@ -523,6 +525,7 @@ static json_t *dump_setup_done(const void *p)
     set(o, "kv_blocks", json_integer(m->kv_blocks));
     set(o, "memory_total", j_u64(m->memory_total));
     set(o, "memory_free", j_u64(m->memory_free));
+    set(o, "async_activate", json_boolean(m->async_activate));
     return o;
 }
 
@@ -606,6 +609,7 @@ static json_t *dump_adapter_op(const void *p)
     set(o, "name", j_str(m->name));
     set(o, "path", j_str(m->path));
     set(o, "slot", json_integer(m->slot));
+    set(o, "async", json_boolean(m->async));
     return o;
 }
 
@@ -618,6 +622,7 @@ static json_t *dump_adapter_op_reply(const void *p)
     set(o, "ok", json_boolean(m->ok));
     set(o, "error", j_str(m->error));
     set(o, "seconds", j_real(m->seconds));
+    set(o, "pending", json_boolean(m->pending));
     return o;
 }
 
@@ -900,11 +905,13 @@ static const struct codec codecs[LORA_MSG_TYPE_COUNT] = {
         ROW(setup, &setup_min,
             {"shm", "kv_cache_bytes", "kv_cache_fraction", "gpu_memory_utilization"}),
     [LORA_MSG_SETUP_DONE] =
-        ROW(setup_done, &setup_done_min, {"error", "kv_blocks", "memory_total", "memory_free"}),
+        ROW(setup_done, &setup_done_min, {"error", "kv_blocks", "memory_total", "memory_free",
+                                 "async_activate"}),
     [LORA_MSG_STEP] = ROW(step, &step_min, {"banned", "allowed", "prompt_top_n"}),
     [LORA_MSG_STEP_REPLY] = ROW(step_reply, &step_reply_min, {"error", "prompt_ranks"}),
     [LORA_MSG_ADAPTER_OP] = ROW(adapter_op, &adapter_op_min, {"slot"}),
-    [LORA_MSG_ADAPTER_OP_REPLY] = ROW(adapter_op_reply, &adapter_op_reply_min, {"error"}),
+    [LORA_MSG_ADAPTER_OP_REPLY] = ROW(adapter_op_reply, &adapter_op_reply_min,
+                                      {"error", "pending"}),
     [LORA_MSG_NOTIFICATIONS] = ROW(notifications, &notifications_min, {"engine"}),
     [LORA_MSG_RESIDENCY_REPLY] = ROW(residency_reply, &residency_reply_min, {"engine"}),
     [LORA_MSG_REQUEST] =
@@ -1569,6 +1576,29 @@ static void test_numbers(void)
     lora_msg_arena_reset(arena);
 }
 
+/* An asynchronous activate reads back; async on another op is refused by the decoder too. */
+static void test_activate_async(void)
+{
+    union lora_msg_any o;
+    char err[256];
+    struct lora_msg_bin bins[MAX_BINS];
+    int n_bins;
+    struct lora_msg_adapter_op a = adapter_op_full;
+
+    a.op = LORA_OP_ACTIVATE;
+    a.async = true;
+    lora_buf_reset(&buf);
+    CHECK(lora_msg_encode_adapter_op(&buf, &a, bins, &n_bins) == 0);
+    CHECK(lora_msg_decode_adapter_op(buf.data, buf.len, NULL, 0, arena, &o.adapter_op, err,
+                                     sizeof(err)) == 0);
+    CHECK(o.adapter_op.async && o.adapter_op.op == LORA_OP_ACTIVATE && o.adapter_op.slot == 1);
+    msgpack_object yes = {.type = MSGPACK_OBJECT_BOOLEAN, .via.boolean = true};
+    CHECK(decode_edited(LORA_MSG_ADAPTER_OP, &adapter_op_full, "async", yes, EDIT_ADD, &o, err,
+                        sizeof(err)) == -1);
+    CHECK_CONTAINS(err, "adapter_op: async: only op activate takes it");
+    lora_msg_arena_reset(arena);
+}
+
 /* The KV budget of setup and the blocks of setup_done: optional, bounded, absent when 0. */
 static void test_kv_budget(void)
 {
@@ -1986,6 +2016,10 @@ static void test_encoder_checks(void)
 
     struct lora_msg_adapter_op a = adapter_op_full;
     a.path = NONE;
+    CHECK(lora_msg_encode_adapter_op(&buf, &a, bins, &n_bins) == -1 && errno == EINVAL);
+    /* async belongs to activate alone. */
+    a = adapter_op_full;
+    a.async = true;
     CHECK(lora_msg_encode_adapter_op(&buf, &a, bins, &n_bins) == -1 && errno == EINVAL);
     struct lora_msg_ready r = ready_full;
     r.model = NONE;
@@ -2657,6 +2691,7 @@ int main(int argc, char **argv)
         RUN(test_unknown_keys_ignored);
         RUN(test_numbers);
         RUN(test_kv_budget);
+        RUN(test_activate_async);
         RUN(test_strings_and_enums);
         RUN(test_array_bounds);
         RUN(test_lying_lengths);
