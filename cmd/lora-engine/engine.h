@@ -155,6 +155,7 @@ struct engine {
     uint64_t kv_cache_bytes;
     double kv_cache_fraction;
     double gpu_memory_utilization;
+    bool async_activate; /* every rank copies adapters into slots alongside its steps */
     int kv_blocks_cap;
     int num_kv_blocks;
     int max_num_batched_tokens, max_num_seqs, max_model_len;

@@ -225,6 +225,7 @@ static int setup_scheduler(struct engine *e, char *err, size_t len)
     sc.max_model_len = e->max_model_len;
     sc.max_requests = e->max_requests;
     sc.max_adapters = ENGINE_MAX_ADAPTERS;
+    sc.async_activation = e->async_activate;
     e->sched = lora_scheduler_new(&sc, err, len);
     if (!e->sched || lora_scheduler_plan_init(e->sched, &e->plan) < 0)
         return -1;

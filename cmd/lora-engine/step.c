@@ -31,6 +31,34 @@ static struct eng_request *request_of(struct engine *e, uint64_t id)
     return r->used && r->id == id ? r : NULL;
 }
 
+/* Asks the ranks whether the copies of the adapters still arriving are done, and lets the
+ * scheduler run the requests of those that are. */
+static void poll_arrivals(struct engine *e)
+{
+    char err[512];
+    bool arrived = false;
+
+    for (int i = 0; i < ENGINE_MAX_ADAPTERS && e->healthy; i++) {
+        const struct eng_adapter *ad = &e->adapters[i];
+        struct lora_scheduler_adapter_info info;
+        bool pending = true;
+        if (!ad->used || lora_scheduler_adapter_info(e->sched, ad->id, &info) < 0 || !info.arriving)
+            continue;
+        if (workers_activate_async(e, ad->name, info.slot, &pending, err, sizeof(err)) < 0) {
+            char why[700];
+            snprintf(why, sizeof(why), "activating adapter '%s': %s", ad->name, err);
+            workers_mark_dead(e, why);
+            return;
+        }
+        if (!pending) {
+            lora_scheduler_adapter_arrived(e->sched, ad->id);
+            arrived = true;
+        }
+    }
+    if (arrived)
+        workers_gather_notifications(e);
+}
+
 /* Performs the plan's activations and unloads on the workers. */
 static int apply_adapters(struct engine *e)
 {
@@ -40,8 +68,14 @@ static int apply_adapters(struct engine *e)
     for (int i = 0; i < e->plan.n_activations; i++) {
         const struct lora_scheduler_activation *a = &e->plan.activations[i];
         const struct eng_adapter *ad = &e->adapters[a->adapter_id - 1];
-        if (workers_adapter_op(e, LORA_OP_ACTIVATE, ad->name, NULL, a->slot, err, sizeof(err)) <
-            0) {
+        bool pending = false;
+        int rc = e->async_activate
+                     ? workers_activate_async(e, ad->name, a->slot, &pending, err, sizeof(err))
+                     : workers_adapter_op(e, LORA_OP_ACTIVATE, ad->name, NULL, a->slot, err,
+                                          sizeof(err));
+        if (rc == 0 && e->async_activate && !pending)
+            lora_scheduler_adapter_arrived(e->sched, ad->id);
+        if (rc < 0) {
             char why[700];
             snprintf(why, sizeof(why), "activating adapter '%s': %s", ad->name, err);
             workers_mark_dead(e, why);
@@ -196,6 +230,8 @@ int step_run(struct engine *e)
     char err[512];
 
     adapters_reload_wanted(e);
+    if (e->async_activate)
+        poll_arrivals(e);
     double t0 = lora_clock_unix();
     if (lora_scheduler_schedule(e->sched, t0, &e->plan) < 0) {
         fprintf(stderr, "lora-engine: warning: the scheduler refused a step\n");

@@ -253,21 +253,16 @@ fail:
     return -1;
 }
 
-int workers_adapter_op(struct engine *e, enum lora_adapter_op op, const char *name,
-                       const char *path, int slot, char *err, size_t err_len)
+/* Sends m to every rank and gathers the replies; *pending: some rank's copy goes on. */
+static int adapter_op(struct engine *e, struct lora_msg_adapter_op *m, bool *pending, char *err,
+                      size_t err_len)
 {
-    struct lora_msg_adapter_op m = {
-        .op_id = ++e->next_op,
-        .op = op,
-        .name = {name, strlen(name)},
-        .slot = slot,
-    };
     struct lora_msg_frames replies[ENGINE_MAX_WORLD];
     int failed;
 
-    if (path)
-        m.path = (struct lora_str){path, strlen(path)};
-    if (publish_adapter_op(e, &m, &failed) < 0) {
+    m->op_id = ++e->next_op;
+    *pending = false;
+    if (publish_adapter_op(e, m, &failed) < 0) {
         broadcast_failed(e, failed);
         snprintf(err, err_len, "unable to reach the workers");
         return -1;
@@ -289,9 +284,29 @@ int workers_adapter_op(struct engine *e, enum lora_adapter_op op, const char *na
             snprintf(err, err_len, "%s", rep.error.s ? rep.error.s : "refused");
             rc = -1;
         }
+        *pending = *pending || rep.pending;
     }
     workers_release(e, replies);
     return rc;
+}
+
+int workers_adapter_op(struct engine *e, enum lora_adapter_op op, const char *name,
+                       const char *path, int slot, char *err, size_t err_len)
+{
+    struct lora_msg_adapter_op m = {.op = op, .name = {name, strlen(name)}, .slot = slot};
+    bool pending;
+
+    if (path)
+        m.path = (struct lora_str){path, strlen(path)};
+    return adapter_op(e, &m, &pending, err, err_len);
+}
+
+int workers_activate_async(struct engine *e, const char *name, int slot, bool *pending, char *err,
+                           size_t err_len)
+{
+    struct lora_msg_adapter_op m = {
+        .op = LORA_OP_ACTIVATE, .name = {name, strlen(name)}, .slot = slot, .async = true};
+    return adapter_op(e, &m, pending, err, err_len);
 }
 
 /* ---- start-up ----------------------------------------------------------------------------- */
@@ -345,13 +360,16 @@ static void refuse_hello(struct engine *e, const struct lora_msg_frames *f,
 }
 
 /* Gathers every rank's setup_done: 0, 1 stopped by a signal, 2 a rank refused, -1 failed.
- * blocks[r]: the KV blocks rank r allocated (a worker that does not say holds the cap). */
-static int gather_setup_done(struct engine *e, int cap, int *blocks, char *err, size_t err_len)
+ * blocks[r]: the KV blocks rank r allocated (a worker that does not say holds the cap); *async:
+ * every rank copies adapters into slots alongside its steps. */
+static int gather_setup_done(struct engine *e, int cap, int *blocks, bool *async, char *err,
+                             size_t err_len)
 {
     struct lora_msg_frames replies[ENGINE_MAX_WORLD];
     if (workers_gather(e, LORA_MSG_SETUP_DONE, replies, e->startup_timeout_ms, err, err_len) < 0)
         return e->stopping ? 1 : -1;
     int rc = 0;
+    *async = true;
     for (int r = 0; r < e->world && rc == 0; r++) {
         struct lora_msg_setup_done d;
         char rerr[256];
@@ -366,11 +384,14 @@ static int gather_setup_done(struct engine *e, int cap, int *blocks, char *err, 
         } else if ((blocks[r] = d.kv_blocks > 0 ? d.kv_blocks : cap) < 1) {
             snprintf(err, err_len, "rank %d: its setup_done says no KV blocks", r);
             rc = -1;
-        } else if (d.memory_total > 0) {
-            fprintf(stderr,
-                    "lora-engine: rank %d: %d KV blocks; %.2f GiB of its device's %.2f GiB free "
-                    "after setup\n",
-                    r, blocks[r], d.memory_free / 1073741824.0, d.memory_total / 1073741824.0);
+        } else {
+            *async = *async && d.async_activate;
+            if (d.memory_total > 0)
+                fprintf(stderr,
+                        "lora-engine: rank %d: %d KV blocks; %.2f GiB of its device's %.2f GiB "
+                        "free after setup%s\n",
+                        r, blocks[r], d.memory_free / 1073741824.0, d.memory_total / 1073741824.0,
+                        d.async_activate ? "; adapters are copied into slots alongside steps" : "");
         }
     }
     workers_release(e, replies);
@@ -445,7 +466,7 @@ int workers_wait_setup(struct engine *e, char *err, size_t err_len)
     for (int r = 0; r < e->world; r++)
         if (send_setup(e, r, e->kv_blocks_cap, err, err_len) < 0)
             return -1;
-    int rc = gather_setup_done(e, e->kv_blocks_cap, blocks, err, err_len);
+    int rc = gather_setup_done(e, e->kv_blocks_cap, blocks, &e->async_activate, err, err_len);
     if (rc == 0)
         choose_kv_blocks(e, blocks);
     return rc;
@@ -711,10 +732,13 @@ static void readmit(struct engine *e)
     lora_liveness_init(&w->live, lora_clock_mono_ms());
     /* The newcomer must hold as many KV blocks as the engine runs with: no more (the cap) and
      * no fewer. */
+    /* Its activations answer as the engine's other ranks' do, or once the copy is done:
+     * either way correct, so whether it copies asynchronously changes nothing here. */
     int blocks[ENGINE_MAX_WORLD];
+    bool async;
     int rc = send_setup(e, r, e->num_kv_blocks, err, sizeof(err));
     if (rc == 0)
-        rc = gather_setup_done(e, e->num_kv_blocks, blocks, err, sizeof(err));
+        rc = gather_setup_done(e, e->num_kv_blocks, blocks, &async, err, sizeof(err));
     if (rc != 0) {
         if (!e->stopping)
             fprintf(stderr,

@@ -28,6 +28,11 @@ void workers_release(struct engine *e, struct lora_msg_frames *replies);
  * 0, or -1 with err (the first rank's error). */
 int workers_adapter_op(struct engine *e, enum lora_adapter_op op, const char *name,
                        const char *path, int slot, char *err, size_t err_len);
+/* An asynchronous activate of name into slot on every rank (engine->async_activate): the ranks
+ * answer once their copies have begun; *pending: some rank's copy goes on. Sent again for the
+ * same slot, it asks whether the copies are done. 0, or -1 with err. */
+int workers_activate_async(struct engine *e, const char *name, int slot, bool *pending, char *err,
+                           size_t err_len);
 /* Gathers every rank's notifications: publishes the news, keeps each rank's state, follows
  * which adapters every rank caches. 0, or -1 (the rank that failed is marked dead). */
 int workers_gather_notifications(struct engine *e);

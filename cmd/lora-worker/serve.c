@@ -34,6 +34,7 @@
 #include "worker.h"
 
 #define LOAD_POLL_MS 2 /* poll period while an adapter is loading */
+#define COPY_POLL_MS 1 /* and while an adapter is copied into a slot */
 
 struct beat {
     void *zctx;
@@ -105,12 +106,6 @@ static int send_empty(struct worker *w, enum lora_msg_type t)
     if (lora_msg_encode_empty(&w->out, t) < 0)
         return -1;
     return worker_send(w, NULL, 0);
-}
-
-static int set_slot(void *ctx, int slot, const struct lora_adapter *a, char *err, size_t err_len)
-{
-    struct worker *w = ctx;
-    return lora_forward_set_slot(w->fwd, slot, a, err, err_len);
 }
 
 /* Bytes of one KV block of this rank. */
@@ -298,10 +293,13 @@ static int setup(struct worker *w, const struct lora_msg_setup *s, char *err, si
             return -1;
         lora_forward_set_collective(w->fwd, w->coll);
     }
-    w->cache = lora_adapter_cache_new(l->max_loras, l->max_cpu_loras, set_slot, w, err, err_len);
+    w->copying = calloc((size_t)l->max_loras, sizeof(bool));
+    w->copy_t0 = calloc((size_t)l->max_loras, sizeof(double));
+    w->cache =
+        lora_adapter_cache_new(l->max_loras, l->max_cpu_loras, worker_set_slot, w, err, err_len);
     w->sampler = lora_sampler_new(c->vocab_size);
     w->ring = lora_notify_ring_new(0);
-    if (!w->cache || !w->sampler || !w->ring) {
+    if (!w->cache || !w->sampler || !w->ring || !w->copying || !w->copy_t0) {
         if (!*err)
             snprintf(err, err_len, "out of memory");
         return -1;
@@ -343,6 +341,7 @@ static int handle_setup(struct worker *w, const struct lora_msg_frames *f)
         .rank = w->rank,
         .weight_bytes = w->model ? w->model->weight_bytes : 0,
         .kv_blocks = rc == 0 ? w->lim.num_kv_blocks : 0,
+        .async_activate = rc == 0 && lora_forward_copies_async(w->fwd),
     };
     size_t total, avail;
     if (rc == 0 && w->be->ops->memory(w->be, &total, &avail) == 0) {
@@ -417,6 +416,8 @@ static void teardown(struct worker *w)
     worker_step_free(w);
     lora_adapter_cache_destroy(&w->cache);
     lora_adapter_cache_snapshot_release(&w->snap);
+    free(w->copying);
+    free(w->copy_t0);
     lora_forward_destroy(&w->fwd);
     lora_kv_cache_destroy(&w->kv);
     if (w->be)
@@ -460,6 +461,8 @@ static int run(struct worker *w)
          * answer a finished load within LOAD_POLL_MS. */
         if (w->n_loading > 0 && timeout > LOAD_POLL_MS)
             timeout = LOAD_POLL_MS;
+        if (w->n_copying > 0 && timeout > COPY_POLL_MS)
+            timeout = COPY_POLL_MS;
         if (lora_sock_poll(socks, 1, w->sig_fd, timeout, readable) < 0 && errno != EINTR) {
             fprintf(stderr, "lora-worker: fatal: poll: %s\n", strerror(errno));
             return EXIT_SYSTEM;
@@ -468,6 +471,8 @@ static int run(struct worker *w)
             return 0;
         if (w->n_loading > 0)
             worker_finish_loads(w);
+        if (w->n_copying > 0)
+            worker_poll_copies(w);
         struct lora_msg_frames f;
         char err[256];
         while (lora_sock_recv(w->sock, &f, 0, err, sizeof(err)) == 1) {

@@ -47,6 +47,11 @@ struct worker {
     struct lora_notify_ring *ring;
     struct lora_adapter_cache_snapshot snap;
     uint64_t clock; /* steps run: the adapters' LRU clock */
+    /* Slots whose adapter copy (asynchronous, on a GPU) is not yet seen done, and when each
+     * began: their adapters count as in the slot only once it is (worker_poll_copies). */
+    bool *copying;   /* (max_loras) */
+    double *copy_t0; /* (max_loras) lora_clock_mono() */
+    int n_copying;
     const char *lora_root;    /* --lora-root: client adapters are read beneath it */
     bool lora_allow_symlinks; /* links beneath the root are followed */
     long load_timeout_ms;     /* a load still running then is answered as failed */
@@ -91,5 +96,10 @@ int worker_handle_take_notifications(struct worker *w);
 int worker_handle_residency(struct worker *w);
 /* Records the current state (and the timings since the last) as a notification. */
 void worker_notify(struct worker *w);
+/* The adapter cache's set_slot: fills the slot, and returns 1 while the copy goes on. */
+int worker_set_slot(void *ctx, int slot, const struct lora_adapter *a, char *err, size_t err_len);
+/* Takes in the copies that are done: their ACTIVATE timings, then one notification when any
+ * was. */
+void worker_poll_copies(struct worker *w);
 
 #endif

@@ -220,10 +220,11 @@ bool worker_adapters_stop(struct worker *w)
     return true;
 }
 
-static int reply_op(struct worker *w, uint64_t op_id, const char *err, double seconds)
+/* pending: an asynchronous activate's copy goes on. */
+static int reply_op(struct worker *w, uint64_t op_id, const char *err, double seconds, bool pending)
 {
     struct lora_msg_adapter_op_reply r = {
-        .op_id = op_id, .rank = w->rank, .ok = err == NULL, .seconds = seconds};
+        .op_id = op_id, .rank = w->rank, .ok = err == NULL, .seconds = seconds, .pending = pending};
     if (err)
         r.error = (struct lora_str){err, strlen(err)};
     lora_buf_reset(&w->out);
@@ -232,12 +233,61 @@ static int reply_op(struct worker *w, uint64_t op_id, const char *err, double se
     return worker_send(w, NULL, 0);
 }
 
+int worker_set_slot(void *ctx, int slot, const struct lora_adapter *a, char *err, size_t err_len)
+{
+    struct worker *w = ctx;
+    double t0 = lora_clock_mono();
+
+    if (w->copying[slot]) {
+        w->copying[slot] = false;
+        w->n_copying--;
+    }
+    if (lora_forward_set_slot(w->fwd, slot, a, err, err_len) < 0)
+        return -1;
+    if (!a || lora_forward_slot_ready(w->fwd, slot))
+        return 0;
+    w->copying[slot] = true;
+    w->copy_t0[slot] = t0;
+    w->n_copying++;
+    return 1;
+}
+
+void worker_poll_copies(struct worker *w)
+{
+    bool any = false;
+
+    for (int s = 0; s < w->lim.max_loras && w->n_copying > 0; s++) {
+        if (!w->copying[s] || !lora_forward_slot_ready(w->fwd, s))
+            continue;
+        w->copying[s] = false;
+        w->n_copying--;
+        const struct lora_adapter_cache_entry *e = lora_adapter_cache_slot_entry(w->cache, s);
+        if (e)
+            lora_adapter_cache_record_activate(w->cache, e->name, lora_clock_mono() - w->copy_t0[s],
+                                               NULL, 0);
+        any = true;
+    }
+    if (any)
+        worker_notify(w);
+}
+
+/* The cache's state as the worker tells it: a slot whose copy goes on is not filled yet. */
+static int take_state(struct worker *w, bool take_timings, char *err, size_t err_len)
+{
+    if (lora_adapter_cache_snapshot(w->cache, &w->snap, take_timings, err, err_len) < 0)
+        return -1;
+    for (int s = 0; s < w->snap.state.n_slots && w->n_copying > 0; s++)
+        if (w->copying[s])
+            w->snap.state.slots[s] = (struct lora_str){"", 0};
+    return 0;
+}
+
 void worker_notify(struct worker *w)
 {
     char err[256];
     struct timespec ts;
 
-    if (lora_adapter_cache_snapshot(w->cache, &w->snap, true, err, sizeof(err)) < 0) {
+    if (take_state(w, true, err, sizeof(err)) < 0) {
         fprintf(stderr, "lora-worker: warning: rank %d: %s\n", w->rank, err);
         return;
     }
@@ -318,7 +368,7 @@ int worker_finish_loads(struct worker *w)
             fail = err;
         if (!fail)
             worker_notify(w);
-        rc |= reply_op(w, j->op_id, fail, j->seconds);
+        rc |= reply_op(w, j->op_id, fail, j->seconds, false);
         w->n_loading--;
         lora_adapter_destroy(&j->adapter);
         free(j);
@@ -340,10 +390,10 @@ static int queue_load(struct worker *w, const struct lora_msg_adapter_op *op)
     struct load_job *j = calloc(1, sizeof(*j));
 
     if (!j)
-        return reply_op(w, op->op_id, "out of memory", 0);
+        return reply_op(w, op->op_id, "out of memory", 0, false);
     if (!op->path.s || op->name.len > LORA_ADAPTER_NAME_MAX || op->path.len >= sizeof(j->path)) {
         free(j);
-        return reply_op(w, op->op_id, "add needs a name and a path", 0);
+        return reply_op(w, op->op_id, "add needs a name and a path", 0, false);
     }
     j->op_id = op->op_id;
     memcpy(j->name, op->name.s, op->name.len);
@@ -376,19 +426,31 @@ int worker_handle_adapter_op(struct worker *w, const struct lora_msg_frames *f)
         return 0;
     }
     if (!w->set_up)
-        return reply_op(w, op.op_id, "adapter command before setup", 0);
+        return reply_op(w, op.op_id, "adapter command before setup", 0, false);
     const char *name = op.name.s ? op.name.s : "";
     switch (op.op) {
     case LORA_OP_ADD:
-        return ignore_add(&op) ? reply_op(w, op.op_id, NULL, 0) : queue_load(w, &op);
-    case LORA_OP_ACTIVATE:
+        return ignore_add(&op) ? reply_op(w, op.op_id, NULL, 0, false) : queue_load(w, &op);
+    case LORA_OP_ACTIVATE: {
+        /* Sent again for the same slot, an asynchronous activate only asks whether the copy is
+         * done (worker_poll_copies says when it is). */
+        const struct lora_adapter_cache_entry *was =
+            lora_adapter_cache_slot_entry(w->cache, op.slot);
+        bool again = was && strcmp(was->name, name) == 0;
         rc = lora_adapter_cache_activate(w->cache, name, op.slot, w->clock, err, sizeof(err));
+        if (rc == 0 && op.async) {
+            worker_poll_copies(w);
+            if (!again)
+                worker_notify(w);
+            return reply_op(w, op.op_id, NULL, 0, w->copying[op.slot]);
+        }
         break;
+    }
     case LORA_OP_REMOVE:
         /* Idempotent: a rank that does not hold it is already where the engine wants it, and
          * refusing would leave the ranks that did remove it out of step with the registry. */
         if (!lora_adapter_cache_find(w->cache, name))
-            return reply_op(w, op.op_id, NULL, 0);
+            return reply_op(w, op.op_id, NULL, 0, false);
         rc = lora_adapter_cache_remove(w->cache, name, err, sizeof(err));
         break;
     case LORA_OP_PIN:
@@ -401,9 +463,15 @@ int worker_handle_adapter_op(struct worker *w, const struct lora_msg_frames *f)
         snprintf(err, sizeof(err), "unknown adapter command");
         rc = -1;
     }
+    /* Any other command answers once the copy it started (activate, pin) is done. */
+    const struct lora_adapter_cache_entry *e = lora_adapter_cache_find(w->cache, name);
+    if (e && e->slot >= 0 && w->copying[e->slot]) {
+        lora_forward_slot_wait(w->fwd, e->slot);
+        worker_poll_copies(w);
+    }
     if (rc == 0)
         worker_notify(w);
-    return reply_op(w, op.op_id, rc == 0 ? NULL : err, 0);
+    return reply_op(w, op.op_id, rc == 0 ? NULL : err, 0, false);
 }
 
 /* Collects the items of every buffered notification into one message. */
@@ -461,7 +529,7 @@ int worker_handle_residency(struct worker *w)
     struct lora_msg_residency_reply r = {.engine = -1, .rank = w->rank};
 
     if (w->set_up) {
-        if (lora_adapter_cache_snapshot(w->cache, &w->snap, false, err, sizeof(err)) < 0)
+        if (take_state(w, false, err, sizeof(err)) < 0)
             return -1;
         r.state = w->snap.state;
     }

@@ -376,6 +376,11 @@ bool lora_forward_slot_ready(struct lora_forward *f, int slot)
     return sl->ticket == 0;
 }
 
+bool lora_forward_copies_async(const struct lora_forward *f)
+{
+    return f->pinned != NULL;
+}
+
 void lora_forward_slot_wait(struct lora_forward *f, int slot)
 {
     if (slot >= 0 && slot < f->lim.max_loras)

@@ -77,6 +77,9 @@ bool lora_forward_slot_ready(struct lora_forward *f, int slot);
 /* Returns once slot's copy is complete. */
 void lora_forward_slot_wait(struct lora_forward *f, int slot);
 
+/* Whether set_slot's copies go on after it returns (the backend uploads asynchronously). */
+bool lora_forward_copies_async(const struct lora_forward *f);
+
 /* Sums the partial outputs of o and down across the tensor-parallel ranks of c (a collective
  * of the model's backend, borrowed) after each; NULL: one rank, no sum. */
 void lora_forward_set_collective(struct lora_forward *f, struct lora_collective *c);

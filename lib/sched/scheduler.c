@@ -51,6 +51,7 @@ struct list {
 struct adapter {
     int id; /* 0: entry unused */
     bool ready;
+    bool arriving; /* in its slot, the copy still going on (async_activation) */
     bool pinned;
     bool removing;
     int slot; /* -1: none */
@@ -105,6 +106,7 @@ void lora_scheduler_config_default(struct lora_scheduler_config *c)
     c->max_requests = 1024;
     c->max_adapters = 64;
     c->starvation_steps = 8;
+    c->async_activation = false;
 }
 
 static const char *config_problem(const struct lora_scheduler_config *c)
@@ -407,7 +409,7 @@ static int find_adapter(const struct lora_scheduler *s, int id)
 
 static bool is_evictable(const struct adapter *a)
 {
-    return !a->pinned && !a->removing && a->n_running == 0;
+    return !a->pinned && !a->removing && !a->arriving && a->n_running == 0;
 }
 
 /* A slot for a new adapter: the lowest free one, else the one of the least recently used
@@ -577,6 +579,18 @@ int lora_scheduler_adapter_pin(struct lora_scheduler *s, int id,
     }
     activate(s, ad, slot, act);
     a->pinned = true;
+    return 0;
+}
+
+int lora_scheduler_adapter_arrived(struct lora_scheduler *s, int id)
+{
+    int ad = id > 0 ? find_adapter(s, id) : -1;
+
+    if (ad < 0) {
+        errno = ENOENT;
+        return -1;
+    }
+    s->adapters[ad].arriving = false;
     return 0;
 }
 
@@ -765,7 +779,7 @@ static void schedule_running(struct lora_scheduler *s, struct lora_scheduler_pla
 
 enum admit {
     ADMITTED,
-    SKIP_LOADING, /* adapter weights not ready */
+    SKIP_LOADING, /* adapter weights not ready, or not yet copied into their slot */
     SKIP_PINNED,  /* every slot pinned: only an unpin helps */
     SKIP_NO_SLOT, /* slots busy with running requests: finishing ones free them */
     STOP_BLOCKS,  /* KV blocks exhausted */
@@ -775,13 +789,24 @@ static enum admit try_admit(struct lora_scheduler *s, struct lora_scheduler_plan
                             struct request *r, int *budget, double now)
 {
     int slot = -1;
+    struct adapter *a = r->ad >= 0 ? &s->adapters[r->ad] : NULL;
 
-    if (r->ad >= 0 && s->adapters[r->ad].slot < 0) {
-        if (!s->adapters[r->ad].ready)
+    if (a && a->arriving)
+        return SKIP_LOADING;
+    if (a && a->slot < 0) {
+        if (!a->ready)
             return SKIP_LOADING;
         slot = find_slot(s);
         if (slot < 0)
             return all_slots_pinned(s) ? SKIP_PINNED : SKIP_NO_SLOT;
+        if (s->cfg.async_activation) {
+            /* The copy runs alongside this step; r waits for it. An arriving adapter is not
+             * evictable, so each activation takes a slot of its own: at most max_loras. */
+            assert(p->n_activations < s->cfg.max_loras);
+            activate(s, r->ad, slot, &p->activations[p->n_activations++]);
+            a->arriving = true;
+            return SKIP_LOADING;
+        }
     }
     int need = seq_len(r) - r->n_computed;
     int n = need < *budget ? need : *budget;
@@ -954,6 +979,7 @@ int lora_scheduler_adapter_info(const struct lora_scheduler *s, int id,
     const struct adapter *a = &s->adapters[ad];
     *info = (struct lora_scheduler_adapter_info){
         .ready = a->ready,
+        .arriving = a->arriving,
         .pinned = a->pinned,
         .removing = a->removing,
         .slot = a->slot,
@@ -1063,8 +1089,10 @@ static int check_adapters(const struct lora_scheduler *s, char *err, size_t err_
             return fail(EINVAL, err, err_len, "unused adapter entry holds state");
         if (a->slot >= 0 && (a->slot >= s->cfg.max_loras || s->slot_ad[a->slot] != i))
             return fail(EINVAL, err, err_len, "adapter and slot disagree");
-        if ((a->pinned || a->removing) && a->slot < 0)
-            return fail(EINVAL, err, err_len, "pinned or removed adapter holds no slot");
+        if ((a->pinned || a->removing || a->arriving) && a->slot < 0)
+            return fail(EINVAL, err, err_len, "pinned, removed or arriving adapter holds no slot");
+        if (a->arriving && a->n_running > 0)
+            return fail(EINVAL, err, err_len, "a request runs on an adapter still arriving");
         for (int j = i + 1; a->id != 0 && j < s->cfg.max_adapters; j++)
             if (s->adapters[j].id == a->id)
                 return fail(EINVAL, err, err_len, "adapter registered twice");

@@ -40,7 +40,9 @@
  *      adapter that is not pinned, not being removed and used by no running request (ties: the
  *      lowest slot); that activation (and eviction) is listed in the plan. A request that gets no
  *      slot, or whose adapter is still loading, is skipped and the scan goes on, so requests for
- *      resident adapters are not blocked behind it.
+ *      resident adapters are not blocked behind it. With async_activation the activation's copy
+ *      runs alongside the step: the request is skipped as if loading, its adapter "arriving"
+ *      (holding its slot, not evictable) until lora_scheduler_adapter_arrived().
  *   Since every running request's adapter holds a slot and a slot is never taken from an adapter
  *   that a running request uses, a step never has more than max_loras distinct adapters.
  *
@@ -80,6 +82,9 @@ struct lora_scheduler_config {
     int max_requests;           /* requests in the system, waiting + running, >= max_num_seqs */
     int max_adapters;           /* adapters the mirror tracks (registered with it) */
     int starvation_steps;       /* steps of waiting for a slot before a request is a barrier */
+    bool async_activation;      /* activations copy alongside steps: the requests of an adapter
+                                   activated in a plan are admitted only once the caller says it
+                                   arrived (lora_scheduler_adapter_arrived) */
 };
 
 /* Fills c with the defaults: 256 seqs, 2048 tokens, 4 loras, blocks of 16, 1024 blocks, 4096
@@ -190,6 +195,7 @@ struct lora_scheduler_request_info {
 
 struct lora_scheduler_adapter_info {
     bool ready;              /* may be activated (in the CPU cache) */
+    bool arriving;           /* activated, its copy into the slot not yet said done */
     bool pinned;             /* never evicted; always in a slot */
     bool removing;           /* removed, kept while requests still use it */
     int slot;                /* -1: not in a slot */
@@ -260,6 +266,10 @@ int lora_scheduler_adapter_remove(struct lora_scheduler *s, int id, uint64_t *fa
  * EAGAIN (not ready), EBUSY (no slot can be freed: all pinned or in use). */
 int lora_scheduler_adapter_pin(struct lora_scheduler *s, int id,
                                struct lora_scheduler_activation *act);
+/* With async_activation: the copy of id into its slot is done, its requests may run. -1 with
+ * ENOENT when unknown. */
+int lora_scheduler_adapter_arrived(struct lora_scheduler *s, int id);
+
 /* Unpins id; it stays in its slot, subject to LRU eviction. -1 with ENOENT when unknown. */
 int lora_scheduler_adapter_unpin(struct lora_scheduler *s, int id);
 

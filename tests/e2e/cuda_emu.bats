@@ -15,6 +15,7 @@ setup_file() {
     export D=$BATS_FILE_TMPDIR
     "$WORKER" make-model --out "$D/m" > /dev/null
     "$WORKER" make-adapter --model "$D/m" --out "$D/a" --rank 4 --seed 5 > /dev/null
+    "$WORKER" make-adapter --model "$D/m" --out "$D/b" --rank 8 --seed 6 > /dev/null
 }
 
 setup() {
@@ -91,7 +92,7 @@ blocks_at() {
     start_group "$EMU_WORKER" --device cuda -- --gpu-memory-utilization 0.5 --num-kv-blocks 40 \
         --lora-modules "a=$D/a"
     [ "$(ready_blocks)" = 40 ]
-    grep -q "^lora-engine: rank 0: 40 KV blocks; [0-9.]* GiB of its device's 1.00 GiB free after setup$" \
+    grep -q "^lora-engine: rank 0: 40 KV blocks; [0-9.]* GiB of its device's 1.00 GiB free after setup; adapters are copied into slots alongside steps$" \
         "$RUN/engine.err"
     grep -q "set up on cuda" "$RUN/worker.log"
     "$LORA_BIN/lora-frontend" --run-dir "$RUN" --port 0 > "$RUN/frontend.log" 2>&1 3>&- &
@@ -104,6 +105,53 @@ blocks_at() {
         -d '{"model":"a","prompt":[1,2,3],"max_tokens":4,"ignore_eos":true}')
     [ "$code" = 200 ] || { cat "$RUN/completion" "$RUN"/*.log; false; }
     [ "$(jq .usage.completion_tokens "$RUN/completion")" = 4 ]
+}
+
+# One greedy completion of 6 tokens of prompt [1,2,3] on port $1 for model $2, into file $3.
+complete() {
+    curl -s -o "$3" -w '%{http_code}' "http://127.0.0.1:$1/v1/completions" \
+        -H 'Content-Type: application/json' \
+        -d "{\"model\":\"$2\",\"prompt\":[1,2,3],\"max_tokens\":6,\"ignore_eos\":true,\"temperature\":0,\"return_token_ids\":true}"
+}
+
+@test "adapters copied into slots alongside steps: requests wait for their copy, tokens as generate's, activate timed" {
+    # One slot for two adapters: each request for the other one evicts and copies again.
+    start_group "$EMU_WORKER" --device cuda -- --gpu-memory-utilization 0.2 --max-loras 1 --max-cpu-loras 2 \
+        --lora-modules "a=$D/a" --lora-modules "b=$D/b"
+    ready_blocks > /dev/null
+    grep -q "adapters are copied into slots alongside steps" "$RUN/engine.err"
+    "$LORA_BIN/lora-frontend" --run-dir "$RUN" --port 0 > "$RUN/frontend.log" 2>&1 3>&- &
+    echo $! >> "$PIDS"
+    wait_for_text "$RUN/frontend.log" "lora-frontend: ready: http://" 30
+    local port m pids=()
+    port=$(ready_port "$RUN/frontend.log")
+    for round in 1 2; do
+        for m in a b "$D/m" b a; do
+            complete "$port" "$m" "$RUN/out_${round}_${m//\//_}_$RANDOM" > /dev/null &
+            pids+=($!)
+        done
+        wait "${pids[@]}"
+        pids=()
+    done
+    for m in a b; do
+        "$EMU_WORKER" generate --model "$D/m" --device cuda --lora "$m=$D/$m" --json --ignore-eos \
+            --batch <(echo "{\"prompt_ids\":[1,2,3],\"max_tokens\":6,\"lora\":\"$m\"}") |
+            jq -c .tokens > "$RUN/want_$m"
+        local n=0 f
+        for f in "$RUN"/out_*_"${m}"_*; do
+            [ "$(jq -c '.choices[0].token_ids' "$f")" = "$(cat "$RUN/want_$m")" ] ||
+                { echo "$m: $(cat "$f") against $(cat "$RUN/want_$m")"; false; }
+            n=$((n + 1))
+        done
+        [ "$n" = 4 ]
+    done
+    # Each copy's activate timing reached the metrics (the start-up ones included).
+    local count
+    count=$(curl -s "http://127.0.0.1:$port/metrics" |
+        sed -n 's/^vllm:lora_adapter_load_seconds_count{.*transition="activate".*} \([0-9.]*\)$/\1/p' |
+        awk '{ s += $1 } END { print s + 0 }')
+    echo "activate timings: $count" >&2
+    [ "${count%.*}" -ge 2 ]
 }
 
 @test "--gpu-memory-utilization: a share that is not free, or that leaves no room, fails setup" {

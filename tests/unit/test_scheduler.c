@@ -1076,6 +1076,50 @@ static void test_loading_adapter_waits(void)
     sim_free(&sim);
 }
 
+/* async_activation: the request whose adapter a plan activates waits until the copy arrived;
+ * meanwhile its slot is not taken from it, and the rest of the queue goes on. */
+static void test_async_activation(void)
+{
+    struct lora_scheduler_config c;
+    struct sim sim;
+    struct lora_scheduler_adapter_info info;
+
+    sim_config(&c);
+    c.max_loras = 1;
+    c.async_activation = true;
+    sim_init(&sim, &c);
+    sim_ready(&sim, 5, 6);
+    uint64_t r5 = sim_add(&sim, 3, 3, 5), r6 = sim_add(&sim, 3, 3, 6),
+             base = sim_add(&sim, 3, 3, 0);
+    sim_step(&sim);
+    CHECK(sim.plan.n_activations == 1 && sim.plan.activations[0].adapter_id == 5);
+    CHECK(lora_scheduler_adapter_info(sim.s, 5, &info) == 0 && info.arriving && info.slot == 0);
+    CHECK(sim_req(&sim, r5)->state == SIM_WAITING && sim_req(&sim, r6)->state == SIM_WAITING);
+    CHECK(sim_req(&sim, base)->state == SIM_RUNNING);
+    for (int k = 0; k < 5; k++) {
+        sim_step(&sim);
+        CHECK(sim.plan.n_activations == 0); /* 6 cannot take the arriving adapter's slot */
+    }
+    CHECK(sim_req(&sim, r5)->state == SIM_WAITING && sim_req(&sim, base)->state == SIM_DONE);
+    CHECK(lora_scheduler_adapter_arrived(sim.s, 5) == 0);
+    CHECK(lora_scheduler_adapter_arrived(sim.s, 9) == -1 && errno == ENOENT);
+    sim_step(&sim);
+    CHECK(sim.plan.n_activations == 0 && sim_req(&sim, r5)->state == SIM_RUNNING);
+    CHECK(lora_scheduler_adapter_info(sim.s, 5, &info) == 0 && !info.arriving);
+    /* Once r5 is done, 6 evicts 5 and arrives in turn. */
+    bool six = false;
+    for (int k = 0; k < 12 && !six; k++) {
+        sim_step(&sim);
+        six = sim.plan.n_activations == 1;
+    }
+    CHECK(six && sim.plan.activations[0].adapter_id == 6 &&
+          sim.plan.activations[0].evicted_id == 5);
+    CHECK(sim_req(&sim, r5)->state == SIM_DONE && sim_req(&sim, r6)->state == SIM_WAITING);
+    CHECK(lora_scheduler_adapter_arrived(sim.s, 6) == 0);
+    CHECK(sim_drain(&sim, 10) >= 0 && sim_req(&sim, r6)->state == SIM_DONE);
+    sim_free(&sim);
+}
+
 static void test_remove_adapter(void)
 {
     struct lora_scheduler_config c;
@@ -1234,7 +1278,18 @@ static void stress_adapter_event(struct sim *sim, int *n_failed)
     }
 }
 
-static void test_randomized_stress(void)
+/* With async_activation, each adapter still arriving arrives with probability 1/2. */
+static void stress_arrivals(struct sim *sim, bool all)
+{
+    struct lora_scheduler_adapter_info info;
+
+    for (int id = 1; id <= 7; id++)
+        if (lora_scheduler_adapter_info(sim->s, id, &info) == 0 && info.arriving &&
+            (all || rnd_below(2)))
+            lora_scheduler_adapter_arrived(sim->s, id);
+}
+
+static void stress(bool async)
 {
     struct lora_scheduler_config c;
     struct sim sim;
@@ -1253,6 +1308,7 @@ static void test_randomized_stress(void)
     c.max_requests = 24;
     c.max_adapters = 8;
     c.starvation_steps = 4;
+    c.async_activation = async;
     sim_init(&sim, &c);
     sim_ready(&sim, 1, 5);
     CHECK(lora_scheduler_adapter_loading(sim.s, 6) == 0);
@@ -1286,17 +1342,25 @@ static void test_randomized_stress(void)
             n_aborted++;
         }
         sim_execute(&sim);
+        if (async)
+            stress_arrivals(&sim, false);
     }
     /* Wind down: every adapter ready, nothing pinned, no arrivals. */
     for (int id = 1; id <= 7; id++) {
         lora_scheduler_adapter_ready(sim.s, id);
         lora_scheduler_adapter_unpin(sim.s, id);
     }
-    CHECK(sim_drain(&sim, 5000) >= 0);
-    printf("# %d requests: %d done, %d aborted, %d failed by removal, %d refused; %d preemptions, "
-           "%d activations, %d evictions, at most %d adapters in a step\n",
-           sim.n_reqs, sim.n_done, n_aborted, n_failed, n_refused, sim.n_preemptions,
-           sim.n_activations, sim.n_evictions, sim.max_step_adapters);
+    for (int k = 0; k < 5000 && sim_busy(&sim); k++) {
+        sim_step(&sim);
+        stress_arrivals(&sim, true);
+    }
+    CHECK(!sim_busy(&sim));
+    printf(
+        "# %s: %d requests: %d done, %d aborted, %d failed by removal, %d refused; %d preemptions, "
+        "%d activations, %d evictions, at most %d adapters in a step\n",
+        async ? "async activation" : "activation in the step", sim.n_reqs, sim.n_done, n_aborted,
+        n_failed, n_refused, sim.n_preemptions, sim.n_activations, sim.n_evictions,
+        sim.max_step_adapters);
     CHECK(sim.n_done + n_aborted + n_failed == sim.n_reqs);
     for (int i = 0; i < sim.n_reqs; i++)
         CHECK(sim.reqs[i].state == SIM_DONE || sim.reqs[i].state == SIM_ABORTED ||
@@ -1306,6 +1370,16 @@ static void test_randomized_stress(void)
     CHECK(sim.max_step_adapters <= c.max_loras);
     CHECK(lora_scheduler_n_free_blocks(sim.s) == c.n_blocks);
     sim_free(&sim);
+}
+
+static void test_randomized_stress(void)
+{
+    stress(false);
+}
+
+static void test_randomized_stress_async(void)
+{
+    stress(true);
 }
 
 int main(void)
@@ -1324,8 +1398,10 @@ int main(void)
     RUN(test_lru_eviction);
     RUN(test_pinned_never_evicted);
     RUN(test_loading_adapter_waits);
+    RUN(test_async_activation);
     RUN(test_remove_adapter);
     RUN(test_adapter_counts_match_recount);
     RUN(test_randomized_stress);
+    RUN(test_randomized_stress_async);
     return check_done();
 }
