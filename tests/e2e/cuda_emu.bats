@@ -3,13 +3,20 @@
 # lora-worker linked with the CPU emulation of CUDA (backend/cuda/emu), whose devices have
 # LORA_CUDA_EMU_MEMORY_MB of memory and count what is allocated. Covers --gpu-memory-utilization:
 # the KV cache gets the share of the device's total memory that weights, adapter slots and
-# activations leave, the share must be free at start, and a CPU rank refuses the flag.
+# activations leave, the share must be free at start, and a CPU rank refuses the flag; and
+# adapters copied into slots beside the steps. With LORA_CUDA_WORKER set to a real lora-worker
+# (tests/gpu/check.sh), the tests that do not depend on the emulated device's size run on a GPU.
 
 load ../helpers
 bats_require_minimum_version 1.5.0
 
-EMU_WORKER=${LORA_BUILD:-build/main}/tests/bin/lora-worker-emu
+EMU_WORKER=${LORA_CUDA_WORKER:-${LORA_BUILD:-build/main}/tests/bin/lora-worker-emu}
 [[ $EMU_WORKER == /* ]] || EMU_WORKER=$ROOT/$EMU_WORKER
+
+# Skips a test that needs the emulated device's size (or another process's share of it).
+emulated_only() {
+    [ -z "${LORA_CUDA_WORKER:-}" ] || skip "needs the emulated device's size"
+}
 
 setup_file() {
     export D=$BATS_FILE_TMPDIR
@@ -71,6 +78,7 @@ blocks_at() {
 }
 
 @test "--gpu-memory-utilization: the KV cache takes what the device's share leaves" {
+    emulated_only
     local bb n3 n6 total=$((1024 << 20))
     bb=$(block_bytes)
     n3=$(blocks_at 0.2)
@@ -92,7 +100,7 @@ blocks_at() {
     start_group "$EMU_WORKER" --device cuda -- --gpu-memory-utilization 0.5 --num-kv-blocks 40 \
         --lora-modules "a=$D/a"
     [ "$(ready_blocks)" = 40 ]
-    grep -q "^lora-engine: rank 0: 40 KV blocks; [0-9.]* GiB of its device's 1.00 GiB free after setup; adapters are copied into slots alongside steps$" \
+    grep -q "^lora-engine: rank 0: 40 KV blocks; [0-9.]* GiB of its device's [0-9.]* GiB free after setup; adapters are copied into slots alongside steps$" \
         "$RUN/engine.err"
     grep -q "set up on cuda" "$RUN/worker.log"
     "$LORA_BIN/lora-frontend" --run-dir "$RUN" --port 0 > "$RUN/frontend.log" 2>&1 3>&- &
@@ -155,6 +163,7 @@ complete() {
 }
 
 @test "--gpu-memory-utilization: a share that is not free, or that leaves no room, fails setup" {
+    emulated_only
     # Another process holds 300 MB of the device.
     LORA_CUDA_EMU_OTHERS_MB=300 start_group "$EMU_WORKER" --device cuda -- \
         --gpu-memory-utilization 0.75
@@ -193,7 +202,7 @@ complete() {
     engine_cmd=$(tr '\0' ' ' < "/proc/$(awk '$1 == "engine" { print $2 }' "$RUN/s/pids")/cmdline")
     "$bin/lora-stack" down --run-dir "$RUN/s"
     [[ "$engine_cmd" == *" --gpu-memory-utilization 0.9"* ]]
-    grep -q "^lora-engine: rank 0: [0-9]* KV blocks; [0-9.]* GiB of its device's 1.00 GiB free" \
+    grep -q "^lora-engine: rank 0: [0-9]* KV blocks; [0-9.]* GiB of its device's [0-9.]* GiB free" \
         "$RUN/s/logs/engine.log"
     # Another budget replaces it.
     "$bin/lora-stack" up "$D/m" --run-dir "$RUN/s" --device cuda --port "$port" \

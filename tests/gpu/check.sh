@@ -2,7 +2,8 @@
 # check.sh: the CUDA backend on a machine with an NVIDIA GPU, in one go (about 5 minutes on one
 # H100, most of it generating the 7B model once): builds with CUDA=1, runs tests/backend/test_cuda
 # (every kernel against backend/ref, the forward pass against the CPU backend), runs the shared
-# interface test tests/backend/test_backend for its cuda rows, then tests/bench/bench_cuda (decode
+# interface test tests/backend/test_backend for its cuda rows, tests/e2e/cuda_emu.bats with the
+# real worker (an engine, frontend and stack over GPU ranks), then tests/bench/bench_cuda (decode
 # tokens/s at batch 1, 8 and 64 on the 0.5B and 7B shapes in bfloat16, the N-adapter overhead at
 # batch 64, shrink/expand bandwidth). Exits non-zero when the build, test_cuda or the benchmark
 # fails; test_backend's result is reported (its batch-invariance check is bit for bit, which
@@ -49,6 +50,19 @@ timeout 600 "$B/tests/backend/test_backend" > "$log_dir/test_backend.log" 2>&1
 rc=$?
 say "test_backend (informational): exit $rc in $((SECONDS - t0)) s; its cuda rows:"
 grep -E '^(not )?ok .* cuda |^# cuda' "$log_dir/test_backend.log" | head -40 | tee -a "$report"
+
+t0=$SECONDS
+if command -v bats > /dev/null; then
+    LORA_CUDA_WORKER=$PWD/$B/bin/lora-worker LORA_BUILD=$B LORA_BIN=$PWD/$B/bin \
+        timeout 300 bats --tap tests/e2e/cuda_emu.bats > "$log_dir/cuda_e2e.log" 2>&1
+    rc=$?
+    say "tests/e2e/cuda_emu.bats on the GPU: exit $rc in $((SECONDS - t0)) s:" \
+        "$(grep -c '^ok' "$log_dir/cuda_e2e.log") ok, $(grep -c '^not ok' "$log_dir/cuda_e2e.log") not ok"
+    grep -A8 '^not ok' "$log_dir/cuda_e2e.log" | head -40 | tee -a "$report"
+    [ $rc -eq 0 ] || status=1
+else
+    say "tests/e2e/cuda_emu.bats: not run (no bats on this machine)"
+fi
 
 t0=$SECONDS
 timeout 900 "$B/tests/bench/bench_cuda" --shapes "$shapes" > "$log_dir/bench_cuda.log" 2>&1
