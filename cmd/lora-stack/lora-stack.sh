@@ -64,8 +64,9 @@ usage: lora-stack up [MODEL] [--run-dir DIR] [--model DIR] [--tp N] [--device DE
                          as vLLM's `vllm serve MODEL`, it may be the first argument of up
   --tp N, --tensor-parallel-size N, -tp N
                          tensor-parallel ranks: worker processes (default 1)
-  --device DEVICE        every worker's compute device: cpu, cuda or cuda:N (default cpu;
-                         environment LORA_STACK_DEVICE); checked before anything starts
+  --device DEVICE        the workers' compute device: cpu, cuda or cuda:N (default cpu;
+                         environment LORA_STACK_DEVICE); checked before anything starts; on
+                         GPUs each rank has its own, rank R cuda:R (or cuda:N+R)
   --gpu-memory-utilization F
                          as vLLM's, for the engine: each GPU rank may hold F of its device,
                          the KV cache what is left (default 0.9 with --device cuda unless
@@ -422,9 +423,20 @@ start_metrics() {
     wait_ready metrics
 }
 
+# rank_device RANK: the CPU for every rank, or one GPU per rank: with cuda (or cuda:K) rank R
+# computes on cuda:R (cuda:K+R), as vLLM's ranks take the GPUs in order.
+rank_device() {
+    case $DEVICE in
+    cuda) echo "cuda:$1" ;;
+    cuda:*) echo "cuda:$((10#${DEVICE#cuda:} + $1))" ;;
+    *) echo "$DEVICE" ;;
+    esac
+}
+
 start_worker() { # RANK
     OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive} start "worker-$1" "$BIN/lora-worker" serve \
-        --engine "ipc://$RUN_DIR/worker.sock" --rank "$1" --device "$DEVICE" "${WORKER_ARGS[@]}"
+        --engine "ipc://$RUN_DIR/worker.sock" --rank "$1" --device "$(rank_device "$1")" \
+        "${WORKER_ARGS[@]}"
 }
 
 # readmit_worker NAME: restarts worker NAME alone and waits until the running engine has taken
@@ -666,23 +678,29 @@ in_run_dir() {
 
 # ---- commands --------------------------------------------------------------------------------
 
-# check_device: opens --device once as a worker would (lora-worker device, given the workers'
-# precision flags) and keeps its description for the ready line; a device no worker could use,
-# or a precision flag the workers would refuse, fails here with the worker's reason (100), before
-# a run directory is touched.
+# check_device: opens --device as a worker would (lora-worker device, given the workers'
+# precision flags), and the last rank's GPU when each rank has its own, and keeps the first
+# one's description for the ready line; a device no worker could use, or a precision flag the
+# workers would refuse, fails here with the worker's reason (100), before a run directory is
+# touched.
 check_device() {
-    local line rc i prec=()
+    local line rc i dev prec=()
     for ((i = 0; i < ${#WORKER_ARGS[@]}; i++)); do
         case ${WORKER_ARGS[$i]} in
         --dtype | --quantization | --lora-dtype | --kv-cache-dtype | --matmul-precision)
             prec+=("${WORKER_ARGS[$i]}" "${WORKER_ARGS[$((i + 1))]}") ;;
         esac
     done
-    line=$("$BIN/lora-worker" device --device "$DEVICE" "${prec[@]}" 2>&1)
-    rc=$?
-    line=${line#lora-worker: fatal: }
-    [ "$rc" = 0 ] || die "$([ "$rc" = 100 ] && echo 100 || echo 111)" "$line"
-    DEVICE_DESC=${line%%: *}
+    local devs=("$DEVICE")
+    [ "$TP" = 1 ] || [[ $DEVICE != cuda* ]] || devs+=("$(rank_device $((TP - 1)))")
+    for dev in "${devs[@]}"; do
+        line=$("$BIN/lora-worker" device --device "$dev" "${prec[@]}" 2>&1)
+        rc=$?
+        line=${line#lora-worker: fatal: }
+        [ "$rc" = 0 ] || die "$([ "$rc" = 100 ] && echo 100 || echo 111)" "$line"
+        [ -n "$DEVICE_DESC" ] || DEVICE_DESC=${line%%: *}
+    done
+    [ ${#devs[@]} = 1 ] || DEVICE_DESC="$DEVICE_DESC to ${devs[1]}"
 }
 
 # kv_budget: as vLLM, a GPU rank's KV cache takes what --gpu-memory-utilization (default 0.9)

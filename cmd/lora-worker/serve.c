@@ -335,7 +335,8 @@ static int handle_setup(struct worker *w, const struct lora_msg_frames *f)
     if (rc == 0)
         rc = setup(w, &s, err, sizeof(err));
     if (rc < 0)
-        fprintf(stderr, "lora-worker: warning: rank %d: setup failed: %s\n", w->rank, err);
+        fprintf(stderr, "lora-worker: warning: rank %d on %s: setup failed: %s\n", w->rank,
+                w->be->device, err);
     struct lora_msg_setup_done d = {
         .ok = rc == 0,
         .rank = w->rank,

@@ -187,7 +187,7 @@ complete() {
         "$RUN/engine.err"
 }
 
-@test "lora-stack up --device cuda: --gpu-memory-utilization is 0.9 unless another budget is given" {
+@test "lora-stack up --device cuda: --gpu-memory-utilization is 0.9 unless another budget is given; a GPU per rank" {
     # The stack's programs, with the emulated worker as its lora-worker.
     local bin=$BATS_TEST_TMPDIR/bin p port=$((20000 + ($$ % 300) * 40 + 7))
     mkdir "$bin"
@@ -211,6 +211,21 @@ complete() {
     engine_cmd=$(tr '\0' ' ' < "/proc/$(awk '$1 == "engine" { print $2 }' "$RUN/s/pids")/cmdline")
     "$bin/lora-stack" down --run-dir "$RUN/s"
     [[ "$engine_cmd" != *"--gpu-memory-utilization"* && "$engine_cmd" == *"--kv-cache-bytes 1000000"* ]]
+    # One GPU per rank: rank R on cuda:R, the last one checked before anything starts.
+    LORA_CUDA_EMU_DEVICES=1 run "$bin/lora-stack" up "$D/m" --run-dir "$RUN/s" --device cuda \
+        --tp 2 --port "$port" --metrics-port $((port + 5))
+    [ "$status" = 100 ] && [[ "$output" == *"--device cuda:1: device 1 does not exist (1 CUDA device)"* ]]
+    if [ -z "${LORA_CUDA_WORKER:-}" ]; then
+        # Two emulated devices: each rank opens its own, then setup stops at the all-reduce,
+        # which the emulation does not have.
+        LORA_CUDA_EMU_DEVICES=2 run "$bin/lora-stack" up "$D/m" --run-dir "$RUN/s" \
+            --device cuda --tp 2 --port "$port" --metrics-port $((port + 5))
+        [ "$status" != 0 ]
+        grep -q "rank 0 on cuda:0: setup failed: NCCL is not part of the CUDA emulation" \
+            "$RUN/s/logs/worker-0.log"
+        grep -q "rank 1 on cuda:1: setup failed: NCCL is not part of the CUDA emulation" \
+            "$RUN/s/logs/worker-1.log"
+    fi
 }
 
 @test "lora-engine: one KV budget at most" {
