@@ -79,7 +79,11 @@ static bool takes(struct lora_backend *be, enum lora_kernel a, enum lora_kernel 
 int lora_precision_kv(const struct lora_precision *p, struct lora_backend *be,
                       enum lora_dtype *dtype, char *err, size_t err_len)
 {
-    *dtype = p->kv_auto ? LORA_DTYPE_F32 : p->kv;
+    /* auto: float32 on the CPU (docs/design.md, "The defaults, and why"), bfloat16 on a GPU,
+     * where the cache is most of the memory and attention reads it every step. */
+    *dtype = p->kv_auto ? (strcmp(be->kind, "cpu") == 0 ? LORA_DTYPE_F32 : LORA_DTYPE_BF16) : p->kv;
+    if (p->kv_auto && !takes(be, LORA_KERNEL_KV_WRITE, LORA_KERNEL_ATTENTION, *dtype))
+        *dtype = LORA_DTYPE_F32;
     if (takes(be, LORA_KERNEL_KV_WRITE, LORA_KERNEL_ATTENTION, *dtype))
         return 0;
     snprintf(err, err_len, "--kv-cache-dtype %s: the %s backend cannot keep its KV cache in it",

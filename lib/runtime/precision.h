@@ -7,7 +7,8 @@
  *   --lora-dtype auto|float32|bfloat16|float16
  *                                           the adapter slots; auto: the base model's dtype
  *   --kv-cache-dtype auto|float32|bfloat16|float16
- *                                           the KV cache; auto: float32
+ *                                           the KV cache; auto: float32 on the CPU, bfloat16
+ *                                           on a GPU
  *   --matmul-precision exact|fast           bf16 weights with float32 activations (exact) or
  *                                           activations rounded to bf16 for the CPU's bf16 dot
  *                                           product (fast)

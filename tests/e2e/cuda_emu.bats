@@ -58,10 +58,10 @@ ready_blocks() {
     sed -n 's/^lora-engine: ready: .*, \([0-9]*\) KV blocks of .*/\1/p' "$RUN/engine.err"
 }
 
-# Bytes of one float32 KV block of $D/m at block size 16.
+# Bytes of one KV block of $D/m at block size 16, in bfloat16 (a GPU rank's default).
 block_bytes() {
     jq '2 * .num_hidden_layers * .num_key_value_heads * (.hidden_size / .num_attention_heads)
-        * 16 * 4' "$D/m/config.json"
+        * 16 * 2' "$D/m/config.json"
 }
 
 blocks_at() {
