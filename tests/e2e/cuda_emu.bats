@@ -188,7 +188,9 @@ complete() {
 }
 
 @test "lora-stack up --device cuda: --gpu-memory-utilization is 0.9 unless another budget is given; a GPU per rank" {
-    # The stack's programs, with the emulated worker as its lora-worker.
+    # The stack's programs, with the emulated worker as its lora-worker; a small device, since
+    # the emulation makes every step pay for the size of what it allocated.
+    export LORA_CUDA_EMU_MEMORY_MB=192
     local bin=$BATS_TEST_TMPDIR/bin p port=$((20000 + ($$ % 300) * 40 + 7))
     mkdir "$bin"
     for p in "$LORA_BIN"/*; do ln -s "$p" "$bin/"; done
