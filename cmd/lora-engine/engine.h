@@ -245,6 +245,8 @@ struct engine {
     /* loop.c: publication times. */
     uint64_t last_publish_ms;
     bool was_busy; /* a step ran since the last idle publication */
+    bool plan_empty; /* the last step planned nothing: what it waits for (a load, a copy) comes
+                        by itself, so the loop polls every millisecond rather than spin */
 
     /* Repeated warnings (lograte.c): malformed control messages, malformed requests, refused
      * hellos. */

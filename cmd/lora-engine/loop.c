@@ -38,7 +38,7 @@ int loop_run(struct engine *e)
     for (;;) {
         bool readable[4] = {false};
         struct lora_sock *socks[3] = {e->front, e->ctl, e->work};
-        int timeout = step_has_work(e) || e->newcomer.due ? 0 : 50;
+        int timeout = e->newcomer.due ? 0 : !step_has_work(e) ? 50 : e->plan_empty ? 1 : 0;
         if (lora_sock_poll(socks, 3, e->sig_fd, timeout, readable) < 0 && errno != EINTR) {
             fprintf(stderr, "lora-engine: fatal: poll: %s\n", strerror(errno));
             return EXIT_SYSTEM;

@@ -238,6 +238,7 @@ int step_run(struct engine *e)
         return -1;
     }
     publish_plan_events(e);
+    e->plan_empty = e->plan.n_seqs == 0;
     if (apply_adapters(e) < 0)
         return -1;
     bool doorbell = false;
