@@ -567,7 +567,8 @@ struct fiber {
 };
 
 static const size_t stack_bytes = 256 * 1024;
-static std::vector<fiber *> fibers;
+/* The pool lives as long as the process: never destroyed, so it stays reachable to the end. */
+static std::vector<fiber *> &fibers = *new std::vector<fiber *>;
 static jmp_buf sched_jb;
 static fiber *cur;
 static const std::function<void()> *cur_body;
