@@ -207,7 +207,7 @@ static int kv_blocks_of_share(const struct worker *w, const struct lora_msg_setu
     if (budget < (double)block_bytes) {
         snprintf(err, err_len,
                  "--gpu-memory-utilization %g of %s leaves no room for the KV cache: the weights, "
-                 "adapter slots and activations take %.2f GiB of its %.2f GiB",
+                 "adapter slots and activations take %.2f GiB of that %.2f GiB share",
                  s->gpu_memory_utilization, w->be->device, used / 1073741824.0,
                  s->gpu_memory_utilization * (double)total / 1073741824.0);
         return -1;
