@@ -11,19 +11,19 @@ struct precision_flags {
     const char *dtype, *quantization, *lora_dtype, *kv_cache_dtype, *matmul_precision;
 };
 
-#define PRECISION_OPTIONS(f)                                                                       \
-    {"dtype", LORA_OPT_STRING, &(f).dtype, "DTYPE",                                                \
-     "weights: auto (as stored), float32, bfloat16 or float16"},                                   \
-        {"quantization", LORA_OPT_STRING, &(f).quantization, "METHOD",                             \
-         "int8: weight-only int8 projections and LM head"},                                        \
-        {"lora-dtype", LORA_OPT_STRING, &(f).lora_dtype, "DTYPE",                                  \
-         "adapter slots: auto (the model's), float32, bfloat16 or float16"},                       \
-        {"kv-cache-dtype", LORA_OPT_STRING, &(f).kv_cache_dtype, "DTYPE",                          \
-         "KV cache: auto (float32; bfloat16 on a GPU), float32, bfloat16 or float16"},             \
-    {                                                                                              \
-        "matmul-precision", LORA_OPT_STRING, &(f).matmul_precision, "MODE",                        \
-            "16-bit weights: exact (float32 activations) or fast (bf16 dot products)"              \
-    }
+/* clang-format off */
+#define PRECISION_OPTIONS(f)                                                                   \
+    {"dtype", LORA_OPT_STRING, &(f).dtype, "DTYPE",                                            \
+     "weights: auto (as stored), float32, bfloat16 or float16"},                               \
+    {"quantization", LORA_OPT_STRING, &(f).quantization, "METHOD",                            \
+     "int8: weight-only int8 projections and LM head"},                                        \
+    {"lora-dtype", LORA_OPT_STRING, &(f).lora_dtype, "DTYPE",                                  \
+     "adapter slots: auto (the model's), float32, bfloat16 or float16"},                       \
+    {"kv-cache-dtype", LORA_OPT_STRING, &(f).kv_cache_dtype, "DTYPE",                          \
+     "KV cache: auto (float32; bfloat16 on a GPU), float32, bfloat16 or float16"},             \
+    {"matmul-precision", LORA_OPT_STRING, &(f).matmul_precision, "MODE",                       \
+     "16-bit weights: exact (float32 activations) or fast (bf16 dot products)"}
+/* clang-format on */
 
 int cmd_generate(int argc, char **argv);
 int cmd_make_model(int argc, char **argv);
