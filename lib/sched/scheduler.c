@@ -407,6 +407,16 @@ static int find_adapter(const struct lora_scheduler *s, int id)
     return -1;
 }
 
+/* The entry of registered adapter id, or NULL with errno ENOENT. */
+static struct adapter *known_adapter(const struct lora_scheduler *s, int id)
+{
+    int ad = id > 0 ? find_adapter(s, id) : -1;
+
+    if (ad < 0)
+        errno = ENOENT;
+    return ad < 0 ? NULL : &s->adapters[ad];
+}
+
 static bool is_evictable(const struct adapter *a)
 {
     return !a->pinned && !a->removing && !a->arriving && a->n_running == 0;
@@ -584,26 +594,20 @@ int lora_scheduler_adapter_pin(struct lora_scheduler *s, int id,
 
 int lora_scheduler_adapter_arrived(struct lora_scheduler *s, int id)
 {
-    int ad = id > 0 ? find_adapter(s, id) : -1;
+    struct adapter *a = known_adapter(s, id);
 
-    if (ad < 0) {
-        errno = ENOENT;
-        return -1;
-    }
-    s->adapters[ad].arriving = false;
-    return 0;
+    if (a)
+        a->arriving = false;
+    return a ? 0 : -1;
 }
 
 int lora_scheduler_adapter_unpin(struct lora_scheduler *s, int id)
 {
-    int ad = id > 0 ? find_adapter(s, id) : -1;
+    struct adapter *a = known_adapter(s, id);
 
-    if (ad < 0) {
-        errno = ENOENT;
-        return -1;
-    }
-    s->adapters[ad].pinned = false;
-    return 0;
+    if (a)
+        a->pinned = false;
+    return a ? 0 : -1;
 }
 
 int lora_scheduler_slot_adapter(const struct lora_scheduler *s, int slot)
@@ -970,13 +974,10 @@ int lora_scheduler_update(struct lora_scheduler *s, const struct lora_scheduler_
 int lora_scheduler_adapter_info(const struct lora_scheduler *s, int id,
                                 struct lora_scheduler_adapter_info *info)
 {
-    int ad = id > 0 ? find_adapter(s, id) : -1;
+    const struct adapter *a = known_adapter(s, id);
 
-    if (ad < 0) {
-        errno = ENOENT;
+    if (!a)
         return -1;
-    }
-    const struct adapter *a = &s->adapters[ad];
     *info = (struct lora_scheduler_adapter_info){
         .ready = a->ready,
         .arriving = a->arriving,
