@@ -495,17 +495,19 @@ int lora_msg_opt_u64(struct lora_msg_dec *d, const msgpack_object_map *m, const 
     return v ? lora_msg_as_u64(d, key, v, out) : 0;
 }
 
-int lora_msg_get_bool(struct lora_msg_dec *d, const msgpack_object_map *m, const char *key,
-                      bool *out)
+static int as_bool(struct lora_msg_dec *d, const char *key, const msgpack_object *v, bool *out)
 {
-    const msgpack_object *v;
-
-    if (lora_msg_need(d, m, key, &v) < 0)
-        return -1;
     if (v->type != MSGPACK_OBJECT_BOOLEAN)
         return FAIL(d, key, -1, "expected a boolean");
     *out = v->via.boolean;
     return 0;
+}
+
+int lora_msg_get_bool(struct lora_msg_dec *d, const msgpack_object_map *m, const char *key,
+                      bool *out)
+{
+    const msgpack_object *v;
+    return lora_msg_need(d, m, key, &v) < 0 ? -1 : as_bool(d, key, v, out);
 }
 
 int lora_msg_opt_bool(struct lora_msg_dec *d, const msgpack_object_map *m, const char *key,
@@ -515,11 +517,7 @@ int lora_msg_opt_bool(struct lora_msg_dec *d, const msgpack_object_map *m, const
 
     if (lora_msg_find(d, m, key, &v) < 0)
         return -1;
-    if (v && v->type != MSGPACK_OBJECT_BOOLEAN)
-        return FAIL(d, key, -1, "expected a boolean");
-    if (v)
-        *out = v->via.boolean;
-    return 0;
+    return v ? as_bool(d, key, v, out) : 0;
 }
 
 int lora_msg_get_f64(struct lora_msg_dec *d, const msgpack_object_map *m, const char *key,
