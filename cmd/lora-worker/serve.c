@@ -215,8 +215,8 @@ static int kv_blocks_of_share(const struct worker *w, const struct lora_msg_setu
     return kv_blocks_of(s, budget, block_bytes, err, err_len);
 }
 
-/* The KV cache of n_blocks blocks (the engine's figure), replacing any there was: a forward pass
- * made on the old one must be made again. */
+/* The KV cache of n_blocks blocks, replacing any there was: a forward pass made on the old one
+ * must be given the new one (lora_forward_set_kv). */
 static int make_kv_cache(struct worker *w, int n_blocks, char *err, size_t err_len)
 {
     const struct lora_model_config *c = &w->model->cfg;
@@ -267,19 +267,20 @@ static int setup(struct worker *w, const struct lora_msg_setup *s, char *err, si
         .slot_dtype = w->lora_dtype,
     };
     if (s->gpu_memory_utilization > 0) {
-        /* The forward pass's buffers are made once on a one-block cache to measure them. */
+        /* The forward pass's buffers are made first, on a one-block cache, to measure them. */
         if (make_kv_cache(w, 1, err, err_len) < 0 ||
             !(w->fwd = lora_forward_new(w->model, w->kv, &fl, err, err_len)))
             return -1;
         w->lim.num_kv_blocks = kv_blocks_of_share(w, s, mem_total, mem_free0, err, err_len);
-        lora_forward_destroy(&w->fwd);
     } else {
         w->lim.num_kv_blocks = kv_blocks_fit(w, s, err, err_len);
     }
     if (w->lim.num_kv_blocks < 1 || make_kv_cache(w, w->lim.num_kv_blocks, err, err_len) < 0)
         return -1;
-    w->fwd = lora_forward_new(w->model, w->kv, &fl, err, err_len);
-    if (!w->fwd || lora_forward_warm(w->fwd, err, err_len) < 0)
+    if (w->fwd ? lora_forward_set_kv(w->fwd, w->kv, err, err_len) < 0
+               : !(w->fwd = lora_forward_new(w->model, w->kv, &fl, err, err_len)))
+        return -1;
+    if (lora_forward_warm(w->fwd, err, err_len) < 0)
         return -1;
     if (l->world_size > 1) {
         if (!s->shm.s) {

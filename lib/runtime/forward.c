@@ -167,6 +167,21 @@ static int alloc_buffers(struct lora_forward *f, char *err, size_t err_len)
     return 0;
 }
 
+/* Whether kv fits model m's shard and lives on its backend; -1 with err when not. */
+static int check_kv(const struct lora_model *m, const struct lora_kv_cache *kv, char *err,
+                    size_t err_len)
+{
+    if (kv->n_layers != m->cfg.n_layers || kv->kv_dim != m->n_kv_heads * m->cfg.head_dim) {
+        snprintf(err, err_len, "forward: KV cache shape does not match the model shard");
+        return -1;
+    }
+    if (kv->be != m->be) {
+        snprintf(err, err_len, "forward: the KV cache is not on the model's backend");
+        return -1;
+    }
+    return 0;
+}
+
 struct lora_forward *lora_forward_new(const struct lora_model *m, struct lora_kv_cache *kv,
                                       const struct lora_forward_limits *lim, char *err,
                                       size_t err_len)
@@ -177,14 +192,8 @@ struct lora_forward *lora_forward_new(const struct lora_model *m, struct lora_kv
         snprintf(err, err_len, "forward: invalid limits");
         return NULL;
     }
-    if (kv->n_layers != c->n_layers || kv->kv_dim != m->n_kv_heads * c->head_dim) {
-        snprintf(err, err_len, "forward: KV cache shape does not match the model shard");
+    if (check_kv(m, kv, err, err_len) < 0)
         return NULL;
-    }
-    if (kv->be != m->be) {
-        snprintf(err, err_len, "forward: the KV cache is not on the model's backend");
-        return NULL;
-    }
     if (!m->be->ops->supports(m->be, LORA_KERNEL_LORA_SGMV, lim->slot_dtype)) {
         snprintf(err, err_len, "forward: the %s backend cannot compute LoRA in %s", m->be->kind,
                  lora_dtype_name(lim->slot_dtype));
@@ -228,6 +237,14 @@ struct lora_forward *lora_forward_new(const struct lora_model *m, struct lora_kv
         lora_forward_destroy(&f);
     }
     return f;
+}
+
+int lora_forward_set_kv(struct lora_forward *f, struct lora_kv_cache *kv, char *err, size_t err_len)
+{
+    if (check_kv(f->m, kv, err, err_len) < 0)
+        return -1;
+    f->kv = kv;
+    return 0;
 }
 
 void lora_forward_destroy(struct lora_forward **fp)

@@ -55,6 +55,12 @@ struct lora_forward *lora_forward_new(const struct lora_model *m, struct lora_kv
                                       size_t err_len);
 void lora_forward_destroy(struct lora_forward **f);
 
+/* Computes on kv (borrowed, of the same shape and backend) from now on, in place of the cache it
+ * was made with; its activations are sized by the limits alone, so a worker can make them before
+ * it knows how many KV blocks its memory holds. Returns 0, or -1 with err. */
+int lora_forward_set_kv(struct lora_forward *f, struct lora_kv_cache *kv, char *err,
+                        size_t err_len);
+
 /* One throwaway step of a few tokens at position 0 of the KV cache's first blocks, as a server
  * warms up before its first request: the weights' pages are mapped, the threads started and the
  * code paths run, so the first request's step does not pay for them. Call it before any sequence
