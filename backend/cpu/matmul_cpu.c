@@ -332,7 +332,7 @@ T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w,
     start_sums(a, part, k0, mr, nr);
     /* One row of x (decode) on 16-bit weights: two steps at a time, so that each row of w is read
      * in whole lines. A lone row of w fetches its stream LORA_CPU_STREAM_ROW_BYTES ahead; four
-     * fetch the next tile's line once, marked non-temporal so that it does not push x out of L1
+     * fetch the next tile's line once, into L2 (T1) so that it does not push x out of L1
      * (docs/design.md, "Streaming the weights"). The same products into the same sums in the same
      * order as the loop below. */
     if (dt != LORA_DTYPE_F32 && mr == 1)
@@ -346,7 +346,7 @@ T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w,
                 if (nr == 1)
                     PREFETCH((const char *)p + LORA_CPU_STREAM_ROW_BYTES);
                 else
-                    _mm_prefetch((const char *)(p + (size_t)nr * k), _MM_HINT_NTA);
+                    _mm_prefetch((const char *)(p + (size_t)nr * k), _MM_HINT_T1);
             }
             __m512 xv = _mm512_loadu_ps(x + kk), xv2 = _mm512_loadu_ps(x + kk + 16);
 #pragma GCC unroll 8

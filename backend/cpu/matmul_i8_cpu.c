@@ -159,11 +159,11 @@ TVNNI ALWAYS_INLINE void vnni_block(__m512 f[MR_VNNI][NR_VNNI], const char *xs, 
             const signed char *p = w + (size_t)j * w_stride + at;
             __m512i v = nb == B ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(bytes, p);
             /* one row: ahead in its stream; else the next tile's row, at one row of x
-             * non-temporal, as tile16 does (see the top) */
+             * into L2, as tile16 does (see the top) */
             if (nr == 1)
                 PREFETCH(p + LORA_CPU_STREAM_ROW_BYTES);
             else if (mr == 1)
-                _mm_prefetch((const char *)(p + (size_t)nr * w_stride), _MM_HINT_NTA);
+                _mm_prefetch((const char *)(p + (size_t)nr * w_stride), _MM_HINT_T1);
             else
                 PREFETCH(p + (size_t)nr * w_stride);
             wv[j] = _mm512_xor_si512(v, flip);
