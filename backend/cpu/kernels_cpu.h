@@ -24,6 +24,10 @@ struct lora_cpu_isa {
     bool bf16;   /* with avx512: AVX512_BF16's vdpbf16ps for the fast BF16 matmul (not on Intel) */
     bool vnni;   /* with avx512: AVX512_VNNI's vpdpbusd for the I8 matmul */
     bool amx;    /* with AVX512_BF16: AMX-BF16 tiles for fast BF16 where n, k % 32 == 0 */
+    /* with avx512: a lone stream of 16-bit weights at one row of x is fetched ahead into L2 (T1),
+     * as Intel's cores read it fastest; into L1 (T0) elsewhere (docs/design.md, "Streaming the
+     * weights") */
+    bool stream_l2;
 };
 
 /* The paths this machine has, less those the environment turns off for tests and comparisons:

@@ -324,14 +324,15 @@ static inline int k_block(int m, int k, int n0, int n1, int kb_max)
 /* The k range [k0, k1) of an mr x nr tile, the lane sums carried in part as tile_dot does. */
 T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w, enum lora_dtype dt,
                                int k, int k0, int k1, __mmask16 tail, int mr, int nr, float alpha,
-                               bool acc, __m512 *part)
+                               bool acc, __m512 *part, bool stream_l2)
 {
     __m512 a[MR16][NR];
     int kk = k0;
 
     start_sums(a, part, k0, mr, nr);
     /* One row of x (decode) on 16-bit weights: two steps at a time, so that each row of w is read
-     * in whole lines. A lone row of w fetches its stream LORA_CPU_STREAM_ROW_BYTES ahead; four
+     * in whole lines. A lone row of w fetches its stream LORA_CPU_STREAM_ROW_BYTES ahead, into L2
+     * where stream_l2 says so (lora_cpu_isa); four
      * fetch the next tile's line once, into L2 (T1) so that it does not push x out of L1
      * (docs/design.md, "Streaming the weights"). The same products into the same sums in the same
      * order as the loop below. */
@@ -343,7 +344,9 @@ T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w,
                 const uint16_t *p = (const uint16_t *)w + (size_t)j * k + kk;
                 wv[j] = lora_cpu_widen16(p, 0, dt);
                 wv2[j] = lora_cpu_widen16(p, 16, dt);
-                if (nr == 1)
+                if (nr == 1 && stream_l2)
+                    _mm_prefetch((const char *)p + LORA_CPU_STREAM_ROW_BYTES, _MM_HINT_T1);
+                else if (nr == 1)
                     PREFETCH((const char *)p + LORA_CPU_STREAM_ROW_BYTES);
                 else
                     _mm_prefetch((const char *)(p + (size_t)nr * k), _MM_HINT_T1);
@@ -393,17 +396,17 @@ T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w,
             int k1 = k - k0 < 2 * kb ? k : k0 + kb, t = 0, j = n0;                                 \
             for (; j + (nr_max) <= n1; j += (nr_max), t++)                                         \
                 tile16(yi + j, ldy, xi, (const char *)w + (size_t)j * k * es, dt, k, k0, k1, tail, \
-                       mr, nr_max, alpha, acc, part ? part + t * MR16 * NR : NULL);                \
+                       mr, nr_max, alpha, acc, part ? part + t * MR16 * NR : NULL, stream_l2);     \
             for (; j < n1; j++, t++)                                                               \
                 tile16(yi + j, ldy, xi, (const char *)w + (size_t)j * k * es, dt, k, k0, k1, tail, \
-                       mr, 1, alpha, acc, part ? part + t * MR16 * NR : NULL);                     \
+                       mr, 1, alpha, acc, part ? part + t * MR16 * NR : NULL, stream_l2);          \
             k0 = k1 - kb;                                                                          \
         }                                                                                          \
     } while (0)
 
 T512 ALWAYS_INLINE void panel16_body(float *y, int ldy, const float *x, const void *w,
                                      enum lora_dtype dt, int m, int k, int n0, int n1, float alpha,
-                                     bool acc)
+                                     bool acc, bool stream_l2)
 {
     __mmask16 tail = (__mmask16)((1u << (k % 16)) - 1);
     size_t es = w_size(dt);
@@ -442,17 +445,17 @@ T512 ALWAYS_INLINE void panel16_body(float *y, int ldy, const float *x, const vo
 }
 
 T512 static void panel16(float *y, int ldy, const float *x, const void *w, enum lora_dtype dt,
-                         int m, int k, int n0, int n1, float alpha, bool acc)
+                         int m, int k, int n0, int n1, float alpha, bool acc, bool stream_l2)
 {
     switch (dt) {
     case LORA_DTYPE_F32:
-        panel16_body(y, ldy, x, w, LORA_DTYPE_F32, m, k, n0, n1, alpha, acc);
+        panel16_body(y, ldy, x, w, LORA_DTYPE_F32, m, k, n0, n1, alpha, acc, stream_l2);
         break;
     case LORA_DTYPE_BF16:
-        panel16_body(y, ldy, x, w, LORA_DTYPE_BF16, m, k, n0, n1, alpha, acc);
+        panel16_body(y, ldy, x, w, LORA_DTYPE_BF16, m, k, n0, n1, alpha, acc, stream_l2);
         break;
     default:
-        panel16_body(y, ldy, x, w, LORA_DTYPE_F16, m, k, n0, n1, alpha, acc);
+        panel16_body(y, ldy, x, w, LORA_DTYPE_F16, m, k, n0, n1, alpha, acc, stream_l2);
         break;
     }
 }
@@ -564,7 +567,7 @@ T512BF16 static void panel_dot(float *y, int ldy, const uint16_t *x_staged, cons
 
 struct lora_cpu_isa lora_cpu_isa_detect(void)
 {
-    struct lora_cpu_isa isa = {false, false, false, false};
+    struct lora_cpu_isa isa = {false, false, false, false, false};
 
     __builtin_cpu_init();
     isa.avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
@@ -577,6 +580,7 @@ struct lora_cpu_isa lora_cpu_isa_detect(void)
     isa.bf16 = bf16 && !__builtin_cpu_is("intel");
     isa.vnni = isa.avx512 && __builtin_cpu_supports("avx512vnni") && !getenv("LORA_NO_AVX512_VNNI");
     isa.amx = bf16 && !getenv("LORA_NO_AMX") && lora_cpu_amx_available();
+    isa.stream_l2 = isa.avx512 && __builtin_cpu_is("intel");
     return isa;
 }
 
@@ -627,7 +631,7 @@ static void run_panel(const struct lora_cpu_isa *isa, float *y, int ldy, const f
                       bool acc)
 {
     if (isa->avx512)
-        panel16(y, ldy, x, w, dt, m, k, n0, n1, alpha, acc);
+        panel16(y, ldy, x, w, dt, m, k, n0, n1, alpha, acc, isa->stream_l2);
     else
         panel8(y, ldy, x, w, dt, m, k, n0, n1, alpha, acc);
 }
