@@ -10,9 +10,10 @@ PyTorch eager bfloat16, on the same deterministic model, at the same thread coun
    BF16 and Q8_0 (gguf_write.py), eight rank-16 adapters over all seven projections and their
    llama.cpp LoRA GGUFs.
 2. Checks agreement: greedy tokens of llama.cpp (F32 weights, F32 KV cache) and PyTorch
-   (float32) against lora-worker generate's, on a small model of the benchmark's architecture
-   (with and without adapters) and a small Llama (the Q/K permutation), and llama.cpp F32
-   against lora-worker on the benchmark model. A mismatch stops the benchmark.
+   (float32) against lora-worker generate's, computed exactly whatever precision is timed, on a
+   small model of the benchmark's architecture (with and without adapters) and a small Llama
+   (the Q/K permutation), and llama.cpp F32 against lora-worker on the benchmark model. A
+   mismatch stops the benchmark.
 3. Times, in interleaved rounds (each round in a rotated order), and reports medians:
    decode at batch 1; batch 8 and 32 with 8 distinct adapters; batch 32 without adapters;
    a 256-token prefill. lora-worker generate is timed from outside: a run to K+1 tokens minus
@@ -536,13 +537,16 @@ def main():
 
     ours = Ours(args.bin, args.threads, args.ours_dtype, args.ours_quantization,
                 args.ours_matmul_precision)
+    exact = Ours(args.bin, args.threads)
     ours_label = "lora-stack " + (args.ours_quantization or args.ours_dtype or "f32") + \
         (f" {args.ours_matmul_precision}" if args.ours_matmul_precision else "")
     result = {"shape": shape, "threads": args.threads, "prompt": PROMPT, "rounds": args.rounds}
     try:
         if not args.no_agreement:
             t = time.time()
-            lines, ok = agreement(ours, llama, torch, p, args)
+            # The conversions are checked against the exact computation: lora-worker's own
+            # rounded precisions (int8, fast bf16) are not expected to give float32's tokens.
+            lines, ok = agreement(exact, llama, torch, p, args)
             print(f"agreement (greedy, {args.agree_tokens} tokens):")
             print("\n".join(lines), flush=True)
             result["agreement"] = lines
@@ -561,6 +565,7 @@ def main():
             result["timed_tokens"] = lines
     finally:
         shutil.rmtree(ours.tmp, ignore_errors=True)
+        shutil.rmtree(exact.tmp, ignore_errors=True)
     print()
     print(f"{shape}: decode and prefill tokens/s, {args.threads} threads, median of "
           f"{args.rounds} interleaved round(s); (x) = lora-stack / peer, above 1 = lora-stack faster")
