@@ -331,11 +331,10 @@ T512 ALWAYS_INLINE void tile16(float *y, int ldy, const float *x, const void *w,
 
     start_sums(a, part, k0, mr, nr);
     /* One row of x (decode) on 16-bit weights: two steps at a time, so that each row of w is read
-     * in whole lines. A lone row of w fetches its stream LORA_CPU_STREAM_ROW_BYTES ahead, into L2
-     * where stream_l2 says so (lora_cpu_isa); four
-     * fetch the next tile's line once, into L2 (T1) so that it does not push x out of L1
-     * (docs/design.md, "Streaming the weights"). The same products into the same sums in the same
-     * order as the loop below. */
+     * in whole lines. A lone row of w fetches its stream LORA_CPU_STREAM_ROW_BYTES ahead (into L2
+     * where stream_l2 says so, else L1); four fetch the next tile's line once, into L2 so that it
+     * does not push x out of L1 (docs/design.md, "Streaming the weights"). The same products into
+     * the same sums in the same order as the loop below. */
     if (dt != LORA_DTYPE_F32 && mr == 1)
         for (; kk + 32 <= k1; kk += 32) {
             __m512 wv[NR], wv2[NR];
