@@ -433,7 +433,9 @@ T512 ALWAYS_INLINE void panel16_body(float *y, int ldy, const float *x, const vo
             PANEL16_ROWS(2, NR);
             break;
         default:
-            if (dt != LORA_DTYPE_F32 && (size_t)k * es < LORA_CPU_STREAM_ROW_BYTES)
+            /* Single rows only where k is not blocked: part holds the sums of
+             * KBLOCK_PART_TILES tiles, not of a panel's rows one by one. */
+            if (dt != LORA_DTYPE_F32 && !part && (size_t)k * es < LORA_CPU_STREAM_ROW_BYTES)
                 PANEL16_ROWS(1, 1);
             else
                 PANEL16_ROWS(1, NR);
@@ -552,8 +554,8 @@ T512BF16 static void panel_dot(float *y, int ldy, const uint16_t *x_staged, cons
             PANEL_DOT_ROWS(2, NR);
             break;
         default:
-            if ((size_t)k * sizeof(uint16_t) < LORA_CPU_STREAM_ROW_BYTES)
-                PANEL_DOT_ROWS(1, 1);
+            if (!part && (size_t)k * sizeof(uint16_t) < LORA_CPU_STREAM_ROW_BYTES)
+                PANEL_DOT_ROWS(1, 1); /* as in panel16_body */
             else
                 PANEL_DOT_ROWS(1, NR);
             break;

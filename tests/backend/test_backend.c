@@ -283,10 +283,11 @@ static void run_matmul(struct arena *a, float *y, float *dy, const float *dx, co
  * of another size over the same rows, give the batch's bits. */
 static void case_matmul(void)
 {
-    static const int shapes[][3] = {
-        {1, 1, 1},      {3, 5, 7},     {2, 4, 8},    {5, 33, 9},     {17, 129, 100}, {64, 67, 257},
-        {7, 64, 897},   {70, 37, 130}, {33, 6, 64},  {1, 131, 1000}, {12, 19, 4864}, {40, 3, 65},
-        {70, 2, 65536}, {1, 96, 64},   {37, 64, 96}, {16, 32, 896},  {9, 13, 2085}};
+    static const int shapes[][3] = {{1, 1, 1},      {3, 5, 7},      {2, 4, 8},      {5, 33, 9},
+                                    {17, 129, 100}, {64, 67, 257},  {7, 64, 897},   {70, 37, 130},
+                                    {33, 6, 64},    {1, 131, 1000}, {12, 19, 4864}, {40, 3, 65},
+                                    {70, 2, 65536}, {1, 96, 64},    {37, 64, 96},   {16, 32, 896},
+                                    {9, 13, 2085},  {7, 300, 1536}};
 
     for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]); si++) {
         int m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
