@@ -24,9 +24,10 @@ struct lora_cpu_isa {
     bool bf16;   /* with avx512: AVX512_BF16's vdpbf16ps for the fast BF16 matmul (not on Intel) */
     bool vnni;   /* with avx512: AVX512_VNNI's vpdpbusd for the I8 matmul */
     bool amx;    /* with AVX512_BF16: AMX-BF16 tiles for fast BF16 where n, k % 32 == 0 */
-    /* with avx512: a lone stream of 16-bit weights at one row of x is fetched ahead into L2 (T1),
-     * as Intel's cores read it fastest; into L1 (T0) elsewhere (docs/design.md, "Streaming the
-     * weights") */
+    /* with avx512: at one row of x, 16-bit weights are read one row at a time, rows of any
+     * length, as one stream fetched ahead into L2 (T1), as Intel's cores read them fastest; else
+     * rows shorter than LORA_CPU_STREAM_ROW_BYTES so, fetched into L1 (T0), and longer ones four
+     * side by side (docs/design.md, "Streaming the weights") */
     bool stream_l2;
 };
 
@@ -42,7 +43,8 @@ struct lora_cpu_isa lora_cpu_isa_detect(void);
 
 /* At one row of x, the 16-bit and int8 tiles read rows of w shorter than this one at a time, the
  * panel then one stream fetched this far ahead; longer rows go four side by side, fetching the
- * next tile's rows (docs/design.md, "Streaming the weights"). */
+ * next tile's rows, except 16-bit ones under stream_l2 (docs/design.md, "Streaming the
+ * weights"). */
 #define LORA_CPU_STREAM_ROW_BYTES 4096
 
 /* A thread's share of a matmul at one row of x (matmul_cpu.c): steps of rows of w, front and

@@ -435,7 +435,8 @@ T512 ALWAYS_INLINE void panel16_body(float *y, int ldy, const float *x, const vo
         default:
             /* Single rows only where k is not blocked: part holds the sums of
              * KBLOCK_PART_TILES tiles, not of a panel's rows one by one. */
-            if (dt != LORA_DTYPE_F32 && !part && (size_t)k * es < LORA_CPU_STREAM_ROW_BYTES)
+            if (dt != LORA_DTYPE_F32 && !part &&
+                (stream_l2 || (size_t)k * es < LORA_CPU_STREAM_ROW_BYTES))
                 PANEL16_ROWS(1, 1);
             else
                 PANEL16_ROWS(1, NR);
