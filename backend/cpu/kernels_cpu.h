@@ -24,10 +24,10 @@ struct lora_cpu_isa {
     bool bf16;   /* with avx512: AVX512_BF16's vdpbf16ps for the fast BF16 matmul (not on Intel) */
     bool vnni;   /* with avx512: AVX512_VNNI's vpdpbusd for the I8 matmul */
     bool amx;    /* with AVX512_BF16: AMX-BF16 tiles for fast BF16 where n, k % 32 == 0 */
-    /* with avx512: at one row of x, 16-bit weights are read one row at a time, rows of any
-     * length, as one stream fetched ahead into L2 (T1), as Intel's cores read them fastest; else
-     * rows shorter than LORA_CPU_STREAM_ROW_BYTES so, fetched into L1 (T0), and longer ones four
-     * side by side (docs/design.md, "Streaming the weights") */
+    /* with avx512: at one row of x, every row of 16-bit weights is read alone, the panel as one
+     * stream fetched ahead into L2 (T1), as Intel's cores read them fastest; without it, only rows
+     * shorter than LORA_CPU_STREAM_ROW_BYTES are, fetched into L1 (T0), and longer ones go four
+     * side by side (docs/design.md, "Streaming the weights on Intel's cores") */
     bool stream_l2;
 };
 
