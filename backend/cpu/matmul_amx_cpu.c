@@ -49,24 +49,34 @@ bool lora_cpu_amx_available(void)
 }
 
 /* Row i of x (k values, k even) into its block of the staging: block i / 16 is k / 2 rows of
- * 64 bytes, row r holding each of the block's 16 rows' pair (2r, 2r + 1); x == NULL stages zeros
- * (a padding row). Rounding to nearest even, NaN kept quiet, as lora_f32_to_bf16. */
+ * 64 bytes, row r holding each of the block's 16 rows' pair (2r, 2r + 1). Rounding to nearest
+ * even, NaN kept quiet, as lora_f32_to_bf16. */
 TAMX void lora_cpu_amx_stage_row(const float *x, int k, int i, char *stage)
 {
     uint32_t *block = (uint32_t *)(stage + (size_t)(i / 16) * 16 * (size_t)k * sizeof(uint16_t));
     int col = i % 16;
 
     for (int c = 0; c < k; c += 32) {
-        __m512i pairs = _mm512_setzero_si512();
-        if (x) {
-            __m512 lo = _mm512_loadu_ps(x + c), hi = _mm512_loadu_ps(x + c + 16);
-            pairs = (__m512i)_mm512_cvtne2ps_pbh(hi, lo); /* values c .. c + 31 in order */
-        }
+        __m512 lo = _mm512_loadu_ps(x + c), hi = _mm512_loadu_ps(x + c + 16);
+        __m512i pairs = (__m512i)_mm512_cvtne2ps_pbh(hi, lo); /* values c .. c + 31 in order */
         uint32_t p[16];
         _mm512_storeu_si512(p, pairs);
         for (int r = 0; r < 16; r++)
             block[(size_t)(c / 2 + r) * 16 + (size_t)col] = p[r];
     }
+}
+
+/* Zeros in the rows m % 16 .. 15 of the last block (m % 16 != 0): one masked store per row of
+ * the block, which leaves the columns of x's rows, staged alongside, as they are. Padding a
+ * single row of x this way instead of as 15 rows of zeros took 13% of the matmul's time at one
+ * row (docs/design.md, "AMX"). */
+TAMX void lora_cpu_amx_stage_padding(int m, int k, char *stage)
+{
+    char *block = stage + (size_t)(m / 16) * 16 * (size_t)k * sizeof(uint16_t);
+    __mmask16 pad = (__mmask16)(0xffffu << (m % 16));
+
+    for (int r = 0; r < k / 2; r++)
+        _mm512_mask_storeu_epi32(block + (size_t)r * 64, pad, _mm512_setzero_si512());
 }
 
 /* Outputs (n0 .. n0 + 31) x (rows i0 .. i0 + 15 or + 31) of yᵀ from tiles 0-3, their rows of x

@@ -799,12 +799,14 @@ void lora_cpu_matmul(const struct lora_cpu *cpu, const struct lora_cpu_part *par
 #pragma omp parallel num_threads(threads) if (work > 32768 && n_panels > 1)
         {
             if (row_stage) {
-                int staged = path == PATH_AMX ? (mc + 15) / 16 * 16 : mc;
+                /* AMX: one more item zeros the padding of the last block of 16 rows. */
+                int items = path == PATH_AMX && mc % 16 ? mc + 1 : mc;
 #pragma omp for schedule(static)
-                for (int r = 0; r < staged; r++) {
-                    if (path == PATH_AMX)
-                        lora_cpu_amx_stage_row(r < mc ? xc + (size_t)r * k : NULL, k, r,
-                                               cpu->stage);
+                for (int r = 0; r < items; r++) {
+                    if (r == mc)
+                        lora_cpu_amx_stage_padding(mc, k, cpu->stage);
+                    else if (path == PATH_AMX)
+                        lora_cpu_amx_stage_row(xc + (size_t)r * k, k, r, cpu->stage);
                     else
                         stage_row(path, xc + (size_t)r * k, k, cpu->stage + (size_t)r * row_stage);
                 }
