@@ -94,8 +94,8 @@ void lora_cpu_i8_panel(const struct lora_cpu_isa *isa, float *y, int ldy, const 
  * multiples of 32). available: the CPU has AMX-BF16 and the kernel gave this process the tile
  * state. The staging of m rows takes 2 k bytes per row, m rounded up to 16; stage_row writes row
  * i, stage_padding zeros in the rows from m up to a multiple of 16 (each may run beside the
- * stage_row of the same block). panel: columns [n0, n1) of y (m
- * rows, stride ldy), n0 and n1 multiples of 32, = alpha · staged x · rows [n0, n1) of wᵀ (+ y). */
+ * stage_row of the same block). panel: columns [n0, n1) of y (m rows, stride ldy), n0 and n1
+ * multiples of 32, = alpha · staged x · rows [n0, n1) of wᵀ (+ y). */
 bool lora_cpu_amx_available(void);
 void lora_cpu_amx_stage_row(const float *x, int k, int i, char *stage);
 void lora_cpu_amx_stage_padding(int m, int k, char *stage);

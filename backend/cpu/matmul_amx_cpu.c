@@ -48,12 +48,18 @@ bool lora_cpu_amx_available(void)
     return syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
 }
 
+/* Where the staged block holding row i of x starts: 16 rows of k bf16 values to a block. */
+static size_t block_offset(int i, int k)
+{
+    return (size_t)(i / 16) * 16 * (size_t)k * sizeof(uint16_t);
+}
+
 /* Row i of x (k values, k even) into its block of the staging: block i / 16 is k / 2 rows of
  * 64 bytes, row r holding each of the block's 16 rows' pair (2r, 2r + 1). Rounding to nearest
  * even, NaN kept quiet, as lora_f32_to_bf16. */
 TAMX void lora_cpu_amx_stage_row(const float *x, int k, int i, char *stage)
 {
-    uint32_t *block = (uint32_t *)(stage + (size_t)(i / 16) * 16 * (size_t)k * sizeof(uint16_t));
+    uint32_t *block = (uint32_t *)(stage + block_offset(i, k));
     int col = i % 16;
 
     for (int c = 0; c < k; c += 32) {
@@ -72,7 +78,7 @@ TAMX void lora_cpu_amx_stage_row(const float *x, int k, int i, char *stage)
  * row (docs/design.md, "AMX"). */
 TAMX void lora_cpu_amx_stage_padding(int m, int k, char *stage)
 {
-    char *block = stage + (size_t)(m / 16) * 16 * (size_t)k * sizeof(uint16_t);
+    char *block = stage + block_offset(m, k);
     __mmask16 pad = (__mmask16)(0xffffu << (m % 16));
 
     for (int r = 0; r < k / 2; r++)
@@ -111,7 +117,7 @@ TAMX void lora_cpu_amx_panel(float *y, int ldy, const char *stage, const uint16_
                              int n0, int n1, float alpha, bool acc)
 {
     struct tile_config cfg = {.palette = 1};
-    size_t w_stride = (size_t)k * sizeof(uint16_t), block_bytes = 16 * w_stride;
+    size_t w_stride = (size_t)k * sizeof(uint16_t), block_bytes = block_offset(16, k);
 
     for (int t = 0; t < 8; t++) {
         cfg.rows[t] = 16;
@@ -121,7 +127,7 @@ TAMX void lora_cpu_amx_panel(float *y, int ldy, const char *stage, const uint16_
     for (int n = n0; n < n1; n += 32) {
         const uint16_t *w0 = w + (size_t)n * (size_t)k, *w1 = w0 + (size_t)16 * (size_t)k;
         for (int i0 = 0; i0 < m; i0 += 32) {
-            const char *b0 = stage + (size_t)(i0 / 16) * block_bytes, *b1 = b0 + block_bytes;
+            const char *b0 = stage + block_offset(i0, k), *b1 = b0 + block_bytes;
             int blocks_x = m - i0 > 16 ? 2 : 1;
             _tile_zero(0);
             _tile_zero(1);
