@@ -21,7 +21,8 @@
  * A tile takes several rows of w, so that a chunk of x loaded once serves them all; a single row
  * of x takes rows shorter than LORA_CPU_STREAM_ROW_BYTES one at a time instead: the panel is then
  * read as one stream, fetched that far ahead, and longer rows four side by side, each tile
- * fetching the next one's rows (docs/design.md, "Streaming the weights", has the measurements).
+ * fetching the next one's rows; the AVX2 tiles read every row alone at one row of x, as one
+ * stream (docs/design.md, "Streaming the weights", has the measurements).
  * Either way each output has the same operations in the same order, so the tile's shape is free
  * to follow m and k.
  */
@@ -295,7 +296,12 @@ ALWAYS_INLINE void avx2_half(__m256 f[MR_AVX2][NR_AVX2], const char *xs, size_t 
             const signed char *p = w + (size_t)j * w_stride + at;
             wv[j] = n == 8 ? _mm256_loadu_si256((const __m256i *)p)
                            : _mm256_maskload_epi32((const int *)p, lanes);
-            PREFETCH(p + (size_t)nr * w_stride);
+            /* one row: ahead in its stream, once a line (the second half reads the lines the
+             * first did); else the next tile's row at the same column */
+            if (nr > 1)
+                PREFETCH(p + (size_t)nr * w_stride);
+            else if (h == 0)
+                PREFETCH(p + LORA_CPU_STREAM_ROW_BYTES);
             aw[j] = _mm256_abs_epi8(wv[j]);
         }
 #pragma GCC unroll 2
@@ -312,9 +318,12 @@ ALWAYS_INLINE void avx2_half(__m256 f[MR_AVX2][NR_AVX2], const char *xs, size_t 
     }
     __m256 sw[NR_AVX2];
 #pragma GCC unroll 2
-    for (int j = 0; j < nr; j++)
+    for (int j = 0; j < nr; j++) {
+        if (h == 0) /* as vnni_block */
+            PREFETCH(w_scales + ((size_t)(j + SCALES_AHEAD * nr) * ng + (size_t)b * B) * 4);
         sw[j] = _mm256_maskload_ps(
             (const float *)(w_scales + ((size_t)j * ng + (size_t)(b * B + 8 * h)) * 4), lanes);
+    }
 #pragma GCC unroll 2
     for (int i = 0; i < mr; i++) {
         __m256 sx = _mm256_load_ps(
@@ -369,8 +378,9 @@ static void avx2_panel(float *y, int ldy, const char *xs, size_t stride, const s
         const char *xi = xs + (size_t)i * stride;
         if (mr == MR_AVX2)
             TILES(avx2_tile, NR_AVX2, MR_AVX2);
-        else
+        else {
             TILES(avx2_tile, 1, 1);
+        }
         i += mr;
     }
 }

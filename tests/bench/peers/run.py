@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """bench-peers: lora-stack's CPU decode next to llama.cpp (prebuilt, through node-llama-cpp) and
-PyTorch eager bfloat16, on the same deterministic model, at the same thread count.
+PyTorch eager bfloat16 (or float32: --torch-dtypes), on the same deterministic model, at the same
+thread count.
 
     tests/bench/peers/run.py [--quick] [--shape 0.5b] [--rounds 4] [--threads 2] ...
 
@@ -204,6 +205,13 @@ class LlamaCpp:
         return json.loads(run(cmd).stdout)
 
 
+TORCH_DTYPES = {"bfloat16": "bf16", "float32": "f32"}
+
+
+def torch_label(dtype):
+    return f"PyTorch {TORCH_DTYPES[dtype]}"
+
+
 class Torch:
     def __init__(self, threads):
         self.threads = threads
@@ -358,12 +366,13 @@ def measure(ours, llama, torch, p, args):
                     r = llama.run(p.ggufs[t], b, bt)
                     return {(f"b{b}", f"llama.cpp {TYPE_LABEL[t]}"): r["decode_tok_s"]}
                 jobs.append((f"llama.cpp {t} b{args.no_adapter_batch}", f))
-    if torch:
-        def f():
+    for dtype in (args.torch_dtypes if torch else []):
+        def f(dtype=dtype):
+            label = torch_label(dtype)
             bs = sorted(set([1] + args.batches + ([args.no_adapter_batch] if args.no_adapter_batch else [])))
-            r = torch.run(p.model, bs, bt, dtype="bfloat16", prefill=args.prefill)
-            tokens["PyTorch bf16"] = r["runs"][0]["tokens"]
-            res = {("prefill", "PyTorch bf16"): r["prefill_tok_s"]}
+            r = torch.run(p.model, bs, bt, dtype=dtype, prefill=args.prefill)
+            tokens[label] = r["runs"][0]["tokens"]
+            res = {("prefill", label): r["prefill_tok_s"]}
             for run_ in r["runs"]:
                 b = run_["batch"]
                 rows = ["b1"] if b == 1 else []
@@ -372,9 +381,9 @@ def measure(ours, llama, torch, p, args):
                 if b == args.no_adapter_batch:
                     rows.append(f"b{b}")
                 for row in rows:
-                    res[(row, "PyTorch bf16")] = run_["decode_tok_s"]
+                    res[(row, label)] = run_["decode_tok_s"]
             return res
-        jobs.append(("torch", f))
+        jobs.append((f"torch {dtype}", f))
 
     samples = {}
     for rnd in range(args.rounds):
@@ -413,7 +422,8 @@ def table(med, noisy, p, args, ours_label):
     if args.no_adapter_batch:
         rows.append((f"b{args.no_adapter_batch}", f"decode, batch {args.no_adapter_batch}, no adapter"))
     rows.append(("prefill", f"prefill, {args.prefill} tokens"))
-    cols = [c for c in (["ours"] + [f"llama.cpp {TYPE_LABEL[t]}" for t in p.types] + ["PyTorch bf16"])
+    cols = [c for c in (["ours"] + [f"llama.cpp {TYPE_LABEL[t]}" for t in p.types]
+                        + [torch_label(d) for d in args.torch_dtypes])
             if any(k[1] == c for k in med)]
     head = ["tokens/s"] + [ours_label if c == "ours" else c for c in cols]
     out = [head]
@@ -470,6 +480,8 @@ def main():
                     help="pass --matmul-precision to lora-worker generate (exact|fast)")
     ap.add_argument("--no-llamacpp", action="store_true")
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--torch-dtypes", default="bfloat16",
+                    help="PyTorch dtypes timed, comma-separated: bfloat16, float32 (bfloat16)")
     ap.add_argument("--no-agreement", action="store_true")
     ap.add_argument("--json", default=None, help="also write the results to this file")
     ap.add_argument("--verbose", action="store_true", help="log each timed job's duration")
@@ -495,6 +507,10 @@ def main():
     for t in types + adapter_types:
         if t not in TYPE_LABEL:
             raise SystemExit(f"bench-peers: unknown GGUF type {t}")
+    args.torch_dtypes = [d for d in args.torch_dtypes.split(",") if d]
+    for d in args.torch_dtypes:
+        if d not in TORCH_DTYPES:
+            raise SystemExit(f"bench-peers: unknown PyTorch dtype {d} (bfloat16, float32)")
 
     if big and not (args.ours_dtype or args.ours_quantization):
         raise SystemExit("bench-peers: the 7b shape needs --ours-dtype bfloat16 or "
@@ -572,7 +588,8 @@ def main():
     print(table(med, noisy, p, args, ours_label))
     print(f"batch 1: {args.tokens} tokens after an {len(PROMPT)}-token prompt; larger batches: "
           f"{args.batch_tokens} tokens per sequence; llama.cpp with adapters: one adapter's "
-          f"requests at a time; PyTorch: no adapters, eager bfloat16")
+          f"requests at a time; PyTorch: no adapters, eager "
+          + " and ".join(args.torch_dtypes))
     busy = statistics.median(interference) if interference else 0.0
     print(f"other processes used a median of {busy:.2f} cores (at most {max(interference or [0]):.2f}) "
           f"while the jobs ran; medians over the samples taken while they used under "
