@@ -175,22 +175,31 @@ static struct lora_generate_stats run(struct bench *b, struct variant *v, int ba
  * away from the runs, says more about the moment it was taken than about the kernels; a run of
  * the 7B shape lasts seconds, and one probe before it would miss a move during it. */
 #define PROBE_BYTES ((size_t)512 << 20)
+
+/* Round r of decode_rounds: every variant once, in an order rotated by r, into column r of t
+ * (tokens/s), bd (bound) and p (percent of it). */
+static void decode_round(struct bench *b, int r, int batch, int n_adapters, const float *probe,
+                         double t[][16], double bd[][16], double p[][16])
+{
+    for (int k = 0; k < b->n_variants; k++) {
+        int i = (k + r) % b->n_variants;
+        double before = probe ? read_bandwidth_of(probe, PROBE_BYTES, 4) : 0;
+        struct lora_generate_stats st =
+            run(b, &b->v[i], batch, n_adapters, b->n_prompt, b->max_tokens);
+        double after = probe ? read_bandwidth_of(probe, PROBE_BYTES, 4) : 0;
+        t[i][r] = st.n_decode_tokens / st.decode_seconds;
+        bd[i][r] = probe ? (before + after) / 2 / b->v[i].m->weight_bytes : 1;
+        p[i][r] = 100 * t[i][r] / bd[i][r];
+    }
+}
+
 static void decode_rounds(struct bench *b, int batch, int n_adapters, const float *probe,
                           double *tps, double *bound, double *pct)
 {
     double t[MAX_VARIANTS][16], bd[MAX_VARIANTS][16], p[MAX_VARIANTS][16];
 
     for (int r = 0; r < b->rounds; r++)
-        for (int k = 0; k < b->n_variants; k++) {
-            int i = (k + r) % b->n_variants;
-            double before = probe ? read_bandwidth_of(probe, PROBE_BYTES, 4) : 0;
-            struct lora_generate_stats st =
-                run(b, &b->v[i], batch, n_adapters, b->n_prompt, b->max_tokens);
-            double after = probe ? read_bandwidth_of(probe, PROBE_BYTES, 4) : 0;
-            t[i][r] = st.n_decode_tokens / st.decode_seconds;
-            bd[i][r] = probe ? (before + after) / 2 / b->v[i].m->weight_bytes : 1;
-            p[i][r] = 100 * t[i][r] / bd[i][r];
-        }
+        decode_round(b, r, batch, n_adapters, probe, t, bd, p);
     for (int i = 0; i < b->n_variants; i++) {
         double *of[] = {t[i], bd[i], p[i]}, *to[] = {tps, bound, pct};
         for (int j = 0; j < 3; j++) {
@@ -377,13 +386,17 @@ int main(int argc, char **argv)
         /* Time per token at batch 32 with N distinct adapters against N = 1; the floor is what
          * the extra adapters' bytes cost if a step were bound by reading its bytes. */
         int counts[] = {1, 2, 4, 8};
-        double per[4][MAX_VARIANTS];
+        double per[4][MAX_VARIANTS], t[4][MAX_VARIANTS][16], bd[MAX_VARIANTS][16],
+            p[MAX_VARIANTS][16];
         b.max_tokens = 24;
-        for (int k = 0; k < 4; k++) {
-            decode_rounds(&b, 32, counts[k], NULL, per[k], NULL, NULL);
+        /* Each round runs every N, in an order rotated by the round, so that the machine's
+         * drift over the section falls on every N alike (N after N, it fell on the ratios). */
+        for (int r = 0; r < b.rounds; r++)
+            for (int j = 0; j < 4; j++)
+                decode_round(&b, r, 32, counts[(j + r) % 4], NULL, t[(j + r) % 4], bd, p);
+        for (int k = 0; k < 4; k++)
             for (int i = 0; i < b.n_variants; i++)
-                per[k][i] = 1 / per[k][i];
-        }
+                per[k][i] = 1 / median(t[k][i], b.rounds);
         b.max_tokens = 16;
         printf("\nbatch 32, N distinct rank-16 adapters (all seven projections), round-robin: "
                "time per token against N = 1, and its byte floor (N-1) x adapter bytes / bytes "

@@ -587,9 +587,9 @@ def main():
           f"{args.rounds} interleaved round(s); (x) = lora-stack / peer, above 1 = lora-stack faster")
     print(table(med, noisy, p, args, ours_label))
     print(f"batch 1: {args.tokens} tokens after an {len(PROMPT)}-token prompt; larger batches: "
-          f"{args.batch_tokens} tokens per sequence; llama.cpp with adapters: one adapter's "
-          f"requests at a time; PyTorch: no adapters, eager "
-          + " and ".join(args.torch_dtypes))
+          f"{args.batch_tokens} tokens per sequence"
+          + ("; llama.cpp with adapters: one adapter's requests at a time" if llama else "")
+          + ("; PyTorch: no adapters, eager " + " and ".join(args.torch_dtypes) if torch else ""))
     busy = statistics.median(interference) if interference else 0.0
     print(f"other processes used a median of {busy:.2f} cores (at most {max(interference or [0]):.2f}) "
           f"while the jobs ran; medians over the samples taken while they used under "
