@@ -378,9 +378,8 @@ static void avx2_panel(float *y, int ldy, const char *xs, size_t stride, const s
         const char *xi = xs + (size_t)i * stride;
         if (mr == MR_AVX2)
             TILES(avx2_tile, NR_AVX2, MR_AVX2);
-        else {
+        else
             TILES(avx2_tile, 1, 1);
-        }
         i += mr;
     }
 }
