@@ -62,6 +62,13 @@ static int n_blocks(int k)
     return (int)((lora_i8_groups(k) + B - 1) / B);
 }
 
+/* Row j's scales of block b, SCALES_AHEAD tiles of nr rows ahead: the scales are a stream of
+ * their own, too thin for the prefetcher to follow. */
+ALWAYS_INLINE void prefetch_scales(const char *w_scales, int j, int nr, int ng, int b)
+{
+    PREFETCH(w_scales + ((size_t)(j + SCALES_AHEAD * nr) * ng + (size_t)b * B) * 4);
+}
+
 /* ---- the staged rows of x ---- */
 
 /* A staged row (64-byte aligned, this many bytes): the values, lora_i8_row_bytes(k) bytes in the
@@ -181,8 +188,7 @@ TVNNI ALWAYS_INLINE void vnni_block(__m512 f[MR_VNNI][NR_VNNI], const char *xs, 
     __m512 sw[NR_VNNI];
 #pragma GCC unroll 4
     for (int j = 0; j < nr; j++) {
-        /* The scales are a stream of their own, too thin for the prefetcher to follow. */
-        PREFETCH(w_scales + ((size_t)(j + SCALES_AHEAD * nr) * ng + (size_t)b * B) * 4);
+        prefetch_scales(w_scales, j, nr, ng, b);
         sw[j] = _mm512_maskz_loadu_ps(lanes, w_scales + ((size_t)j * ng + (size_t)b * B) * 4);
     }
 #pragma GCC unroll 4
@@ -319,8 +325,8 @@ ALWAYS_INLINE void avx2_half(__m256 f[MR_AVX2][NR_AVX2], const char *xs, size_t 
     __m256 sw[NR_AVX2];
 #pragma GCC unroll 2
     for (int j = 0; j < nr; j++) {
-        if (h == 0) /* as vnni_block */
-            PREFETCH(w_scales + ((size_t)(j + SCALES_AHEAD * nr) * ng + (size_t)b * B) * 4);
+        if (h == 0) /* once a block */
+            prefetch_scales(w_scales, j, nr, ng, b);
         sw[j] = _mm256_maskload_ps(
             (const float *)(w_scales + ((size_t)j * ng + (size_t)(b * B + 8 * h)) * 4), lanes);
     }
