@@ -49,7 +49,10 @@
  * float sums on the stack; the prefill's int8 matmuls ran 1.15x faster for it (docs/design.md). */
 #define MR_VNNI     3
 #define NR_VNNI     4
-#define MR_AVX2     2
+/* 4 x 2 on AVX2: each weight vector serves four rows of x. Against 2 x 2 (the float sums in
+ * registers), 1.3-1.7x the int8 matmul's rate at 8 and 32 rows with the weights streamed from
+ * memory, 1.1-1.3x at 256 (docs/design.md, "The AVX2 tiles"). */
+#define MR_AVX2     4
 #define NR_AVX2     2
 
 static size_t round_up(size_t n, size_t to)
@@ -278,10 +281,15 @@ TVNNI static void vnni_panel(float *y, int ldy, const char *xs, size_t stride, c
 
 /* ---- AVX2 ---- */
 
-/* Half h (groups 8h.. of nb) of block b of an mr x nr tile, as vnni_block. */
+/* Half h (groups 8h.. of nb) of block b of an mr x nr tile, as vnni_block. A half of fewer than
+ * 8 groups is read with whole 32-byte loads all the same, its lanes past the last group holding
+ * the next bytes' products, which the scales zero (the weights' masked, the staged x's zeros)
+ * exactly: the load runs at most 28 bytes past the row, within a staged row of x and, unless
+ * the tile holds the weight's last row (masked: loads of the half's groups only), within w.
+ * A masked load costs AVX2 more than the whole one: k = 896 ends every row in such a half. */
 ALWAYS_INLINE void avx2_half(__m256 f[MR_AVX2][NR_AVX2], const char *xs, size_t x_stride,
                              const signed char *w, size_t w_stride, const char *w_scales, int ng,
-                             size_t qb, int nbk, int b, int nb, int h, int mr, int nr)
+                             size_t qb, int nbk, int b, int nb, int h, int mr, int nr, bool masked)
 {
     const int n = nb - 8 * h < 8 ? nb - 8 * h : 8; /* groups of this half */
     const __m256i lanes =
@@ -290,18 +298,18 @@ ALWAYS_INLINE void avx2_half(__m256 f[MR_AVX2][NR_AVX2], const char *xs, size_t 
     __m256i acc[MR_AVX2][NR_AVX2];
     size_t at = (size_t)b * B * G + (size_t)(32 * h);
 
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int i = 0; i < mr; i++)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int j = 0; j < nr; j++)
             acc[i][j] = _mm256_setzero_si256();
     for (int u = 0; u < UNITS; u++, at += (size_t)(4 * nb)) {
         __m256i wv[NR_AVX2], aw[NR_AVX2];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int j = 0; j < nr; j++) {
             const signed char *p = w + (size_t)j * w_stride + at;
-            wv[j] = n == 8 ? _mm256_loadu_si256((const __m256i *)p)
-                           : _mm256_maskload_epi32((const int *)p, lanes);
+            wv[j] = n == 8 || !masked ? _mm256_loadu_si256((const __m256i *)p)
+                                      : _mm256_maskload_epi32((const int *)p, lanes);
             /* one row: ahead in its stream, once a line (the second half reads the lines the
              * first did); else the next tile's row at the same column */
             if (nr > 1)
@@ -310,12 +318,10 @@ ALWAYS_INLINE void avx2_half(__m256 f[MR_AVX2][NR_AVX2], const char *xs, size_t 
                 PREFETCH(p + LORA_CPU_STREAM_ROW_BYTES);
             aw[j] = _mm256_abs_epi8(wv[j]);
         }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int i = 0; i < mr; i++) {
-            const char *p = xs + (size_t)i * x_stride + at;
-            __m256i xv = n == 8 ? _mm256_loadu_si256((const __m256i *)p)
-                                : _mm256_maskload_epi32((const int *)p, lanes);
-#pragma GCC unroll 2
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(xs + (size_t)i * x_stride + at));
+#pragma GCC unroll 4
             for (int j = 0; j < nr; j++)
                 acc[i][j] = _mm256_add_epi32(
                     acc[i][j], _mm256_madd_epi16(
@@ -323,18 +329,18 @@ ALWAYS_INLINE void avx2_half(__m256 f[MR_AVX2][NR_AVX2], const char *xs, size_t 
         }
     }
     __m256 sw[NR_AVX2];
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int j = 0; j < nr; j++) {
         if (h == 0) /* once a block */
             prefetch_scales(w_scales, j, nr, ng, b);
         sw[j] = _mm256_maskload_ps(
             (const float *)(w_scales + ((size_t)j * ng + (size_t)(b * B + 8 * h)) * 4), lanes);
     }
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int i = 0; i < mr; i++) {
         __m256 sx = _mm256_load_ps(
             (const float *)(xs + (size_t)i * x_stride + qb + (size_t)(nbk + b) * 64) + 8 * h);
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int j = 0; j < nr; j++)
             f[i][j] =
                 _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[i][j]), _mm256_mul_ps(sw[j], sx), f[i][j]);
@@ -343,28 +349,30 @@ ALWAYS_INLINE void avx2_half(__m256 f[MR_AVX2][NR_AVX2], const char *xs, size_t 
 
 ALWAYS_INLINE void avx2_tile(float *y, int ldy, const char *xs, size_t x_stride,
                              const signed char *w, int k, const char *w_scales, int mr, int nr,
-                             float alpha, bool acc)
+                             float alpha, bool acc, bool masked)
 {
     __m256 f[MR_AVX2][NR_AVX2];
     int ng = (int)lora_i8_groups(k), nbk = n_blocks(k), full = ng / B, last = ng - full * B;
     size_t w_stride = (size_t)lora_i8_row_bytes(k), qb = q_bytes(k);
 
-#pragma GCC unroll 2
+#pragma GCC unroll 4
     for (int i = 0; i < MR_AVX2; i++)
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int j = 0; j < NR_AVX2; j++)
             f[i][j] = _mm256_setzero_ps();
     for (int b = 0; b < full; b++) {
-        avx2_half(f, xs, x_stride, w, w_stride, w_scales, ng, qb, nbk, b, B, 0, mr, nr);
-        avx2_half(f, xs, x_stride, w, w_stride, w_scales, ng, qb, nbk, b, B, 1, mr, nr);
+        avx2_half(f, xs, x_stride, w, w_stride, w_scales, ng, qb, nbk, b, B, 0, mr, nr, masked);
+        avx2_half(f, xs, x_stride, w, w_stride, w_scales, ng, qb, nbk, b, B, 1, mr, nr, masked);
     }
     if (last > 0)
-        avx2_half(f, xs, x_stride, w, w_stride, w_scales, ng, qb, nbk, full, last, 0, mr, nr);
+        avx2_half(f, xs, x_stride, w, w_stride, w_scales, ng, qb, nbk, full, last, 0, mr, nr,
+                  masked);
     if (last > 8)
-        avx2_half(f, xs, x_stride, w, w_stride, w_scales, ng, qb, nbk, full, last, 1, mr, nr);
-#pragma GCC unroll 2
+        avx2_half(f, xs, x_stride, w, w_stride, w_scales, ng, qb, nbk, full, last, 1, mr, nr,
+                  masked);
+#pragma GCC unroll 4
     for (int i = 0; i < mr; i++) {
-#pragma GCC unroll 2
+#pragma GCC unroll 4
         for (int j = 0; j < nr; j++) {
             float v = alpha * lora_cpu_hsum8(f[i][j]);
             y[(size_t)i * ldy + j] = acc ? y[(size_t)i * ldy + j] + v : v;
@@ -372,20 +380,52 @@ ALWAYS_INLINE void avx2_tile(float *y, int ldy, const char *xs, size_t x_stride,
     }
 }
 
+/* Rows [j, j + nr) of w as an mr x nr tile, its loads masked where the tile holds w's last row. */
+#define AVX2_TILE(mr, nr)                                                                          \
+    do {                                                                                           \
+        const signed char *wj = w + (size_t)j * w_stride;                                          \
+        const char *sj = w_scales + (size_t)j * ng * sizeof(float);                                \
+        if (j + (nr) < n_w)                                                                        \
+            avx2_tile(yi + j, ldy, xi, stride, wj, k, sj, mr, nr, alpha, acc, false);              \
+        else                                                                                       \
+            avx2_tile(yi + j, ldy, xi, stride, wj, k, sj, mr, nr, alpha, acc, true);               \
+    } while (0)
+
+#define AVX2_TILES(mr, nr_max)                                                                     \
+    do {                                                                                           \
+        int j = n0;                                                                                \
+        for (; j + (nr_max) <= n1; j += (nr_max))                                                  \
+            AVX2_TILE(mr, nr_max);                                                                 \
+        for (; j < n1; j++)                                                                        \
+            AVX2_TILE(mr, 1);                                                                      \
+    } while (0)
+
 static void avx2_panel(float *y, int ldy, const char *xs, size_t stride, const signed char *w,
                        const char *w_scales, int m, int k, int n0, int n1, float alpha, bool acc)
 {
     int ng = (int)lora_i8_groups(k);
     size_t w_stride = (size_t)lora_i8_row_bytes(k);
+    /* w's rows: its scales follow its last row (backend.h's I8 layout) */
+    int n_w = (int)((size_t)(w_scales - (const char *)w) / w_stride);
 
     for (int i = 0; i < m;) {
-        int mr = m - i >= MR_AVX2 ? MR_AVX2 : 1;
+        int mr = m - i >= MR_AVX2 ? MR_AVX2 : m - i;
         float *yi = y + (size_t)i * ldy;
         const char *xi = xs + (size_t)i * stride;
-        if (mr == MR_AVX2)
-            TILES(avx2_tile, NR_AVX2, MR_AVX2);
-        else
-            TILES(avx2_tile, 1, 1);
+        switch (mr) {
+        case 4:
+            AVX2_TILES(4, NR_AVX2);
+            break;
+        case 3:
+            AVX2_TILES(3, NR_AVX2);
+            break;
+        case 2:
+            AVX2_TILES(2, NR_AVX2);
+            break;
+        default: /* one row of x: every row of w alone, as one stream (see the top) */
+            AVX2_TILES(1, 1);
+            break;
+        }
         i += mr;
     }
 }

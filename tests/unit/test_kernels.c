@@ -16,6 +16,8 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 /* Relative tolerance against the double references: an error bound of the form
  * REL_TOL * (1 + magnitude of the terms summed). */
@@ -432,6 +434,62 @@ static void test_matmul_shared(void)
             free(want[i]);
             free(got[i]);
         }
+    }
+}
+
+/* A weight whose last byte is the last of a page, the next page unreadable: a kernel whose vector
+ * loads run past a tensor's end (int8's AVX2 tiles read whole 32-byte loads past a short last
+ * half of a row, except in the tile that holds the weight's last row) faults here. The shapes
+ * leave few bytes after the last row: int8 scales of 4 to 20 bytes, or a row of 900 or 4500
+ * values in the other dtypes. Each product must equal the same weight's in ordinary memory, bit
+ * for bit. */
+static void test_matmul_reads_stay_in_tensor(void)
+{
+    static const int shapes[][2] = {{64, 1}, {64, 5}, {100, 1}, {900, 1}, {4500, 1}}; /* {k, n} */
+    static const int ms[] = {1, 2, 3, 4, 5, 9};
+    enum { MAX_M = 9 };
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+
+    for (size_t si = 0; si < sizeof(shapes) / sizeof(shapes[0]) * 5; si++) {
+        int k = shapes[si / 5][0], n = shapes[si / 5][1], bad = 0;
+        enum lora_dtype dt = bi_modes[si % 5].dtype;
+        size_t bytes = lora_tensor_bytes(dt, n, k), span = (bytes + page - 1) / page * page;
+        float *x = new_floats((size_t)MAX_M * k), *w = new_floats((size_t)n * k);
+        float *want = new_floats((size_t)MAX_M * n), *got = new_floats((size_t)MAX_M * n);
+        void *host;
+        char err[256];
+
+        fill_random(x, (size_t)MAX_M * k, 1.0f);
+        fill_random(w, (size_t)n * k, 1.0f);
+        struct lora_tensor plain = typed_tensor_of(w, n, k, dt, &host);
+        char *map =
+            mmap(NULL, span + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        CHECK(map != MAP_FAILED && mprotect(map + span, page, PROT_NONE) == 0);
+        memcpy(map + span - bytes, host, bytes);
+        struct lora_buffer *b = k_->buffer_wrap(be, map + span - bytes, bytes, err, sizeof(err));
+        CHECK(b != NULL);
+        struct lora_tensor guarded = {b, 0, dt, n, k};
+        be->fast_matmul = bi_modes[si % 5].fast;
+        for (size_t mi = 0; b && mi < sizeof(ms) / sizeof(ms[0]); mi++) {
+            int m = ms[mi];
+            k_->matmul(be, want, x, &plain, m, 1.0f, false);
+            k_->matmul(be, got, x, &guarded, m, 1.0f, false);
+            bad += memcmp(got, want, (size_t)m * n * sizeof(float)) != 0;
+        }
+        if (bad)
+            printf("# %s%s k=%d n=%d: %d products differ\n", lora_dtype_name(dt),
+                   bi_modes[si % 5].fast ? " fast" : "", k, n, bad);
+        CHECK(bad == 0);
+        be->fast_matmul = false;
+        if (b)
+            k_->buffer_free(be, b);
+        munmap(map, span + page);
+        release_tensors();
+        free(host);
+        free(x);
+        free(w);
+        free(want);
+        free(got);
     }
 }
 
@@ -968,6 +1026,7 @@ int main(void)
     RUN(test_matmul_batch_invariance);
     RUN(test_matmul_one_row_steps);
     RUN(test_matmul_shared);
+    RUN(test_matmul_reads_stay_in_tensor);
     RUN(test_rmsnorm);
     RUN(test_rope);
     RUN(test_silu_mul);
