@@ -49,9 +49,9 @@
  * float sums on the stack; the prefill's int8 matmuls ran 1.15x faster for it (docs/design.md). */
 #define MR_VNNI     3
 #define NR_VNNI     4
-/* 4 x 2 on AVX2: each weight vector serves four rows of x. Against 2 x 2 (the float sums in
- * registers), 1.3-1.7x the int8 matmul's rate at 8 and 32 rows with the weights streamed from
- * memory, 1.1-1.3x at 256 (docs/design.md, "The AVX2 tiles"). */
+/* 4 x 2 on AVX2: each weight vector serves four rows of x. Against 2 x 2, 1.3-1.8x the int8
+ * matmul's rate at 8 and 32 rows with the weights streamed from memory, 1.05-1.1x at 256 in L2
+ * (docs/design.md, "The AVX2 tiles"). */
 #define MR_AVX2     4
 #define NR_AVX2     2
 
@@ -281,12 +281,13 @@ TVNNI static void vnni_panel(float *y, int ldy, const char *xs, size_t stride, c
 
 /* ---- AVX2 ---- */
 
-/* Half h (groups 8h.. of nb) of block b of an mr x nr tile, as vnni_block. A half of fewer than
- * 8 groups is read with whole 32-byte loads all the same, its lanes past the last group holding
- * the next bytes' products, which the scales zero (the weights' masked, the staged x's zeros)
- * exactly: the load runs at most 28 bytes past the row, within a staged row of x and, unless
- * the tile holds the weight's last row (masked: loads of the half's groups only), within w.
- * A masked load costs AVX2 more than the whole one: k = 896 ends every row in such a half. */
+/* Half h (groups 8h.. of nb) of block b of an mr x nr tile, as vnni_block. Unless masked (loads
+ * of the half's groups only), a half of fewer than 8 groups is read with whole 32-byte loads all
+ * the same, its lanes past the last group holding the next bytes' products, which the scales
+ * zero exactly (the weights' are loaded masked, the staged x's are zeros there): the load runs
+ * at most 28 bytes past the row, within a staged row of x and, unless the tile holds w's last
+ * row, within w. With several rows of x the masked loads cost AVX2 more: k = 896 ends every row
+ * in such a half. */
 ALWAYS_INLINE void avx2_half(__m256 f[MR_AVX2][NR_AVX2], const char *xs, size_t x_stride,
                              const signed char *w, size_t w_stride, const char *w_scales, int ng,
                              size_t qb, int nbk, int b, int nb, int h, int mr, int nr, bool masked)
@@ -320,7 +321,9 @@ ALWAYS_INLINE void avx2_half(__m256 f[MR_AVX2][NR_AVX2], const char *xs, size_t 
         }
 #pragma GCC unroll 4
         for (int i = 0; i < mr; i++) {
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(xs + (size_t)i * x_stride + at));
+            const char *p = xs + (size_t)i * x_stride + at;
+            __m256i xv = n == 8 || !masked ? _mm256_loadu_si256((const __m256i *)p)
+                                           : _mm256_maskload_epi32((const int *)p, lanes);
 #pragma GCC unroll 4
             for (int j = 0; j < nr; j++)
                 acc[i][j] = _mm256_add_epi32(
@@ -380,12 +383,13 @@ ALWAYS_INLINE void avx2_tile(float *y, int ldy, const char *xs, size_t x_stride,
     }
 }
 
-/* Rows [j, j + nr) of w as an mr x nr tile, its loads masked where the tile holds w's last row. */
+/* Rows [j, j + nr) of w as an mr x nr tile, its loads masked at one row of x (where whole loads
+ * measured slower: docs/design.md, "The AVX2 tiles") and where the tile holds w's last row. */
 #define AVX2_TILE(mr, nr)                                                                          \
     do {                                                                                           \
         const signed char *wj = w + (size_t)j * w_stride;                                          \
         const char *sj = w_scales + (size_t)j * ng * sizeof(float);                                \
-        if (j + (nr) < n_w)                                                                        \
+        if ((mr) > 1 && j + (nr) < n_w)                                                            \
             avx2_tile(yi + j, ldy, xi, stride, wj, k, sj, mr, nr, alpha, acc, false);              \
         else                                                                                       \
             avx2_tile(yi + j, ldy, xi, stride, wj, k, sj, mr, nr, alpha, acc, true);               \
