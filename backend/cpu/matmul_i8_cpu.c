@@ -239,16 +239,20 @@ TVNNI ALWAYS_INLINE void vnni_tile(float *y, int ldy, const char *xs, size_t x_s
     }
 }
 
+/* The tiles of rows [n0, n1) of w for mr rows of x: nr_max rows of w at a time, then the rows
+ * left one at a time; tile(mr, nr) computes rows [j, j + nr). */
 #define TILES(tile, nr_max, mr)                                                                    \
     do {                                                                                           \
         int j = n0;                                                                                \
         for (; j + (nr_max) <= n1; j += (nr_max))                                                  \
-            tile(yi + j, ldy, xi, stride, w + (size_t)j * w_stride, k,                             \
-                 w_scales + (size_t)j * ng * sizeof(float), mr, nr_max, alpha, acc);               \
+            tile(mr, nr_max);                                                                      \
         for (; j < n1; j++)                                                                        \
-            tile(yi + j, ldy, xi, stride, w + (size_t)j * w_stride, k,                             \
-                 w_scales + (size_t)j * ng * sizeof(float), mr, 1, alpha, acc);                    \
+            tile(mr, 1);                                                                           \
     } while (0)
+
+#define VNNI_TILE(mr, nr)                                                                          \
+    vnni_tile(yi + j, ldy, xi, stride, w + (size_t)j * w_stride, k,                                \
+              w_scales + (size_t)j * ng * sizeof(float), mr, nr, alpha, acc)
 
 TVNNI static void vnni_panel(float *y, int ldy, const char *xs, size_t stride, const signed char *w,
                              const char *w_scales, int m, int k, int n0, int n1, float alpha,
@@ -263,16 +267,16 @@ TVNNI static void vnni_panel(float *y, int ldy, const char *xs, size_t stride, c
         const char *xi = xs + (size_t)i * stride;
         switch (mr) {
         case 3:
-            TILES(vnni_tile, NR_VNNI, 3);
+            TILES(VNNI_TILE, NR_VNNI, 3);
             break;
         case 2:
-            TILES(vnni_tile, NR_VNNI, 2);
+            TILES(VNNI_TILE, NR_VNNI, 2);
             break;
         default: /* short rows one at a time: one stream the prefetcher follows (see the top) */
             if (w_stride >= LORA_CPU_STREAM_ROW_BYTES)
-                TILES(vnni_tile, NR_VNNI, 1);
+                TILES(VNNI_TILE, NR_VNNI, 1);
             else
-                TILES(vnni_tile, 1, 1);
+                TILES(VNNI_TILE, 1, 1);
             break;
         }
         i += mr;
@@ -395,15 +399,6 @@ ALWAYS_INLINE void avx2_tile(float *y, int ldy, const char *xs, size_t x_stride,
             avx2_tile(yi + j, ldy, xi, stride, wj, k, sj, mr, nr, alpha, acc, true);               \
     } while (0)
 
-#define AVX2_TILES(mr, nr_max)                                                                     \
-    do {                                                                                           \
-        int j = n0;                                                                                \
-        for (; j + (nr_max) <= n1; j += (nr_max))                                                  \
-            AVX2_TILE(mr, nr_max);                                                                 \
-        for (; j < n1; j++)                                                                        \
-            AVX2_TILE(mr, 1);                                                                      \
-    } while (0)
-
 static void avx2_panel(float *y, int ldy, const char *xs, size_t stride, const signed char *w,
                        const char *w_scales, int m, int k, int n0, int n1, float alpha, bool acc)
 {
@@ -418,16 +413,16 @@ static void avx2_panel(float *y, int ldy, const char *xs, size_t stride, const s
         const char *xi = xs + (size_t)i * stride;
         switch (mr) {
         case 4:
-            AVX2_TILES(4, NR_AVX2);
+            TILES(AVX2_TILE, NR_AVX2, 4);
             break;
         case 3:
-            AVX2_TILES(3, NR_AVX2);
+            TILES(AVX2_TILE, NR_AVX2, 3);
             break;
         case 2:
-            AVX2_TILES(2, NR_AVX2);
+            TILES(AVX2_TILE, NR_AVX2, 2);
             break;
         default: /* one row of x: every row of w alone, as one stream (see the top) */
-            AVX2_TILES(1, 1);
+            TILES(AVX2_TILE, 1, 1);
             break;
         }
         i += mr;
